@@ -1,0 +1,178 @@
+#include "ps_comm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ps_log.h"
+
+uint64_t ps_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t ps_random64(void) {
+  uint64_t x = 0;
+  if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x) x = ps_now_ns() ^ ((uint64_t)getpid() << 32);
+  return x | 1; /* never 0: 0 means "unset" */
+}
+
+int ps_comm_valid(const void *p, int kind) {
+  return p && ((const ps_comm_t *)p)->kind == kind;
+}
+
+ncclResult_t ps_comm_alloc(int kind, int dev, ps_comm_t **out) {
+  *out = NULL;
+  ps_device_t *d = ps_fabric_dev(dev);
+  if (!d) {
+    PS_WARN("device %d does not exist (this plugin has %d)", dev, ps_fabric_ndev());
+    return ncclInvalidArgument;
+  }
+  ps_comm_t *c = calloc(1, sizeof *c);
+  if (!c) return ncclSystemError;
+  c->kind = kind;
+  c->dev_index = dev;
+  c->cfg = ps_fabric_config();
+  c->peer = FI_ADDR_UNSPEC;
+  if (kind != PS_COMM_LISTEN) {
+    c->nreqs = (int)c->cfg->net_requests;
+    c->reqs = calloc((size_t)c->nreqs, sizeof *c->reqs);
+    c->free_reqs = calloc((size_t)c->nreqs, sizeof *c->free_reqs);
+    if (!c->reqs || !c->free_reqs) {
+      ps_comm_free(c);
+      return ncclSystemError;
+    }
+    for (int i = 0; i < c->nreqs; i++) c->free_reqs[c->nfree++] = &c->reqs[c->nreqs - 1 - i];
+  }
+  ncclResult_t rc = ps_ep_open(d, (int)c->cfg->eagain_retries, &c->ep);
+  if (rc != ncclSuccess) {
+    ps_comm_free(c);
+    return rc;
+  }
+  c->last_activity_ns = ps_now_ns();
+  *out = c;
+  return ncclSuccess;
+}
+
+void ps_comm_free(ps_comm_t *c) {
+  if (!c) return;
+  ps_ep_close(&c->ep);
+  free(c->reqs);
+  free(c->free_reqs);
+  c->kind = 0; /* a stale pointer handed back to us is then refused */
+  free(c);
+}
+
+static void fail_comm(ps_comm_t *c, ncclResult_t rc, const char *why) {
+  if (c->failed) return;
+  c->failed = rc;
+  PS_WARN("connection to %s failed: %s", c->peer_str[0] ? c->peer_str : "peer", why);
+}
+
+/* Probe receives are re-posted as they complete; a probe carries no data. */
+static void probe_rx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err,
+                          const char *errstr) {
+  ps_comm_t *c = op->owner;
+  (void)e;
+  if (err) {
+    if (err != -FI_ECANCELED) fail_comm(c, ncclRemoteError, errstr);
+    return;
+  }
+  int posted = 0;
+  if (ps_ep_trecv(&c->ep, NULL, 0, NULL, PS_TAG_PROBE, &c->probe_rx, &posted) != ncclSuccess ||
+      !posted)
+    fail_comm(c, ncclSystemError, "could not re-post the liveness receive");
+}
+
+static void probe_tx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err,
+                          const char *errstr) {
+  ps_comm_t *c = op->owner;
+  (void)e;
+  c->probe_inflight = 0;
+  if (err) {
+    char msg[400];
+    snprintf(msg, sizeof msg, "liveness probe failed, peer is gone: %s", errstr);
+    fail_comm(c, ncclRemoteError, msg);
+  } else {
+    c->last_activity_ns = ps_now_ns();
+  }
+}
+
+ncclResult_t ps_comm_start_liveness(ps_comm_t *c) {
+  int posted = 0;
+  char s[64];
+  ps_ep_addr_str(&c->ep, c->ep.addr, s, sizeof s);
+  c->probe_rx = (ps_op_t){.cb = probe_rx_done, .owner = c};
+  c->probe_tx = (ps_op_t){.cb = probe_tx_done, .owner = c};
+  PS_CHECK(ps_ep_trecv(&c->ep, NULL, 0, NULL, PS_TAG_PROBE, &c->probe_rx, &posted));
+  if (!posted) {
+    PS_WARN("provider refused the liveness receive on %s", s);
+    return ncclSystemError;
+  }
+  return ncclSuccess;
+}
+
+static int comm_busy(const ps_comm_t *c) { return c->nfree < c->nreqs; }
+
+/* Only a comm with requests in flight needs to know whether its peer lives:
+ * an idle one costs nothing. A dead peer shows up as a failed probe (the
+ * provider reports the broken connection) or as no completion in time. */
+static void check_liveness(ps_comm_t *c) {
+  if (c->kind == PS_COMM_LISTEN || c->peer == FI_ADDR_UNSPEC || !comm_busy(c)) {
+    c->last_activity_ns = ps_now_ns();
+    return;
+  }
+  uint64_t now = ps_now_ns();
+  if (c->probe_inflight) {
+    if (now - c->probe_sent_ns > (uint64_t)c->cfg->peer_timeout_ms * 1000000ULL) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "no answer to a liveness probe within %lld ms (PERSEUS_PEER_TIMEOUT_MS)",
+               (long long)c->cfg->peer_timeout_ms);
+      fail_comm(c, ncclRemoteError, msg);
+    }
+    return;
+  }
+  if (now - c->last_activity_ns < (uint64_t)c->cfg->keepalive_ms * 1000000ULL) return;
+  int posted = 0;
+  if (ps_ep_tsend(&c->ep, NULL, 0, NULL, c->peer, PS_TAG_PROBE, &c->probe_tx, &posted) !=
+      ncclSuccess) {
+    fail_comm(c, ncclRemoteError, "could not post a liveness probe");
+    return;
+  }
+  if (posted) {
+    c->probe_inflight = 1;
+    c->probe_sent_ns = now;
+  }
+}
+
+static ncclResult_t post_pending(ps_comm_t *c) {
+  while (c->pend_head) {
+    ps_req_t *r = c->pend_head;
+    while (r->posted < r->n) {
+      int i = r->posted, ok = 0;
+      PS_CHECK(ps_ep_trecv(&c->ep, r->data[i], r->cap[i], r->desc[i], r->tag[i], &r->ops[i], &ok));
+      if (!ok) return ncclSuccess; /* still refused: keep order, try on the next call */
+      r->posted++;
+    }
+    c->pend_head = r->next_pending;
+    if (!c->pend_head) c->pend_tail = NULL;
+    r->next_pending = NULL;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ps_comm_progress(ps_comm_t *c) {
+  if (c->failed) return c->failed;
+  ncclResult_t rc = post_pending(c);
+  if (rc != ncclSuccess) fail_comm(c, rc, "posting a deferred receive failed");
+  int handled = 0;
+  rc = ps_ep_progress(&c->ep, 256, &handled);
+  if (rc != ncclSuccess) fail_comm(c, rc, c->ep.fatal);
+  if (handled) c->last_activity_ns = ps_now_ns();
+  check_liveness(c);
+  return c->failed;
+}

@@ -1,0 +1,72 @@
+/* Communicators of the two-sided net plugin. Each send/recv comm owns its
+ * endpoint (one NCCL proxy thread drives a comm, so no locking on the data
+ * path); the listen comm owns the endpoint connect requests arrive on. */
+#ifndef PS_COMM_H
+#define PS_COMM_H
+
+#include "ps_ep.h"
+
+#define PS_MAX_RECVS 8
+enum { PS_COMM_LISTEN = 0x4c53, PS_COMM_SEND = 0x5345, PS_COMM_RECV = 0x5245 };
+enum { PS_REQ_SEND = 1, PS_REQ_RECV = 2 };
+
+typedef struct ps_comm ps_comm_t;
+
+typedef struct ps_req {
+  ps_op_t ops[PS_MAX_RECVS];
+  ps_comm_t *comm;
+  struct ps_req *next_pending; /* receives whose parts are not all posted yet */
+  int type, n, posted, ncomplete;
+  ncclResult_t status;
+  void *data[PS_MAX_RECVS];
+  void *desc[PS_MAX_RECVS];
+  size_t cap[PS_MAX_RECVS], sizes[PS_MAX_RECVS];
+  uint64_t tag[PS_MAX_RECVS];
+} ps_req_t;
+
+typedef struct {
+  ps_ctrl_msg_t msg;
+  ps_op_t op;
+  int done;      /* 1 = completed, -1 = failed */
+  size_t len;
+} ps_ctrl_slot_t;
+
+struct ps_comm {
+  int kind;
+  int dev_index;
+  ps_ep_t ep;
+  const ps_config_t *cfg;
+  fi_addr_t peer;
+  char peer_str[64];
+  ncclResult_t failed;
+  /* request pool */
+  ps_req_t *reqs;
+  ps_req_t **free_reqs;
+  int nreqs, nfree;
+  ps_req_t *pend_head, *pend_tail;
+  /* liveness */
+  uint64_t last_activity_ns, probe_sent_ns;
+  int probe_inflight;
+  ps_op_t probe_tx, probe_rx;
+  /* handshake */
+  uint64_t listen_id, conn_id;
+  ps_ctrl_slot_t ctrl_tx, ctrl_rx;
+  uint64_t ctrl_tx_tag;
+  int ctrl_tx_unposted;
+  const void *connect_key; /* send side: the handle pointer NCCL re-passes */
+  ps_comm_t *next_connecting;
+  ps_comm_t *accepting; /* listen side: recv comm whose ACCEPT is still leaving */
+};
+
+uint64_t ps_now_ns(void);
+uint64_t ps_random64(void);
+ncclResult_t ps_comm_alloc(int kind, int dev, ps_comm_t **out);
+void ps_comm_free(ps_comm_t *c);
+/* Drives a comm: posts deferred receives, reads completions, probes an idle
+ * peer. Returns the comm's failure, if any. */
+ncclResult_t ps_comm_progress(ps_comm_t *c);
+/* Arms the liveness machinery once the peer address is known. */
+ncclResult_t ps_comm_start_liveness(ps_comm_t *c);
+int ps_comm_valid(const void *p, int kind);
+
+#endif

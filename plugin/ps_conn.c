@@ -1,0 +1,266 @@
+/* listen / connect / accept / close: the non-blocking handshake.
+ *
+ * connect posts CONNECT{its address, conn_id} to the listener's endpoint and
+ * returns NULL until ACCEPT{the new recv comm's address, conn_id} comes back.
+ * accept turns each CONNECT into a recv comm with its own endpoint. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_comm.h"
+#include "ps_log.h"
+#include "ps_net.h"
+
+static pthread_mutex_t connecting_lock = PTHREAD_MUTEX_INITIALIZER;
+static ps_comm_t *connecting; /* send comms whose handshake is under way */
+
+static void ctrl_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
+  ps_ctrl_slot_t *s = op->owner;
+  if (err) {
+    if (err != -FI_ECANCELED) PS_WARN("connection handshake failed: %s", errstr);
+    s->done = -1;
+    return;
+  }
+  s->len = e->len;
+  s->done = 1;
+}
+
+static ncclResult_t post_ctrl_recv(ps_comm_t *c, uint64_t tag) {
+  int posted = 0;
+  c->ctrl_rx.done = 0;
+  c->ctrl_rx.op = (ps_op_t){.cb = ctrl_done, .owner = &c->ctrl_rx};
+  PS_CHECK(ps_ep_trecv(&c->ep, &c->ctrl_rx.msg, sizeof c->ctrl_rx.msg, NULL, tag, &c->ctrl_rx.op,
+                       &posted));
+  if (!posted) {
+    PS_WARN("provider refused a control receive on %s", c->ep.dev->name);
+    return ncclSystemError;
+  }
+  return ncclSuccess;
+}
+
+/* Posts the handshake message held in ctrl_tx. While the provider is still
+ * establishing its connection it may answer -FI_EAGAIN for a long time:
+ * then the post is simply retried on the next connect/accept call. */
+static ncclResult_t post_ctrl_send(ps_comm_t *c) {
+  int posted = 0;
+  PS_CHECK(ps_ep_tsend(&c->ep, &c->ctrl_tx.msg, sizeof c->ctrl_tx.msg, NULL, c->peer,
+                       c->ctrl_tx_tag, &c->ctrl_tx.op, &posted));
+  c->ctrl_tx_unposted = !posted;
+  return ncclSuccess;
+}
+
+static ncclResult_t send_ctrl(ps_comm_t *c, uint16_t type, uint64_t tag) {
+  PS_CHECK(ps_ctrl_encode(&c->ctrl_tx.msg, type, ps_fabric_wire_hash(), c->listen_id, c->conn_id,
+                          c->ep.addr, c->ep.addrlen));
+  c->ctrl_tx.done = 0;
+  c->ctrl_tx.op = (ps_op_t){.cb = ctrl_done, .owner = &c->ctrl_tx};
+  c->ctrl_tx_tag = tag;
+  return post_ctrl_send(c);
+}
+
+/* Progress of a comm still in its handshake. */
+static ncclResult_t handshake_progress(ps_comm_t *c) {
+  if (c->ctrl_tx_unposted) PS_CHECK(post_ctrl_send(c));
+  PS_CHECK(ps_ep_progress(&c->ep, 64, NULL));
+  if (c->ctrl_tx.done < 0 || c->ctrl_rx.done < 0) return ncclRemoteError;
+  return ncclSuccess;
+}
+
+ncclResult_t ps_net_listen(int dev, void *handle, void **listen_comm) {
+  ps_comm_t *c = NULL;
+  if (!handle || !listen_comm) return ncclInvalidArgument;
+  *listen_comm = NULL;
+  PS_CHECK(ps_comm_alloc(PS_COMM_LISTEN, dev, &c));
+  c->listen_id = ps_random64();
+  ncclResult_t rc = ps_handle_encode((ps_handle_t *)handle, ps_fabric_wire_hash(), (uint32_t)dev,
+                                     c->listen_id, c->ep.addr, c->ep.addrlen);
+  if (rc == ncclSuccess) rc = post_ctrl_recv(c, PS_TAG_CONNECT);
+  if (rc != ncclSuccess) {
+    ps_comm_free(c);
+    return rc;
+  }
+  ps_ep_addr_str(&c->ep, c->ep.addr, c->peer_str, sizeof c->peer_str);
+  PS_TRACE("listen on dev %d at %s", dev, c->peer_str);
+  *listen_comm = c;
+  return ncclSuccess;
+}
+
+static void connecting_remove(ps_comm_t *c) {
+  pthread_mutex_lock(&connecting_lock);
+  for (ps_comm_t **p = &connecting; *p; p = &(*p)->next_connecting)
+    if (*p == c) {
+      *p = c->next_connecting;
+      break;
+    }
+  pthread_mutex_unlock(&connecting_lock);
+}
+
+static ps_comm_t *connecting_find(const void *key, uint64_t listen_id) {
+  pthread_mutex_lock(&connecting_lock);
+  ps_comm_t *c = connecting;
+  while (c && !(c->connect_key == key && c->listen_id == listen_id)) c = c->next_connecting;
+  pthread_mutex_unlock(&connecting_lock);
+  return c;
+}
+
+static ncclResult_t connect_start(int dev, const ps_handle_t *h, const void *key) {
+  ps_comm_t *c = NULL;
+  PS_CHECK(ps_comm_alloc(PS_COMM_SEND, dev, &c));
+  c->listen_id = h->listen_id;
+  c->conn_id = ps_random64();
+  c->connect_key = key;
+  ncclResult_t rc = ps_ep_insert(&c->ep, h->addr, &c->peer);
+  if (rc == ncclSuccess) rc = post_ctrl_recv(c, PS_TAG_ACCEPT);
+  if (rc == ncclSuccess) rc = send_ctrl(c, PS_CTRL_CONNECT, PS_TAG_CONNECT);
+  if (rc != ncclSuccess) {
+    ps_comm_free(c);
+    return rc;
+  }
+  pthread_mutex_lock(&connecting_lock);
+  c->next_connecting = connecting;
+  connecting = c;
+  pthread_mutex_unlock(&connecting_lock);
+  return ncclSuccess;
+}
+
+/* Returns ncclSuccess with *ready set once ACCEPT arrived and checked out. */
+static ncclResult_t connect_poll(ps_comm_t *c, int *ready) {
+  *ready = 0;
+  PS_CHECK(handshake_progress(c));
+  if (c->ctrl_rx.done == 0 || c->ctrl_tx.done == 0) return ncclSuccess;
+  ps_ctrl_msg_t m;
+  PS_CHECK(ps_ctrl_decode(&c->ctrl_rx.msg, c->ctrl_rx.len, PS_CTRL_ACCEPT, ps_fabric_wire_hash(), &m));
+  if (m.conn_id != c->conn_id || m.listen_id != c->listen_id) {
+    PS_WARN("handshake rejected: ACCEPT for connection 0x%llx, expected 0x%llx",
+            (unsigned long long)m.conn_id, (unsigned long long)c->conn_id);
+    return ncclRemoteError;
+  }
+  /* From now on the peer is the recv comm's own endpoint. */
+  PS_CHECK(ps_ep_insert(&c->ep, m.addr, &c->peer));
+  ps_ep_addr_str(&c->ep, m.addr, c->peer_str, sizeof c->peer_str);
+  PS_CHECK(ps_comm_start_liveness(c));
+  *ready = 1;
+  return ncclSuccess;
+}
+
+ncclResult_t ps_net_connect(int dev, void *handle, void **send_comm) {
+  ps_handle_t h;
+  if (!send_comm) return ncclInvalidArgument;
+  *send_comm = NULL;
+  PS_CHECK(ps_handle_decode(handle, NCCL_NET_HANDLE_MAXSIZE, ps_fabric_wire_hash(), &h));
+  if (!ps_fabric_dev(dev)) {
+    PS_WARN("connect: device %d does not exist (this plugin has %d)", dev, ps_fabric_ndev());
+    return ncclInvalidArgument;
+  }
+  ps_comm_t *c = connecting_find(handle, h.listen_id);
+  if (!c) return connect_start(dev, &h, handle);
+  int ready = 0;
+  ncclResult_t rc = connect_poll(c, &ready);
+  if (rc != ncclSuccess || ready) connecting_remove(c);
+  if (rc != ncclSuccess) {
+    PS_WARN("connect to listener 0x%llx failed", (unsigned long long)h.listen_id);
+    ps_comm_free(c);
+    return rc;
+  }
+  if (ready) {
+    PS_TRACE("connected to %s", c->peer_str);
+    *send_comm = c;
+  }
+  return ncclSuccess;
+}
+
+/* Builds the recv comm for one validated CONNECT and answers it. */
+static ncclResult_t accept_one(ps_comm_t *l, const ps_ctrl_msg_t *m, ps_comm_t **out) {
+  ps_comm_t *c = NULL;
+  PS_CHECK(ps_comm_alloc(PS_COMM_RECV, l->dev_index, &c));
+  c->listen_id = l->listen_id;
+  c->conn_id = m->conn_id;
+  ncclResult_t rc = ps_ep_insert(&c->ep, m->addr, &c->peer);
+  if (rc == ncclSuccess) rc = ps_comm_start_liveness(c);
+  if (rc == ncclSuccess) rc = send_ctrl(c, PS_CTRL_ACCEPT, PS_TAG_ACCEPT);
+  if (rc != ncclSuccess) {
+    ps_comm_free(c);
+    return rc;
+  }
+  ps_ep_addr_str(&c->ep, m->addr, c->peer_str, sizeof c->peer_str);
+  PS_TRACE("accepted connection from %s", c->peer_str);
+  *out = c;
+  return ncclSuccess;
+}
+
+/* A recv comm is handed to NCCL only once its ACCEPT has left (transmit
+ * complete): with manual progress nobody else would push it out, and the
+ * connecting peer waits for it. */
+static ncclResult_t accept_poll(ps_comm_t *l, void **recv_comm) {
+  ps_comm_t *c = l->accepting;
+  ncclResult_t rc = handshake_progress(c);
+  if (rc != ncclSuccess) {
+    l->accepting = NULL;
+    ps_comm_free(c);
+    return rc;
+  }
+  if (c->ctrl_tx.done == 1) {
+    l->accepting = NULL;
+    *recv_comm = c;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ps_net_accept(void *listen_comm, void **recv_comm) {
+  if (!recv_comm) return ncclInvalidArgument;
+  *recv_comm = NULL;
+  if (!ps_comm_valid(listen_comm, PS_COMM_LISTEN)) {
+    PS_WARN("accept: %p is not a perseus listen comm", listen_comm);
+    return ncclInvalidArgument;
+  }
+  ps_comm_t *l = listen_comm;
+  if (l->accepting) return accept_poll(l, recv_comm);
+  PS_CHECK(ps_ep_progress(&l->ep, 64, NULL));
+  if (l->ctrl_rx.done == 0) return ncclSuccess;
+  if (l->ctrl_rx.done < 0) return ncclRemoteError;
+  ps_ctrl_msg_t m;
+  ncclResult_t rc = ps_ctrl_decode(&l->ctrl_rx.msg, l->ctrl_rx.len, PS_CTRL_CONNECT,
+                                   ps_fabric_wire_hash(), &m);
+  if (rc == ncclSuccess && m.listen_id != l->listen_id) {
+    PS_WARN("CONNECT for listener 0x%llx arrived at 0x%llx; ignored",
+            (unsigned long long)m.listen_id, (unsigned long long)l->listen_id);
+    rc = ncclInvalidArgument;
+  }
+  if (rc == ncclSuccess) PS_CHECK(accept_one(l, &m, &l->accepting));
+  /* A malformed request is dropped (logged above); keep listening either way. */
+  PS_CHECK(post_ctrl_recv(l, PS_TAG_CONNECT));
+  return l->accepting ? accept_poll(l, recv_comm) : ncclSuccess;
+}
+
+ncclResult_t ps_net_close_listen(void *listen_comm) {
+  if (!ps_comm_valid(listen_comm, PS_COMM_LISTEN)) {
+    PS_WARN("closeListen: %p is not a perseus listen comm", listen_comm);
+    return ncclInvalidArgument;
+  }
+  ps_comm_t *l = listen_comm;
+  if (l->accepting) ps_comm_free(l->accepting);
+  ps_comm_free(l);
+  return ncclSuccess;
+}
+
+static ncclResult_t close_comm(void *comm, int kind, const char *what) {
+  if (!ps_comm_valid(comm, kind)) {
+    PS_WARN("%s: %p is not a perseus comm of that kind", what, comm);
+    return ncclInvalidArgument;
+  }
+  ps_comm_t *c = comm;
+  if (c->nfree < c->nreqs)
+    PS_INFO(NCCL_NET, "%s with %d request(s) in flight to %s: discarded", what, c->nreqs - c->nfree,
+            c->peer_str);
+  ps_comm_free(c);
+  return ncclSuccess;
+}
+
+ncclResult_t ps_net_close_send(void *send_comm) {
+  if (ps_comm_valid(send_comm, PS_COMM_SEND)) connecting_remove(send_comm);
+  return close_comm(send_comm, PS_COMM_SEND, "closeSend");
+}
+
+ncclResult_t ps_net_close_recv(void *recv_comm) {
+  return close_comm(recv_comm, PS_COMM_RECV, "closeRecv");
+}

@@ -1,0 +1,72 @@
+#include "ps_env.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "ps_log.h"
+
+const char *ps_env_str(const char *name) {
+  const char *v = getenv(name);
+  return (v && *v) ? v : NULL;
+}
+
+ncclResult_t ps_env_int(const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out) {
+  const char *v = ps_env_str(name);
+  if (!v) {
+    *out = def;
+    return ncclSuccess;
+  }
+  char *end = NULL;
+  errno = 0;
+  long long x = strtoll(v, &end, 0);
+  if (errno || end == v || *end != '\0' || x < lo || x > hi) {
+    PS_WARN("%s='%s' is invalid: expected an integer in [%lld, %lld] (default %lld)", name, v,
+            (long long)lo, (long long)hi, (long long)def);
+    return ncclInvalidArgument;
+  }
+  *out = x;
+  return ncclSuccess;
+}
+
+ncclResult_t ps_env_bool(const char *name, int def, int *out) {
+  static const char *const yes[] = {"1", "true", "yes", "on", NULL};
+  static const char *const no[] = {"0", "false", "no", "off", NULL};
+  const char *v = ps_env_str(name);
+  *out = def;
+  if (!v) return ncclSuccess;
+  for (int i = 0; yes[i]; i++)
+    if (!strcasecmp(v, yes[i])) return (*out = 1), ncclSuccess;
+  for (int i = 0; no[i]; i++)
+    if (!strcasecmp(v, no[i])) return (*out = 0), ncclSuccess;
+  PS_WARN("%s='%s' is invalid: expected 0/1, true/false, yes/no or on/off", name, v);
+  return ncclInvalidArgument;
+}
+
+ncclResult_t ps_env_enum(const char *name, const char *const *choices, int def, int *out) {
+  const char *v = ps_env_str(name);
+  *out = def;
+  if (!v) return ncclSuccess;
+  char list[256] = "";
+  for (int i = 0; choices[i]; i++) {
+    if (!strcasecmp(v, choices[i])) return (*out = i), ncclSuccess;
+    strncat(list, i ? "|" : "", sizeof list - strlen(list) - 1);
+    strncat(list, choices[i], sizeof list - strlen(list) - 1);
+  }
+  PS_WARN("%s='%s' is invalid: expected one of %s", name, v, list);
+  return ncclInvalidArgument;
+}
+
+ncclResult_t ps_config_load(ps_config_t *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->provider = ps_env_str("PERSEUS_PROVIDER");
+  if (!cfg->provider) cfg->provider = ps_env_str("FI_PROVIDER");
+  cfg->iface = ps_env_str("PERSEUS_IFACE");
+  PS_CHECK(ps_env_int("PERSEUS_NET_REQUESTS", 64, 1, 4096, &cfg->net_requests));
+  PS_CHECK(ps_env_int("PERSEUS_MAX_RECVS", 8, 1, 8, &cfg->max_recvs));
+  PS_CHECK(ps_env_int("PERSEUS_KEEPALIVE_MS", 1000, 10, 3600000, &cfg->keepalive_ms));
+  PS_CHECK(ps_env_int("PERSEUS_PEER_TIMEOUT_MS", 5000, 10, 3600000, &cfg->peer_timeout_ms));
+  PS_CHECK(ps_env_int("PERSEUS_EAGAIN_RETRIES", 64, 0, 1000000, &cfg->eagain_retries));
+  return ncclSuccess;
+}

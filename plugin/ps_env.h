@@ -1,0 +1,32 @@
+/* Typed PERSEUS_* configuration. Every variable has a default; a value that
+ * does not parse is an error naming the variable and what was expected. */
+#ifndef PS_ENV_H
+#define PS_ENV_H
+
+#include <stdint.h>
+
+#include "ps_nccl_abi.h"
+
+/* Integer in [lo, hi]; unset or empty gives *out = def. */
+ncclResult_t ps_env_int(const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out);
+/* Boolean: 0/1, true/false, yes/no, on/off. */
+ncclResult_t ps_env_bool(const char *name, int def, int *out);
+/* One of a NULL-terminated list of names (case-insensitive); *out is the index. */
+ncclResult_t ps_env_enum(const char *name, const char *const *choices, int def, int *out);
+/* String (NULL when unset or empty). */
+const char *ps_env_str(const char *name);
+
+/* The values the plugin uses, parsed once. */
+typedef struct {
+  const char *provider;  /* PERSEUS_PROVIDER, else FI_PROVIDER; NULL = automatic */
+  const char *iface;     /* PERSEUS_IFACE: comma list of domain names; NULL = automatic */
+  int64_t net_requests;  /* PERSEUS_NET_REQUESTS: request pool per comm */
+  int64_t max_recvs;     /* PERSEUS_MAX_RECVS: grouped receives */
+  int64_t keepalive_ms;  /* PERSEUS_KEEPALIVE_MS: idle time before probing a peer */
+  int64_t peer_timeout_ms; /* PERSEUS_PEER_TIMEOUT_MS: unanswered probe => peer dead */
+  int64_t eagain_retries;  /* PERSEUS_EAGAIN_RETRIES: progress+retry before backpressure */
+} ps_config_t;
+
+ncclResult_t ps_config_load(ps_config_t *cfg);
+
+#endif

@@ -1,0 +1,138 @@
+#include "ps_ep.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "ps_log.h"
+
+ncclResult_t ps_ep_open(ps_device_t *dev, int eagain_retries, ps_ep_t *e) {
+  int rc;
+  memset(e, 0, sizeof *e);
+  e->dev = dev;
+  e->eagain_retries = eagain_retries;
+  struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_NONE};
+  struct fi_av_attr ava = {.type = dev->info->domain_attr->av_type};
+  if (ava.type == FI_AV_UNSPEC) ava.type = FI_AV_TABLE;
+  const char *step = "fi_endpoint";
+  if ((rc = fi_endpoint(dev->domain, dev->info, &e->ep, NULL))) goto fail;
+  step = "fi_cq_open";
+  if ((rc = fi_cq_open(dev->domain, &cqa, &e->cq, NULL))) goto fail;
+  step = "fi_av_open";
+  if ((rc = fi_av_open(dev->domain, &ava, &e->av, NULL))) goto fail;
+  step = "fi_ep_bind(cq)";
+  if ((rc = fi_ep_bind(e->ep, &e->cq->fid, FI_TRANSMIT | FI_RECV))) goto fail;
+  step = "fi_ep_bind(av)";
+  if ((rc = fi_ep_bind(e->ep, &e->av->fid, 0))) goto fail;
+  step = "fi_enable";
+  if ((rc = fi_enable(e->ep))) goto fail;
+  e->addrlen = sizeof e->addr;
+  step = "fi_getname";
+  if ((rc = fi_getname(&e->ep->fid, e->addr, &e->addrlen))) goto fail;
+  return ncclSuccess;
+fail:
+  PS_WARN("%s on %s failed: %s", step, dev->name, fi_strerror(-rc));
+  ps_ep_close(e);
+  return ncclSystemError;
+}
+
+void ps_ep_close(ps_ep_t *e) {
+  /* The endpoint first: it discards every operation still posted. */
+  if (e->ep) fi_close(&e->ep->fid);
+  if (e->av) fi_close(&e->av->fid);
+  if (e->cq) fi_close(&e->cq->fid);
+  e->ep = NULL, e->av = NULL, e->cq = NULL;
+}
+
+ncclResult_t ps_ep_insert(ps_ep_t *e, const void *addr, fi_addr_t *out) {
+  int rc = fi_av_insert(e->av, addr, 1, out, 0, NULL);
+  if (rc != 1) {
+    char s[128];
+    ps_ep_addr_str(e, addr, s, sizeof s);
+    PS_WARN("fi_av_insert(%s) on %s failed: %s", s, e->dev->name, fi_strerror(rc < 0 ? -rc : FI_EINVAL));
+    return ncclSystemError;
+  }
+  return ncclSuccess;
+}
+
+void ps_ep_addr_str(ps_ep_t *e, const void *addr, char *out, size_t outlen) {
+  size_t n = outlen;
+  if (!fi_av_straddr(e->av, addr, out, &n)) snprintf(out, outlen, "?");
+}
+
+static void handle_error(ps_ep_t *e) {
+  struct fi_cq_err_entry err = {0};
+  int rc = fi_cq_readerr(e->cq, &err, 0);
+  if (rc < 0) {
+    snprintf(e->fatal, sizeof e->fatal, "fi_cq_readerr: %s", fi_strerror(-rc));
+    return;
+  }
+  char buf[256];
+  const char *prov = fi_cq_strerror(e->cq, err.prov_errno, err.err_data, buf, sizeof buf);
+  char msg[384];
+  if (err.err == FI_ETRUNC)
+    snprintf(msg, sizeof msg, "message larger than the posted receive by %zu bytes (%s)",
+             err.olen, prov ? prov : "");
+  else
+    snprintf(msg, sizeof msg, "%s (provider: %s)", fi_strerror(err.err), prov ? prov : "-");
+  ps_op_t *op = err.op_context;
+  if (!op) {
+    snprintf(e->fatal, sizeof e->fatal, "%s", msg);
+    return;
+  }
+  op->cb(op, NULL, -(int)(err.err ? err.err : FI_EIO), msg);
+}
+
+ncclResult_t ps_ep_progress(ps_ep_t *e, int budget, int *handled) {
+  struct fi_cq_tagged_entry ent[16];
+  int total = 0;
+  while (total < budget) {
+    ssize_t n = fi_cq_read(e->cq, ent, 16);
+    if (n == -FI_EAGAIN) break;
+    if (n == -FI_EAVAIL) {
+      handle_error(e);
+      total++;
+      continue;
+    }
+    if (n < 0) {
+      snprintf(e->fatal, sizeof e->fatal, "fi_cq_read: %s", fi_strerror((int)-n));
+      break;
+    }
+    for (ssize_t i = 0; i < n; i++) {
+      ps_op_t *op = ent[i].op_context;
+      if (op) op->cb(op, &ent[i], 0, NULL);
+    }
+    total += (int)n;
+  }
+  if (handled) *handled = total;
+  if (e->fatal[0]) {
+    PS_WARN("endpoint on %s failed: %s", e->dev->name, e->fatal);
+    return ncclRemoteError;
+  }
+  return ncclSuccess;
+}
+
+/* One retry loop for both directions: -FI_EAGAIN means "progress, then try again". */
+#define PS_POST_RETRY(e, posted, what, call)                                            \
+  do {                                                                                  \
+    *(posted) = 0;                                                                      \
+    for (int try_ = 0; try_ <= (e)->eagain_retries; try_++) {                           \
+      ssize_t rc_ = (call);                                                             \
+      if (rc_ == 0) return (*(posted) = 1), ncclSuccess;                                \
+      if (rc_ != -FI_EAGAIN) {                                                          \
+        PS_WARN("%s on %s failed: %s", what, (e)->dev->name, fi_strerror((int)-rc_));   \
+        return ncclSystemError;                                                         \
+      }                                                                                 \
+      PS_CHECK(ps_ep_progress((e), 64, NULL));                                          \
+    }                                                                                   \
+    return ncclSuccess;                                                                 \
+  } while (0)
+
+ncclResult_t ps_ep_tsend(ps_ep_t *e, const void *buf, size_t len, void *desc, fi_addr_t dest,
+                         uint64_t tag, ps_op_t *op, int *posted) {
+  PS_POST_RETRY(e, posted, "fi_tsend", fi_tsend(e->ep, buf, len, desc, dest, tag, op));
+}
+
+ncclResult_t ps_ep_trecv(ps_ep_t *e, void *buf, size_t len, void *desc, uint64_t tag, ps_op_t *op,
+                         int *posted) {
+  PS_POST_RETRY(e, posted, "fi_trecv", fi_trecv(e->ep, buf, len, desc, FI_ADDR_UNSPEC, tag, 0, op));
+}

@@ -1,0 +1,51 @@
+/* One libfabric RDM endpoint with its CQ and AV. Every posted operation
+ * carries a ps_op_t whose callback runs when its completion (or error) is
+ * read from the CQ. */
+#ifndef PS_EP_H
+#define PS_EP_H
+
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_tagged.h>
+
+#include "ps_fabric.h"
+#include "ps_wire.h"
+
+typedef struct ps_op ps_op_t;
+/* err == 0: success, e is the completion; else a negative fi errno and errstr. */
+typedef void (*ps_op_cb)(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err,
+                         const char *errstr);
+struct ps_op {
+  struct fi_context2 fictx; /* first: satisfies FI_CONTEXT and FI_CONTEXT2 */
+  ps_op_cb cb;
+  void *owner;
+  int idx;
+};
+
+typedef struct {
+  ps_device_t *dev;
+  struct fid_ep *ep;
+  struct fid_cq *cq;
+  struct fid_av *av;
+  uint8_t addr[PS_CTRL_ADDR_MAX];
+  size_t addrlen;
+  int eagain_retries;
+  char fatal[512]; /* a CQ error with no operation attached; non-empty = endpoint unusable */
+} ps_ep_t;
+
+ncclResult_t ps_ep_open(ps_device_t *dev, int eagain_retries, ps_ep_t *ep);
+void ps_ep_close(ps_ep_t *ep);
+ncclResult_t ps_ep_insert(ps_ep_t *ep, const void *addr, fi_addr_t *out);
+/* Reads completions until the CQ is empty or `budget` were handled. */
+ncclResult_t ps_ep_progress(ps_ep_t *ep, int budget, int *handled);
+/* Post, retrying -FI_EAGAIN after progress. *posted = 0 when the provider
+ * still refused after the configured retries (the caller backs off). */
+ncclResult_t ps_ep_tsend(ps_ep_t *ep, const void *buf, size_t len, void *desc, fi_addr_t dest,
+                         uint64_t tag, ps_op_t *op, int *posted);
+ncclResult_t ps_ep_trecv(ps_ep_t *ep, void *buf, size_t len, void *desc, uint64_t tag,
+                         ps_op_t *op, int *posted);
+/* Human-readable form of an endpoint address (for logs). */
+void ps_ep_addr_str(ps_ep_t *ep, const void *addr, char *out, size_t outlen);
+
+#endif

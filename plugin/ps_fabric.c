@@ -1,0 +1,212 @@
+#include "ps_fabric.h"
+
+#include <arpa/inet.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_log.h"
+
+/* Fastest hardware providers first; tcp;ofi_rxm is the portable floor. shm
+ * and sockets are never picked implicitly (single-node / test providers). */
+const char *const ps_provider_preference[] = {
+    "cxi", "efa", "verbs;ofi_rxm", "psm3", "opx", "ucx", "tcp;ofi_rxm", NULL};
+
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static int init_done;
+static ncclResult_t init_result;
+static ps_config_t config;
+static ps_device_t devices[PS_MAX_DEVICES];
+static int ndevices;
+static char provider[64];
+static uint32_t wire_hash;
+static atomic_uint_fast64_t next_key = 1;
+
+static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+  return h;
+}
+
+static int pref_rank(const char *prov) {
+  for (int i = 0; ps_provider_preference[i]; i++)
+    if (!strcmp(prov, ps_provider_preference[i])) return i;
+  return -1;
+}
+
+static int is_loopback(const struct fi_info *fi) {
+  if (!strcmp(fi->domain_attr->name, "lo")) return 1;
+  if (fi->src_addr && fi->addr_format == FI_SOCKADDR_IN) {
+    const struct sockaddr_in *s = fi->src_addr;
+    return (ntohl(s->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (fi->src_addr && fi->addr_format == FI_SOCKADDR_IN6) {
+    const struct sockaddr_in6 *s = fi->src_addr;
+    return IN6_IS_ADDR_LOOPBACK(&s->sin6_addr);
+  }
+  return 0;
+}
+
+/* PERSEUS_IFACE is a comma list of domain names. */
+static int iface_listed(const char *list, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = list; p && *p;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (len == n && !strncmp(p, name, n)) return 1;
+    p = e ? e + 1 : NULL;
+  }
+  return 0;
+}
+
+static struct fi_info *make_hints(const char *prov) {
+  struct fi_info *h = fi_allocinfo();
+  if (!h) return NULL;
+  h->caps = FI_TAGGED | FI_MSG;
+  h->mode = FI_CONTEXT | FI_CONTEXT2;
+  h->ep_attr->type = FI_EP_RDM;
+  h->domain_attr->mr_mode =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  h->domain_attr->threading = FI_THREAD_SAFE;
+  h->tx_attr->msg_order = FI_ORDER_SAS; /* same-tag messages match in order */
+  h->rx_attr->msg_order = FI_ORDER_SAS;
+  if (prov) h->fabric_attr->prov_name = strdup(prov);
+  return h;
+}
+
+static void read_sysfs_facts(ps_device_t *d, const struct fi_info *fi) {
+  char path[PATH_MAX], real[PATH_MAX];
+  d->speed_mbps = 0;
+  if (fi->nic && fi->nic->link_attr && fi->nic->link_attr->speed)
+    d->speed_mbps = (int)(fi->nic->link_attr->speed / 1000000ULL);
+  snprintf(path, sizeof path, "/sys/class/net/%s/speed", d->domain_name);
+  FILE *f = d->speed_mbps ? NULL : fopen(path, "r");
+  if (f) {
+    int s = 0;
+    if (fscanf(f, "%d", &s) == 1 && s > 0) d->speed_mbps = s;
+    fclose(f);
+  }
+  /* Unknown (loopback, virtual NICs): report 10 Gb/s as NCCL's socket transport does. */
+  if (d->speed_mbps <= 0) d->speed_mbps = 10000;
+  const char *classes[] = {"net", "infiniband", NULL};
+  for (int i = 0; classes[i] && !d->pci_path; i++) {
+    snprintf(path, sizeof path, "/sys/class/%s/%s/device", classes[i], d->domain_name);
+    if (realpath(path, real)) d->pci_path = strdup(real);
+  }
+}
+
+static ncclResult_t open_device(ps_device_t *d, struct fi_info *fi) {
+  int rc;
+  memset(d, 0, sizeof *d);
+  d->info = fi_dupinfo(fi);
+  if (!d->info) return ncclSystemError;
+  snprintf(d->domain_name, sizeof d->domain_name, "%s", fi->domain_attr->name);
+  snprintf(d->name, sizeof d->name, "%s/%s", fi->fabric_attr->prov_name, fi->domain_attr->name);
+  d->guid = fnv1a(d->name, strlen(d->name), 0xcbf29ce484222325ULL);
+  uint64_t mm = (uint64_t)fi->domain_attr->mr_mode;
+  d->mr_local = !!(mm & FI_MR_LOCAL);
+  d->mr_endpoint = !!(mm & FI_MR_ENDPOINT);
+  d->mr_prov_key = !!(mm & FI_MR_PROV_KEY);
+  d->mr_virt_addr = !!(mm & FI_MR_VIRT_ADDR);
+  d->manual_progress = fi->domain_attr->data_progress == FI_PROGRESS_MANUAL;
+  d->max_msg_size = fi->ep_attr->max_msg_size;
+  d->max_eps = fi->domain_attr->ep_cnt;
+  pthread_mutex_init(&d->lock, NULL);
+  read_sysfs_facts(d, fi);
+  if ((rc = fi_fabric(fi->fabric_attr, &d->fabric, NULL))) {
+    PS_WARN("fi_fabric(%s) failed: %s", d->name, fi_strerror(-rc));
+    return ncclSystemError;
+  }
+  if ((rc = fi_domain(d->fabric, d->info, &d->domain, NULL))) {
+    PS_WARN("fi_domain(%s) failed: %s", d->name, fi_strerror(-rc));
+    fi_close(&d->fabric->fid);
+    return ncclSystemError;
+  }
+  PS_INFO(NCCL_INIT | NCCL_NET,
+          "device %d: %s speed %d Mb/s mr_mode 0x%llx progress %s max_msg %zu pci %s",
+          ndevices, d->name, d->speed_mbps, (unsigned long long)mm,
+          d->manual_progress ? "manual" : "auto", d->max_msg_size,
+          d->pci_path ? d->pci_path : "-");
+  return ncclSuccess;
+}
+
+/* From one provider's fi_info list, open one device per selected domain. */
+static ncclResult_t open_domains(struct fi_info *list, const char *prov) {
+  for (int pass = 0; pass < 2 && ndevices == 0; pass++) {
+    /* pass 0: non-loopback (or listed) domains; pass 1: loopback fallback */
+    for (struct fi_info *fi = list; fi && ndevices < PS_MAX_DEVICES; fi = fi->next) {
+      if (strcmp(fi->fabric_attr->prov_name, prov)) continue;
+      const char *dn = fi->domain_attr->name;
+      if (config.iface ? !iface_listed(config.iface, dn) : (is_loopback(fi) != pass)) continue;
+      int dup = 0;
+      for (int i = 0; i < ndevices; i++) dup |= !strcmp(devices[i].domain_name, dn);
+      if (dup) continue;
+      PS_CHECK(open_device(&devices[ndevices], fi));
+      ndevices++;
+    }
+    if (config.iface) break;
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t do_init(void) {
+  PS_CHECK(ps_config_load(&config));
+  struct fi_info *hints = make_hints(config.provider), *list = NULL;
+  if (!hints) return ncclSystemError;
+  int rc = fi_getinfo(PS_FI_VERSION, NULL, NULL, 0, hints, &list);
+  fi_freeinfo(hints);
+  if (rc || !list) {
+    PS_WARN("no libfabric provider offers tagged RDM endpoints%s%s: %s", config.provider ? " for " : "",
+            config.provider ? config.provider : "", fi_strerror(-rc));
+    return ncclSystemError;
+  }
+  const char *chosen = NULL;
+  int best = INT_MAX;
+  for (struct fi_info *fi = list; fi; fi = fi->next) {
+    const char *p = fi->fabric_attr->prov_name;
+    int r = config.provider ? 0 : pref_rank(p);
+    if (r >= 0 && r < best) best = r, chosen = p;
+  }
+  if (!chosen) {
+    PS_WARN("no preferred provider found (set PERSEUS_PROVIDER to one of those fi_info lists)");
+    fi_freeinfo(list);
+    return ncclSystemError;
+  }
+  snprintf(provider, sizeof provider, "%s", chosen);
+  ncclResult_t res = open_domains(list, provider);
+  fi_freeinfo(list);
+  if (res != ncclSuccess) return res;
+  if (ndevices == 0) {
+    PS_WARN("provider %s has no domain matching PERSEUS_IFACE='%s'", provider,
+            config.iface ? config.iface : "");
+    return ncclSystemError;
+  }
+  char w[160];
+  snprintf(w, sizeof w, "perseus-wire-1/%s", provider);
+  wire_hash = (uint32_t)fnv1a(w, strlen(w), 0xcbf29ce484222325ULL);
+  PS_INFO(NCCL_INIT | NCCL_NET, "libfabric %u.%u, provider %s, %d device(s)",
+          FI_MAJOR(fi_version()), FI_MINOR(fi_version()), provider, ndevices);
+  return ncclSuccess;
+}
+
+ncclResult_t ps_fabric_init(void) {
+  pthread_mutex_lock(&init_lock);
+  if (!init_done) {
+    init_result = do_init();
+    init_done = 1;
+  }
+  pthread_mutex_unlock(&init_lock);
+  return init_result;
+}
+
+int ps_fabric_ndev(void) { return ndevices; }
+ps_device_t *ps_fabric_dev(int dev) {
+  return (dev >= 0 && dev < ndevices) ? &devices[dev] : NULL;
+}
+const ps_config_t *ps_fabric_config(void) { return &config; }
+uint32_t ps_fabric_wire_hash(void) { return wire_hash; }
+const char *ps_fabric_provider(void) { return provider; }
+uint64_t ps_fabric_next_key(void) { return atomic_fetch_add(&next_key, 1); }

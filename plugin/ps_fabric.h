@@ -1,0 +1,45 @@
+/* Provider selection and the devices NCCL sees: one per usable libfabric
+ * domain, opened once per process and shared by every communicator. */
+#ifndef PS_FABRIC_H
+#define PS_FABRIC_H
+
+#include <pthread.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+
+#include "ps_env.h"
+#include "ps_nccl_abi.h"
+
+#define PS_FI_VERSION FI_VERSION(1, 14)
+#define PS_MAX_DEVICES 32
+
+typedef struct {
+  char name[96];        /* "<provider>/<domain>", for logs and props.name */
+  char domain_name[64];
+  char *pci_path;       /* realpath of the device in /sys, or NULL */
+  uint64_t guid;
+  int speed_mbps;
+  struct fi_info *info; /* owned */
+  struct fid_fabric *fabric;
+  struct fid_domain *domain;
+  pthread_mutex_t lock; /* serializes domain-level calls (MR registration) */
+  int mr_local, mr_endpoint, mr_prov_key, mr_virt_addr;
+  int manual_progress;
+  size_t max_msg_size;
+  size_t max_eps;
+} ps_device_t;
+
+/* Opens the devices on first use; later calls return the cached result. */
+ncclResult_t ps_fabric_init(void);
+int ps_fabric_ndev(void);
+ps_device_t *ps_fabric_dev(int dev); /* NULL when dev is out of range */
+const ps_config_t *ps_fabric_config(void);
+/* Identifies provider + wire format; peers whose hash differs are refused. */
+uint32_t ps_fabric_wire_hash(void);
+const char *ps_fabric_provider(void);
+uint64_t ps_fabric_next_key(void);
+
+/* Provider preference when neither PERSEUS_PROVIDER nor FI_PROVIDER is set. */
+extern const char *const ps_provider_preference[];
+
+#endif

@@ -1,0 +1,23 @@
+/* Logging through the logger NCCL hands to init(); stderr (honouring
+ * NCCL_DEBUG) when the plugin is driven without one. */
+#ifndef PS_LOG_H
+#define PS_LOG_H
+
+#include "ps_nccl_abi.h"
+
+void ps_log_set(ncclDebugLogger_t fn);
+void ps_log(ncclDebugLogLevel lvl, unsigned long flags, const char *file, int line,
+            const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+#define PS_WARN(...) ps_log(NCCL_LOG_WARN, NCCL_NET, __FILE__, __LINE__, "NET/Perseus: " __VA_ARGS__)
+#define PS_INFO(flags, ...) ps_log(NCCL_LOG_INFO, (flags), __FILE__, __LINE__, "NET/Perseus: " __VA_ARGS__)
+#define PS_TRACE(...) ps_log(NCCL_LOG_TRACE, NCCL_NET, __FILE__, __LINE__, "NET/Perseus: " __VA_ARGS__)
+
+/* Evaluate a call returning ncclResult_t; propagate failure. */
+#define PS_CHECK(call)                                   \
+  do {                                                   \
+    ncclResult_t ps_rc_ = (call);                        \
+    if (ps_rc_ != ncclSuccess) return ps_rc_;            \
+  } while (0)
+
+#endif

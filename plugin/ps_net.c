@@ -1,0 +1,278 @@
+/* Data path of the two-sided plugin: memory registration, isend/irecv,
+ * test, and the device properties NCCL plans with. */
+#include "ps_net.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_comm.h"
+#include "ps_log.h"
+#include "ps_version.h"
+
+#define PS_MR_MAGIC 0x4d52u
+
+typedef struct {
+  uint32_t magic;
+  int type;
+  char *base;
+  size_t size;
+  struct fid_mr *mr; /* NULL when the provider needs no registration */
+} ps_mr_t;
+
+ncclResult_t ps_net_init(ncclDebugLogger_t log) {
+  ps_log_set(log);
+  static int announced;
+  if (!__atomic_exchange_n(&announced, 1, __ATOMIC_RELAXED))
+    PS_INFO(NCCL_INIT | NCCL_NET, "perseus %s (%s) initializing", PERSEUS_VERSION, PERSEUS_GIT_REV);
+  return ps_fabric_init();
+}
+
+ncclResult_t ps_net_devices(int *ndev) {
+  if (!ndev) return ncclInvalidArgument;
+  *ndev = ps_fabric_ndev();
+  return ncclSuccess;
+}
+
+ncclResult_t ps_net_get_properties(int dev, ps_props_t *p) {
+  ps_device_t *d = ps_fabric_dev(dev);
+  if (!d || !p) {
+    PS_WARN("getProperties: device %d does not exist (this plugin has %d)", dev, ps_fabric_ndev());
+    return ncclInvalidArgument;
+  }
+  const ps_config_t *cfg = ps_fabric_config();
+  memset(p, 0, sizeof *p);
+  p->name = d->name;
+  p->pci_path = d->pci_path;
+  p->guid = d->guid;
+  p->ptr_support = NCCL_PTR_HOST; /* no provider here registers CUDA memory (no FI_HMEM) */
+  p->reg_is_global = !d->mr_endpoint;
+  p->speed = d->speed_mbps;
+  p->port = 0;
+  p->latency = 0; /* unknown: NCCL then uses its own default */
+  /* a send or recv comm is one endpoint; leave headroom for listeners */
+  size_t eps = d->max_eps ? d->max_eps : 65536;
+  p->max_comms = (int)(eps > INT_MAX ? INT_MAX : eps) / 2;
+  p->max_recvs = (int)cfg->max_recvs;
+  size_t cap = d->max_msg_size ? d->max_msg_size : SIZE_MAX;
+  p->max_p2p_bytes = p->max_coll_bytes = cap < (1UL << 30) ? cap : (1UL << 30);
+  return ncclSuccess;
+}
+
+static ps_comm_t *data_comm(void *comm) {
+  return (ps_comm_valid(comm, PS_COMM_SEND) || ps_comm_valid(comm, PS_COMM_RECV)) ? comm : NULL;
+}
+
+ncclResult_t ps_net_reg_mr(void *comm, void *data, size_t size, int type, void **mh) {
+  ps_comm_t *c = data_comm(comm);
+  if (!c || !mh) {
+    PS_WARN("regMr: %p is not a perseus send/recv comm", comm);
+    return ncclInvalidArgument;
+  }
+  if (type != NCCL_PTR_HOST) {
+    PS_WARN("regMr: pointer type %d not supported (this device reports ptrSupport=HOST)", type);
+    return ncclInvalidArgument;
+  }
+  ps_mr_t *m = calloc(1, sizeof *m);
+  if (!m) return ncclSystemError;
+  *m = (ps_mr_t){.magic = PS_MR_MAGIC, .type = type, .base = data, .size = size};
+  ps_device_t *d = c->ep.dev;
+  if (d->mr_local || d->mr_endpoint) {
+    int rc;
+    pthread_mutex_lock(&d->lock);
+    uint64_t key = d->mr_prov_key ? 0 : ps_fabric_next_key();
+    rc = fi_mr_reg(d->domain, data, size, FI_SEND | FI_RECV, 0, key, 0, &m->mr, NULL);
+    if (!rc && d->mr_endpoint) {
+      rc = fi_mr_bind(m->mr, &c->ep.ep->fid, 0);
+      if (!rc) rc = fi_mr_enable(m->mr);
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (rc) {
+      PS_WARN("fi_mr_reg(%p, %zu) on %s failed: %s", data, size, d->name, fi_strerror(-rc));
+      if (m->mr) fi_close(&m->mr->fid);
+      free(m);
+      return ncclSystemError;
+    }
+  }
+  *mh = m;
+  return ncclSuccess;
+}
+
+ncclResult_t ps_net_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset,
+                                  int fd, void **mh) {
+  (void)offset, (void)fd; /* host memory is registered by address */
+  return ps_net_reg_mr(comm, data, size, type, mh);
+}
+
+ncclResult_t ps_net_dereg_mr(void *comm, void *mh) {
+  ps_mr_t *m = mh;
+  (void)comm;
+  if (!m || m->magic != PS_MR_MAGIC) {
+    PS_WARN("deregMr: %p is not a perseus memory handle", mh);
+    return ncclInvalidArgument;
+  }
+  if (m->mr) fi_close(&m->mr->fid);
+  m->magic = 0;
+  free(m);
+  return ncclSuccess;
+}
+
+/* The buffer must lie inside the registration it names. */
+static ncclResult_t mr_desc(void *mh, const void *data, size_t size, void **desc) {
+  ps_mr_t *m = mh;
+  *desc = NULL;
+  if (!m) return ncclSuccess;
+  if (m->magic != PS_MR_MAGIC) {
+    PS_WARN("%p is not a perseus memory handle", mh);
+    return ncclInvalidArgument;
+  }
+  const char *p = data;
+  if (size && (p < m->base || size > m->size || (size_t)(p - m->base) > m->size - size)) {
+    PS_WARN("buffer [%p, +%zu) outside its registration [%p, +%zu)", data, size, (void *)m->base,
+            m->size);
+    return ncclInvalidArgument;
+  }
+  *desc = m->mr ? fi_mr_desc(m->mr) : NULL;
+  return ncclSuccess;
+}
+
+static void req_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
+  ps_req_t *r = op->owner;
+  if (err) {
+    if (err == -FI_ECANCELED) return;
+    if (!r->status) r->status = err == -FI_ETRUNC ? ncclInvalidUsage : ncclRemoteError;
+    PS_WARN("%s %d of %d to/from %s failed: %s", r->type == PS_REQ_SEND ? "send" : "receive",
+            op->idx, r->n, r->comm->peer_str, errstr);
+    if (!r->comm->failed) r->comm->failed = r->status;
+    return;
+  }
+  r->sizes[op->idx] = r->type == PS_REQ_RECV ? e->len : r->cap[op->idx];
+  r->ncomplete++;
+}
+
+static ps_req_t *req_get(ps_comm_t *c, int type, int n) {
+  if (c->nfree == 0) return NULL;
+  ps_req_t *r = c->free_reqs[--c->nfree];
+  memset(r, 0, sizeof *r);
+  r->comm = c;
+  r->type = type;
+  r->n = n;
+  for (int i = 0; i < n; i++) r->ops[i] = (ps_op_t){.cb = req_done, .owner = r, .idx = i};
+  return r;
+}
+
+static void req_put(ps_req_t *r) {
+  ps_comm_t *c = r->comm;
+  r->comm = NULL;
+  c->free_reqs[c->nfree++] = r;
+}
+
+ncclResult_t ps_net_isend(void *send_comm, void *data, size_t size, int tag, void *mh, void **req) {
+  if (!req || !ps_comm_valid(send_comm, PS_COMM_SEND)) {
+    PS_WARN("isend: %p is not a perseus send comm", send_comm);
+    return ncclInvalidArgument;
+  }
+  ps_comm_t *c = send_comm;
+  *req = NULL;
+  void *desc;
+  PS_CHECK(mr_desc(mh, data, size, &desc));
+  PS_CHECK(ps_comm_progress(c));
+  ps_req_t *r = req_get(c, PS_REQ_SEND, 1);
+  if (!r) return ncclSuccess; /* pool exhausted: NCCL retries later */
+  r->cap[0] = size;
+  int posted = 0;
+  ncclResult_t rc =
+      ps_ep_tsend(&c->ep, data, size, desc, c->peer, (uint32_t)tag, &r->ops[0], &posted);
+  if (rc != ncclSuccess || !posted) {
+    req_put(r);
+    return rc;
+  }
+  r->posted = 1;
+  *req = r;
+  return ncclSuccess;
+}
+
+ncclResult_t ps_net_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const int *tags,
+                          void **mhs, void **req) {
+  if (!req || !ps_comm_valid(recv_comm, PS_COMM_RECV)) {
+    PS_WARN("irecv: %p is not a perseus recv comm", recv_comm);
+    return ncclInvalidArgument;
+  }
+  ps_comm_t *c = recv_comm;
+  *req = NULL;
+  if (n < 1 || n > c->cfg->max_recvs || !data || !sizes || !tags) {
+    PS_WARN("irecv: %d grouped receives, this device takes 1..%lld", n,
+            (long long)c->cfg->max_recvs);
+    return ncclInvalidArgument;
+  }
+  PS_CHECK(ps_comm_progress(c));
+  if (c->pend_head) return ncclSuccess; /* earlier receives still waiting to post: keep order */
+  ps_req_t *r = req_get(c, PS_REQ_RECV, n);
+  if (!r) return ncclSuccess;
+  for (int i = 0; i < n; i++) {
+    r->data[i] = data[i];
+    r->cap[i] = sizes[i];
+    r->tag[i] = (uint32_t)tags[i];
+    ncclResult_t rc = mr_desc(mhs ? mhs[i] : NULL, data[i], sizes[i], &r->desc[i]);
+    if (rc != ncclSuccess) {
+      req_put(r);
+      return rc;
+    }
+  }
+  for (; r->posted < n; r->posted++) {
+    int i = r->posted, ok = 0;
+    PS_CHECK(ps_ep_trecv(&c->ep, r->data[i], r->cap[i], r->desc[i], r->tag[i], &r->ops[i], &ok));
+    if (ok) continue;
+    if (r->posted == 0) { /* nothing posted yet: plain backpressure */
+      req_put(r);
+      return ncclSuccess;
+    }
+    c->pend_head = c->pend_tail = r; /* the rest is posted by progress, in order */
+    break;
+  }
+  *req = r;
+  return ncclSuccess;
+}
+
+ncclResult_t ps_net_iflush(void *recv_comm, int n, void **data, int *sizes, void **mhs, void **req) {
+  (void)n, (void)data, (void)sizes, (void)mhs;
+  if (!req || !ps_comm_valid(recv_comm, PS_COMM_RECV)) return ncclInvalidArgument;
+  *req = NULL; /* host memory only: nothing to flush */
+  return ncclSuccess;
+}
+
+ncclResult_t ps_net_test(void *request, int *done, int *sizes) {
+  ps_req_t *r = request;
+  if (!done || !r || !r->comm || !(ps_comm_valid(r->comm, PS_COMM_SEND) ||
+                                   ps_comm_valid(r->comm, PS_COMM_RECV))) {
+    PS_WARN("test: %p is not a live perseus request", request);
+    return ncclInvalidArgument;
+  }
+  *done = 0;
+  ps_comm_t *c = r->comm;
+  ncclResult_t rc = ps_comm_progress(c);
+  if (r->status) return r->status;
+  if (rc != ncclSuccess) return rc;
+  if (r->ncomplete < r->n) return ncclSuccess;
+  if (sizes)
+    for (int i = 0; i < r->n; i++) sizes[i] = r->sizes[i] > INT_MAX ? INT_MAX : (int)r->sizes[i];
+  *done = 1;
+  req_put(r);
+  return ncclSuccess;
+}
+
+ncclResult_t ps_net_make_vdevice(int *d, int ndevs, const int *devs) {
+  if (!d || !devs || ndevs < 1) return ncclInvalidArgument;
+  for (int i = 0; i < ndevs; i++)
+    if (!ps_fabric_dev(devs[i])) {
+      PS_WARN("makeVDevice: device %d does not exist (this plugin has %d)", devs[i], ps_fabric_ndev());
+      return ncclInvalidArgument;
+    }
+  if (ndevs == 1) {
+    *d = devs[0]; /* a virtual device of one NIC is that NIC */
+    return ncclSuccess;
+  }
+  PS_WARN("makeVDevice: merging %d NICs into one virtual device is not supported by perseus yet; "
+          "set NCCL_NET_MERGE_LEVEL=LOC to keep NICs separate", ndevs);
+  return ncclInvalidUsage;
+}

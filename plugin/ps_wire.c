@@ -1,0 +1,91 @@
+#include "ps_wire.h"
+
+#include <string.h>
+
+#include "ps_log.h"
+
+ncclResult_t ps_handle_encode(ps_handle_t *h, uint32_t wire_hash, uint32_t dev, uint64_t listen_id,
+                              const void *addr, size_t addrlen) {
+  if (addrlen == 0 || addrlen > PS_HANDLE_ADDR_MAX) {
+    PS_WARN("endpoint address of %zu bytes does not fit the %d bytes of a handle", addrlen,
+            PS_HANDLE_ADDR_MAX);
+    return ncclInternalError;
+  }
+  memset(h, 0, sizeof *h);
+  h->magic = PS_WIRE_MAGIC;
+  h->version = PS_WIRE_VERSION;
+  h->addrlen = (uint16_t)addrlen;
+  h->wire_hash = wire_hash;
+  h->dev = dev;
+  h->listen_id = listen_id;
+  memcpy(h->addr, addr, addrlen);
+  return ncclSuccess;
+}
+
+/* Shared checks of the common header fields. */
+static ncclResult_t check_header(const char *what, uint32_t magic, uint16_t version, uint32_t hash,
+                                 uint32_t want_hash, size_t addrlen, size_t addrmax) {
+  if (magic != PS_WIRE_MAGIC) {
+    PS_WARN("%s rejected: bad magic 0x%08x (expected 0x%08x): not a perseus peer", what, magic,
+            PS_WIRE_MAGIC);
+    return ncclInvalidArgument;
+  }
+  if (version != PS_WIRE_VERSION) {
+    PS_WARN("%s rejected: wire version %u, this plugin speaks %d", what, version, PS_WIRE_VERSION);
+    return ncclInvalidArgument;
+  }
+  if (hash != want_hash) {
+    PS_WARN("%s rejected: peer uses another provider (wire hash 0x%08x, ours 0x%08x)", what, hash,
+            want_hash);
+    return ncclInvalidArgument;
+  }
+  if (addrlen == 0 || addrlen > addrmax) {
+    PS_WARN("%s rejected: address length %zu outside [1, %zu]", what, addrlen, addrmax);
+    return ncclInvalidArgument;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ps_handle_decode(const void *buf, size_t len, uint32_t wire_hash, ps_handle_t *out) {
+  if (!buf || len < sizeof *out) {
+    PS_WARN("handle rejected: %zu bytes, need %zu", buf ? len : 0, sizeof *out);
+    return ncclInvalidArgument;
+  }
+  memcpy(out, buf, sizeof *out);
+  return check_header("handle", out->magic, out->version, out->wire_hash, wire_hash, out->addrlen,
+                      PS_HANDLE_ADDR_MAX);
+}
+
+ncclResult_t ps_ctrl_encode(ps_ctrl_msg_t *m, uint16_t type, uint32_t wire_hash, uint64_t listen_id,
+                            uint64_t conn_id, const void *addr, size_t addrlen) {
+  if (addrlen == 0 || addrlen > PS_CTRL_ADDR_MAX) {
+    PS_WARN("endpoint address of %zu bytes exceeds %d", addrlen, PS_CTRL_ADDR_MAX);
+    return ncclInternalError;
+  }
+  memset(m, 0, sizeof *m);
+  m->magic = PS_WIRE_MAGIC;
+  m->version = PS_WIRE_VERSION;
+  m->type = type;
+  m->wire_hash = wire_hash;
+  m->addrlen = (uint32_t)addrlen;
+  m->listen_id = listen_id;
+  m->conn_id = conn_id;
+  memcpy(m->addr, addr, addrlen);
+  return ncclSuccess;
+}
+
+ncclResult_t ps_ctrl_decode(const void *buf, size_t len, uint16_t type, uint32_t wire_hash,
+                            ps_ctrl_msg_t *out) {
+  if (!buf || len != sizeof *out) {
+    PS_WARN("control message rejected: %zu bytes, expected %zu", buf ? len : 0, sizeof *out);
+    return ncclInvalidArgument;
+  }
+  memcpy(out, buf, sizeof *out);
+  PS_CHECK(check_header("control message", out->magic, out->version, out->wire_hash, wire_hash,
+                        out->addrlen, PS_CTRL_ADDR_MAX));
+  if (out->type != type) {
+    PS_WARN("control message rejected: type %u, expected %u", out->type, type);
+    return ncclInvalidArgument;
+  }
+  return ncclSuccess;
+}

@@ -1,0 +1,58 @@
+/* Bytes that cross process boundaries: the listen handle NCCL exchanges and
+ * the control messages of the connection handshake. Decoders treat their
+ * input as untrusted and validate every field. */
+#ifndef PS_WIRE_H
+#define PS_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps_nccl_abi.h"
+
+#define PS_WIRE_MAGIC 0x50535553u /* "PSUS" */
+#define PS_WIRE_VERSION 1
+#define PS_HANDLE_ADDR_MAX 96
+#define PS_CTRL_ADDR_MAX 224
+
+/* Tags: NCCL's tag in the low 32 bits; bit 63 marks our control traffic. */
+#define PS_TAG_CTRL (1ULL << 63)
+#define PS_TAG_CONNECT (PS_TAG_CTRL | 1)
+#define PS_TAG_ACCEPT (PS_TAG_CTRL | 2)
+#define PS_TAG_PROBE (PS_TAG_CTRL | 3)
+
+typedef struct {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t addrlen;
+  uint32_t wire_hash; /* provider + wire format of the listener */
+  uint32_t dev;
+  uint64_t listen_id;
+  uint8_t addr[PS_HANDLE_ADDR_MAX];
+} ps_handle_t;
+_Static_assert(sizeof(ps_handle_t) <= NCCL_NET_HANDLE_MAXSIZE, "handle exceeds NCCL's 128 bytes");
+
+enum { PS_CTRL_CONNECT = 1, PS_CTRL_ACCEPT = 2 };
+
+typedef struct {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t type;
+  uint32_t wire_hash;
+  uint32_t addrlen;
+  uint64_t listen_id; /* CONNECT: the listener addressed; ACCEPT: echoed */
+  uint64_t conn_id;   /* the connecting side's nonce; echoed in ACCEPT */
+  uint8_t addr[PS_CTRL_ADDR_MAX];
+} ps_ctrl_msg_t;
+
+ncclResult_t ps_handle_encode(ps_handle_t *h, uint32_t wire_hash, uint32_t dev, uint64_t listen_id,
+                              const void *addr, size_t addrlen);
+/* Validates a handle from a peer; never reads past `len` bytes. */
+ncclResult_t ps_handle_decode(const void *buf, size_t len, uint32_t wire_hash, ps_handle_t *out);
+
+ncclResult_t ps_ctrl_encode(ps_ctrl_msg_t *m, uint16_t type, uint32_t wire_hash, uint64_t listen_id,
+                            uint64_t conn_id, const void *addr, size_t addrlen);
+/* Validates a received control message of `len` bytes expecting `type`. */
+ncclResult_t ps_ctrl_decode(const void *buf, size_t len, uint16_t type, uint32_t wire_hash,
+                            ps_ctrl_msg_t *out);
+
+#endif

@@ -1,0 +1,88 @@
+/* Drives libnccl-net-perseus.so the way NCCL does: dlopen, dlsym of one
+ * ncclNetPlugin_vN table, and the call sequence of NCCL's net transport,
+ * from N forked rank processes on one host. Shared by tests and benches. */
+#ifndef PS_DRIVER_H
+#define PS_DRIVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps_nccl_abi.h"
+
+typedef struct {
+  char name[128];
+  int ptr_support, max_recvs, speed, max_comms, reg_is_global;
+  size_t max_p2p_bytes; /* v9+; 1 GiB cap for v8 */
+} drv_props_t;
+
+/* One ABI version's table, behind a version-neutral call list. */
+typedef struct {
+  int version;
+  const char *name;
+  ncclResult_t (*devices)(int *ndev);
+  ncclResult_t (*get_props)(int dev, drv_props_t *p);
+  ncclResult_t (*listen)(int dev, void *handle, void **lc);
+  ncclResult_t (*connect)(int dev, void *handle, void **sc);
+  ncclResult_t (*accept)(void *lc, void **rc);
+  ncclResult_t (*reg_mr)(void *comm, void *data, size_t size, int type, void **mh);
+  ncclResult_t (*dereg_mr)(void *comm, void *mh);
+  ncclResult_t (*isend)(void *sc, void *data, size_t size, int tag, void *mh, void **req);
+  ncclResult_t (*irecv)(void *rc, int n, void **data, size_t *sizes, int *tags, void **mhs,
+                        void **req);
+  ncclResult_t (*test)(void *req, int *done, int *sizes);
+  ncclResult_t (*close_send)(void *sc);
+  ncclResult_t (*close_recv)(void *rc);
+  ncclResult_t (*close_listen)(void *lc);
+  ncclResult_t (*finalize)(void);
+} drv_net_t;
+
+/* dlopen `path` (PERSEUS_PLUGIN_PATH or the build's plugin when NULL) and
+ * init table `version`. Returns 0 or prints why and returns -1. */
+int drv_load(const char *path, int version, drv_net_t *out);
+const char *drv_default_plugin(void);
+
+typedef struct drv_shared drv_shared_t;
+
+typedef struct {
+  int rank, nranks, dev;
+  drv_net_t net;
+  drv_shared_t *sh;
+  void **send;   /* [nranks]: send comm to each peer (NULL for self) */
+  void **recv;   /* [nranks]: recv comm from each peer */
+  void **listen; /* [nranks]: listen comm each peer connected to */
+  void *user;    /* the shared scratch area (drv_run's shared_bytes) */
+} drv_rank_t;
+
+typedef struct {
+  int nranks, version;
+  const char *plugin;      /* NULL: default */
+  size_t shared_bytes;     /* scratch shared by all ranks (user) */
+  int timeout_s;           /* whole run; ranks are killed after it */
+  int no_mesh;             /* 1: the rank function connects by itself */
+} drv_opts_t;
+
+typedef int (*drv_rank_fn)(drv_rank_t *r, void *arg);
+
+/* Forks nranks processes, each loads the plugin, builds the full mesh (unless
+ * no_mesh) and runs fn. Returns 0 when every rank returned 0 in time. */
+int drv_run(const drv_opts_t *o, drv_rank_fn fn, void *arg);
+
+/* Barrier over all ranks; gives up (returns -1) after timeout_s. */
+int drv_barrier(drv_rank_t *r, int timeout_s);
+/* pid of another rank (for fault tests). */
+int drv_pid(drv_rank_t *r, int rank);
+/* Lets the parent accept that `rank` dies of a signal (fault tests). */
+void drv_mark_killable(drv_rank_t *r, int rank);
+/* Connect to / accept from every peer; -1 on error or after timeout_s. */
+int drv_mesh(drv_rank_t *r, int timeout_s);
+void drv_close_mesh(drv_rank_t *r);
+/* Polls test() until done; -1 on error or timeout (the ncclResult_t in *rc). */
+int drv_wait(drv_rank_t *r, void *req, int *sizes, double timeout_s, ncclResult_t *rc);
+
+double drv_now(void);
+/* Deterministic pattern of message `id` (fill and verify; verify returns the
+ * first wrong offset or -1). */
+void drv_fill(void *buf, size_t n, uint64_t id);
+long drv_verify(const void *buf, size_t n, uint64_t id);
+
+#endif

@@ -1,0 +1,224 @@
+/* Forked ranks over shared memory: spawn, barrier, full-mesh connect. */
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ps_driver.h"
+
+#define DRV_MAX_RANKS 16
+
+struct drv_shared {
+  atomic_int arrived, generation, failed;
+  int nranks;
+  pid_t pids[DRV_MAX_RANKS];
+  atomic_int killed_ok[DRV_MAX_RANKS];
+  unsigned char handles[DRV_MAX_RANKS][DRV_MAX_RANKS][NCCL_NET_HANDLE_MAXSIZE];
+};
+
+double drv_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void nap(void) {
+  struct timespec ts = {0, 50000};
+  nanosleep(&ts, NULL);
+}
+
+int drv_barrier(drv_rank_t *r, int timeout_s) {
+  drv_shared_t *s = r->sh;
+  int gen = atomic_load(&s->generation);
+  if (atomic_fetch_add(&s->arrived, 1) == s->nranks - 1) {
+    atomic_store(&s->arrived, 0);
+    atomic_fetch_add(&s->generation, 1);
+    return 0;
+  }
+  double end = drv_now() + timeout_s;
+  while (atomic_load(&s->generation) == gen) {
+    if (atomic_load(&s->failed) || drv_now() > end) {
+      fprintf(stderr, "rank %d: barrier abandoned (%s)\n", r->rank,
+              atomic_load(&s->failed) ? "another rank failed" : "timeout");
+      return -1;
+    }
+    nap();
+  }
+  return 0;
+}
+
+int drv_pid(drv_rank_t *r, int rank) { return r->sh->pids[rank]; }
+
+void drv_mark_killable(drv_rank_t *r, int rank) { atomic_store(&r->sh->killed_ok[rank], 1); }
+
+int drv_mesh(drv_rank_t *r, int timeout_s) {
+  int n = r->nranks, me = r->rank;
+  for (int p = 0; p < n; p++) {
+    if (p == me) continue;
+    if (r->net.listen(r->dev, r->sh->handles[me][p], &r->listen[p]) != ncclSuccess) {
+      fprintf(stderr, "rank %d: listen failed\n", me);
+      return -1;
+    }
+  }
+  if (drv_barrier(r, timeout_s)) return -1;
+  double end = drv_now() + timeout_s;
+  for (;;) {
+    int pending = 0;
+    for (int p = 0; p < n; p++) {
+      if (p == me) continue;
+      if (!r->send[p] && r->net.connect(r->dev, r->sh->handles[p][me], &r->send[p])) {
+        fprintf(stderr, "rank %d: connect to %d failed\n", me, p);
+        return -1;
+      }
+      if (!r->recv[p] && r->net.accept(r->listen[p], &r->recv[p])) {
+        fprintf(stderr, "rank %d: accept from %d failed\n", me, p);
+        return -1;
+      }
+      pending += !r->send[p] + !r->recv[p];
+    }
+    if (!pending) return drv_barrier(r, timeout_s);
+    if (drv_now() > end) {
+      fprintf(stderr, "rank %d: mesh not connected after %d s\n", me, timeout_s);
+      return -1;
+    }
+  }
+}
+
+void drv_close_mesh(drv_rank_t *r) {
+  for (int p = 0; p < r->nranks; p++) {
+    if (r->send[p]) r->net.close_send(r->send[p]);
+    if (r->recv[p]) r->net.close_recv(r->recv[p]);
+    if (r->listen[p]) r->net.close_listen(r->listen[p]);
+    r->send[p] = r->recv[p] = r->listen[p] = NULL;
+  }
+}
+
+int drv_wait(drv_rank_t *r, void *req, int *sizes, double timeout_s, ncclResult_t *rcp) {
+  double end = drv_now() + timeout_s;
+  int done = 0;
+  ncclResult_t rc = ncclSuccess;
+  while (!done) {
+    rc = r->net.test(req, &done, sizes);
+    if (rc != ncclSuccess) break;
+    if (!done && drv_now() > end) {
+      if (rcp) *rcp = ncclInProgress;
+      return -1;
+    }
+  }
+  if (rcp) *rcp = rc;
+  return rc == ncclSuccess ? 0 : -1;
+}
+
+static int rank_main(const drv_opts_t *o, drv_shared_t *sh, void *user, int rank, drv_rank_fn fn,
+                     void *arg) {
+  void *slots[3 * DRV_MAX_RANKS] = {0};
+  drv_rank_t r = {.rank = rank, .nranks = o->nranks, .dev = 0, .sh = sh, .user = user,
+                  .send = slots, .recv = slots + DRV_MAX_RANKS, .listen = slots + 2 * DRV_MAX_RANKS};
+  if (drv_load(o->plugin, o->version, &r.net)) return 2;
+  int ndev = 0;
+  if (r.net.devices(&ndev) || ndev < 1) {
+    fprintf(stderr, "rank %d: plugin reports no device\n", rank);
+    return 2;
+  }
+  if (!o->no_mesh && drv_mesh(&r, o->timeout_s)) return 3;
+  int rc = fn(&r, arg);
+  drv_close_mesh(&r);
+  r.net.finalize();
+  return rc;
+}
+
+int drv_run(const drv_opts_t *o, drv_rank_fn fn, void *arg) {
+  if (o->nranks < 1 || o->nranks > DRV_MAX_RANKS) {
+    fprintf(stderr, "ranks must be in [1, %d], got %d\n", DRV_MAX_RANKS, o->nranks);
+    return -1;
+  }
+  size_t bytes = sizeof(drv_shared_t) + o->shared_bytes;
+  drv_shared_t *sh = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (sh == MAP_FAILED) return -1;
+  memset(sh, 0, sizeof *sh);
+  sh->nranks = o->nranks;
+  void *user = (char *)sh + sizeof *sh;
+  fflush(NULL);
+  for (int i = 0; i < o->nranks; i++) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      int rc = rank_main(o, sh, user, i, fn, arg);
+      if (rc) atomic_store(&sh->failed, 1);
+      fflush(NULL);
+      _exit(rc);
+    }
+    sh->pids[i] = pid;
+  }
+  int bad = 0, left = o->nranks;
+  double end = drv_now() + (o->timeout_s > 0 ? o->timeout_s : 600);
+  while (left > 0) {
+    int status;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      left--;
+      int rank = -1;
+      for (int i = 0; i < o->nranks; i++)
+        if (sh->pids[i] == pid) rank = i;
+      int killed_ok = rank >= 0 && atomic_load(&sh->killed_ok[rank]) && WIFSIGNALED(status);
+      if (!killed_ok && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        bad = 1;
+        atomic_store(&sh->failed, 1);
+        if (WIFSIGNALED(status))
+          fprintf(stderr, "rank %d died of signal %d\n", rank, WTERMSIG(status));
+        else
+          fprintf(stderr, "rank %d exited with %d\n", rank, WEXITSTATUS(status));
+      }
+      continue;
+    }
+    if (drv_now() > end) {
+      fprintf(stderr, "run exceeded %d s: killing remaining ranks\n", o->timeout_s);
+      for (int i = 0; i < o->nranks; i++) kill(sh->pids[i], SIGKILL);
+      bad = 1;
+      end = drv_now() + 3600;
+    }
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL);
+  }
+  munmap(sh, bytes);
+  return bad ? -1 : 0;
+}
+
+/* xorshift64* stream keyed by the message id: any byte out of place shows. */
+void drv_fill(void *buf, size_t n, uint64_t id) {
+  uint64_t x = id * 0x9E3779B97F4A7C15ULL + 0x1234567ULL;
+  unsigned char *p = buf;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+    uint64_t v = x * 0x2545F4914F6CDD1DULL;
+    memcpy(p + i, &v, 8);
+  }
+  x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+  uint64_t v = x * 0x2545F4914F6CDD1DULL;
+  for (; i < n; i++, v >>= 8) p[i] = (unsigned char)v;
+}
+
+long drv_verify(const void *buf, size_t n, uint64_t id) {
+  uint64_t x = id * 0x9E3779B97F4A7C15ULL + 0x1234567ULL;
+  const unsigned char *p = buf;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+    uint64_t v = x * 0x2545F4914F6CDD1DULL, got;
+    memcpy(&got, p + i, 8);
+    if (got != v)
+      for (int k = 0; k < 8; k++)
+        if (p[i + k] != (unsigned char)(v >> (8 * k))) return (long)(i + k);
+  }
+  x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+  uint64_t v = x * 0x2545F4914F6CDD1DULL;
+  for (; i < n; i++, v >>= 8)
+    if (p[i] != (unsigned char)v) return (long)i;
+  return -1;
+}
