@@ -69,9 +69,10 @@ static void handle_error(ps_ep_t *e) {
   char buf[256];
   const char *prov = fi_cq_strerror(e->cq, err.prov_errno, err.err_data, buf, sizeof buf);
   char msg[384];
-  if (err.err == FI_ETRUNC)
-    snprintf(msg, sizeof msg, "message larger than the posted receive by %zu bytes (%s)",
-             err.olen, prov ? prov : "");
+  if (err.err == FI_ETRUNC && err.olen)
+    snprintf(msg, sizeof msg, "message larger than the posted receive by %zu bytes", err.olen);
+  else if (err.err == FI_ETRUNC)
+    snprintf(msg, sizeof msg, "message larger than the posted receive");
   else
     snprintf(msg, sizeof msg, "%s (provider: %s)", fi_strerror(err.err), prov ? prov : "-");
   ps_op_t *op = err.op_context;

@@ -219,8 +219,8 @@ static int scenario_backpressure(drv_rank_t *r, void *arg) {
   if (r->rank == 0) {
     CHECK(!reg(r, r->send[peer], buf, sizeof buf, &mh), "regMr");
     int got = 0;
+    for (int i = 0; i < N; i++) drv_fill(buf[i], SZ, (uint64_t)i);
     for (int i = 0; i < N; i++) {
-      drv_fill(buf[i], SZ, (uint64_t)i);
       CHECK(r->net.isend(r->send[peer], buf[i], SZ, i, mh, &req[i]) == ncclSuccess, "isend");
       if (!req[i]) break;
       got++;

@@ -59,6 +59,7 @@ typedef struct {
   size_t shared_bytes;     /* scratch shared by all ranks (user) */
   int timeout_s;           /* whole run; ranks are killed after it */
   int no_mesh;             /* 1: the rank function connects by itself */
+  void *collect;           /* if set: receives the shared scratch area after the run */
 } drv_opts_t;
 
 typedef int (*drv_rank_fn)(drv_rank_t *r, void *arg);

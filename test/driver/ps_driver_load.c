@@ -138,7 +138,9 @@ static ncclResult_t fin_v12(void) { return T(12)->finalize(ctx); }
 
 const char *drv_default_plugin(void) {
   const char *p = getenv("PERSEUS_PLUGIN_PATH");
-  return p ? p : PS_DEFAULT_PLUGIN_PATH;
+  if (p) return p;
+  /* the build tree's plugin, else whatever the loader finds (installed copy) */
+  return access(PS_DEFAULT_PLUGIN_PATH, R_OK) == 0 ? PS_DEFAULT_PLUGIN_PATH : "libnccl-net-perseus.so";
 }
 
 int drv_load(const char *path, int version, drv_net_t *out) {

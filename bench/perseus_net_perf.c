@@ -1,0 +1,264 @@
+/* perseus_net_perf: send/recv bandwidth and latency through the plugin's
+ * NCCL ABI, ranks forked on one host (nccl-tests conventions).
+ *
+ * sendrecv: every rank sends `size` bytes to rank+1 and receives from rank-1
+ *   per iteration, cut into chunks with up to -W in flight, as NCCL's proxy
+ *   pipelines a transfer through its staging slots.
+ * pingpong: rank 0 and 1 bounce one message; time is half the round trip. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ps_driver.h"
+
+typedef struct {
+  size_t minb, maxb, chunk;
+  double factor;
+  int iters, warmup, check, window, mode; /* mode: 1 sendrecv, 2 pingpong, 3 both */
+} opts_t;
+
+#define MAX_ROWS 64
+typedef struct {
+  size_t size;
+  double us;
+  long wrong;
+} row_t;
+typedef struct {
+  int nrows[2];
+  row_t rows[2][MAX_ROWS];
+  int failed;
+} results_t;
+
+static size_t parse_size(const char *s) {
+  char *end;
+  double v = strtod(s, &end);
+  size_t mul = 1;
+  switch (*end) {
+    case 'K': case 'k': mul = 1ULL << 10; end++; break;
+    case 'M': case 'm': mul = 1ULL << 20; end++; break;
+    case 'G': case 'g': mul = 1ULL << 30; end++; break;
+  }
+  if (*end || v < 0) {
+    fprintf(stderr, "bad size '%s' (expected a number with optional K/M/G)\n", s);
+    exit(2);
+  }
+  return (size_t)(v * (double)mul);
+}
+
+static void *reg(drv_rank_t *r, void *comm, void *buf, size_t n) {
+  void *mh = NULL;
+  if (r->net.reg_mr(comm, buf, n, NCCL_PTR_HOST, &mh) != ncclSuccess) {
+    fprintf(stderr, "rank %d: regMr failed\n", r->rank);
+    exit(1);
+  }
+  return mh;
+}
+
+/* Moves `size` bytes from sbuf to `to` and into rbuf from `from`, chunked,
+ * with at most `window` chunks in flight per direction. */
+static int transfer(drv_rank_t *r, int to, int from, char *sbuf, void *smh, char *rbuf, void *rmh,
+                    size_t size, const opts_t *o) {
+  size_t chunk = o->chunk < size ? o->chunk : (size ? size : 0);
+  size_t nchunks = size ? (size + chunk - 1) / chunk : 1;
+  void *sreq[64] = {0}, *rreq[64] = {0};
+  size_t sent = 0, posted = 0, sdone = 0, rdone = 0;
+  int W = o->window;
+  double end = drv_now() + 120;
+  while (sdone < (to >= 0 ? nchunks : 0) || rdone < (from >= 0 ? nchunks : 0)) {
+    if (drv_now() > end) {
+      fprintf(stderr, "rank %d: transfer of %zu B stalled\n", r->rank, size);
+      return -1;
+    }
+    while (from >= 0 && posted < nchunks && posted - rdone < (size_t)W) {
+      int s = (int)(posted % (size_t)W), tag = (int)(posted % (size_t)W);
+      size_t off = posted * chunk, n = size ? (size - off < chunk ? size - off : chunk) : 0;
+      void *d = rbuf + off;
+      if (r->net.irecv(r->recv[from], 1, &d, &n, &tag, &rmh, &rreq[s])) return -1;
+      if (!rreq[s]) break;
+      posted++;
+    }
+    while (to >= 0 && sent < nchunks && sent - sdone < (size_t)W) {
+      int s = (int)(sent % (size_t)W), tag = (int)(sent % (size_t)W);
+      size_t off = sent * chunk, n = size ? (size - off < chunk ? size - off : chunk) : 0;
+      if (r->net.isend(r->send[to], sbuf + off, n, tag, smh, &sreq[s])) return -1;
+      if (!sreq[s]) break;
+      sent++;
+    }
+    /* complete in order, as NCCL's proxy consumes its slots */
+    int done = 0;
+    if (to >= 0 && sdone < sent) {
+      if (r->net.test(sreq[sdone % (size_t)W], &done, NULL)) return -1;
+      if (done) sdone++;
+    }
+    if (from >= 0 && rdone < posted) {
+      if (r->net.test(rreq[rdone % (size_t)W], &done, NULL)) return -1;
+      if (done) rdone++;
+    }
+  }
+  return 0;
+}
+
+static int run_rank(drv_rank_t *r, void *arg) {
+  const opts_t *o = arg;
+  results_t *res = r->user;
+  int P = r->nranks, me = r->rank;
+  char *sbuf = malloc(o->maxb + 1), *rbuf = malloc(o->maxb + 1);
+  if (!sbuf || !rbuf) return 1;
+  int to = (me + 1) % P, from = (me + P - 1) % P;
+  void *smh = reg(r, r->send[to], sbuf, o->maxb + 1), *rmh = reg(r, r->recv[from], rbuf, o->maxb + 1);
+  void *smh_back = me == 1 ? reg(r, r->send[0], rbuf, o->maxb + 1) : NULL; /* echoes rbuf */
+  void *rmh_back = me == 0 ? reg(r, r->recv[1], rbuf, o->maxb + 1) : NULL;
+  for (int mode = 0; mode < 2; mode++) {
+    if (!(o->mode & (1 << mode))) continue;
+    int row = 0;
+    for (size_t n = o->minb; n <= o->maxb && row < MAX_ROWS; row++) {
+      long wrong = 0;
+      if (o->check) { /* one verified transfer first, untimed */
+        drv_fill(sbuf, n, (uint64_t)n ^ (uint64_t)me << 40);
+        memset(rbuf, 0, n);
+        if (mode == 0 && transfer(r, to, from, sbuf, smh, rbuf, rmh, n, o)) return 1;
+        if (mode == 1 && me == 0 &&
+            (transfer(r, 1, -1, sbuf, smh, NULL, NULL, n, o) ||
+             transfer(r, -1, 1, NULL, NULL, rbuf, rmh_back, n, o)))
+          return 1;
+        if (mode == 1 && me == 1 &&
+            (transfer(r, -1, 0, NULL, NULL, rbuf, rmh, n, o) ||
+             transfer(r, 0, -1, rbuf, smh_back, NULL, NULL, n, o)))
+          return 1;
+        uint64_t id = (uint64_t)n ^ (uint64_t)(mode == 0 ? from : me) << 40;
+        if (mode == 0 || me == 0)
+          for (long off = drv_verify(rbuf, n, id); off >= 0; off = -1) wrong = (long)n - off;
+      }
+      if (drv_barrier(r, 60)) return 1;
+      double t0 = 0;
+      for (int it = -o->warmup; it < o->iters; it++) {
+        if (it == 0) t0 = drv_now();
+        if (mode == 0 && transfer(r, to, from, sbuf, smh, rbuf, rmh, n, o)) return 1;
+        if (mode == 1 && me == 0 &&
+            (transfer(r, 1, -1, sbuf, smh, NULL, NULL, n, o) ||
+             transfer(r, -1, 1, NULL, NULL, rbuf, rmh_back, n, o)))
+          return 1;
+        if (mode == 1 && me == 1 &&
+            (transfer(r, -1, 0, NULL, NULL, rbuf, rmh, n, o) ||
+             transfer(r, 0, -1, rbuf, smh_back, NULL, NULL, n, o)))
+          return 1;
+      }
+      double us = (drv_now() - t0) * 1e6 / o->iters / (mode == 1 ? 2 : 1);
+      if (me == 0) res->rows[mode][row] = (row_t){.size = n, .us = us, .wrong = wrong};
+      if (drv_barrier(r, 60)) return 1;
+      size_t next = (size_t)((double)n * o->factor);
+      n = next > n ? next : n + 1;
+    }
+    if (me == 0) res->nrows[mode] = row;
+  }
+  return 0;
+}
+
+static void print_header(const opts_t *o, int nranks, int version) {
+  struct utsname u;
+  uname(&u);
+  char cpu[256] = "?", line[256];
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, "model name", 10)) {
+      char *c = strchr(line, ':');
+      snprintf(cpu, sizeof cpu, "%s", c ? c + 2 : line);
+      cpu[strcspn(cpu, "\n")] = 0;
+      break;
+    }
+  if (f) fclose(f);
+  time_t now = time(NULL);
+  char date[64];
+  strftime(date, sizeof date, "%Y-%m-%d %H:%M", localtime(&now));
+  printf("# perseus_net_perf: %d ranks on %s (%ld cores, %s), %s\n", nranks, u.nodename,
+         sysconf(_SC_NPROCESSORS_ONLN), cpu, date);
+  printf("# plugin ABI v%d, provider %s, iface %s, chunk %zu B, window %d, iters %d, warmup %d\n",
+         version, getenv("PERSEUS_PROVIDER"), getenv("PERSEUS_IFACE"), o->chunk, o->window, o->iters,
+         o->warmup);
+}
+
+static void usage(const char *argv0) {
+  printf("usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1] [-r RANKS]\n"
+         "          [-t sendrecv|pingpong|all] [-C CHUNK] [-W WINDOW] [-v ABI] [-P PLUGIN]\n"
+         "Defaults: -b 8 -e 64M -f 2 -n 20 -w 5 -c 1 -r 2 -t all -C 512K -W 8 -v 12;\n"
+         "provider tcp;ofi_rxm on interface lo unless PERSEUS_PROVIDER/PERSEUS_IFACE say otherwise.\n",
+         argv0);
+}
+
+int main(int argc, char **argv) {
+  opts_t o = {.minb = 8, .maxb = 64u << 20, .chunk = 512u << 10, .factor = 2, .iters = 20,
+              .warmup = 5, .check = 1, .window = 8, .mode = 3};
+  drv_opts_t d = {.nranks = 2, .version = 12, .timeout_s = 3600};
+  int c;
+  while ((c = getopt(argc, argv, "b:e:f:n:w:c:r:t:C:W:v:P:h")) != -1) {
+    switch (c) {
+      case 'b': o.minb = parse_size(optarg); break;
+      case 'e': o.maxb = parse_size(optarg); break;
+      case 'f': o.factor = atof(optarg); break;
+      case 'n': o.iters = atoi(optarg); break;
+      case 'w': o.warmup = atoi(optarg); break;
+      case 'c': o.check = atoi(optarg); break;
+      case 'r': d.nranks = atoi(optarg); break;
+      case 'C': o.chunk = parse_size(optarg); break;
+      case 'W': o.window = atoi(optarg); break;
+      case 'v': d.version = atoi(optarg); break;
+      case 'P': d.plugin = optarg; break;
+      case 't':
+        o.mode = !strcmp(optarg, "sendrecv") ? 1 : !strcmp(optarg, "pingpong") ? 2
+               : !strcmp(optarg, "all") ? 3 : 0;
+        if (!o.mode) {
+          fprintf(stderr, "-t '%s': expected sendrecv, pingpong or all\n", optarg);
+          return 2;
+        }
+        break;
+      case 'h': usage(argv[0]); return 0;
+      default: usage(argv[0]); return 2;
+    }
+  }
+  if (o.minb > o.maxb || o.factor <= 1 || o.iters < 1 || o.warmup < 0 || o.window < 1 ||
+      o.window > 64 || o.chunk < 1 || d.nranks < 2) {
+    fprintf(stderr, "invalid options: need -b <= -e, -f > 1, -n >= 1, -w >= 0, 1 <= -W <= 64, "
+                    "-C >= 1, -r >= 2\n");
+    return 2;
+  }
+  setenv("PERSEUS_PROVIDER", "tcp;ofi_rxm", 0); /* the embedded default: loopback TCP */
+  setenv("PERSEUS_IFACE", !strcmp(getenv("PERSEUS_PROVIDER"), "shm") ? "shm" : "lo", 0);
+  d.shared_bytes = sizeof(results_t);
+  print_header(&o, d.nranks, d.version);
+  results_t *res = calloc(1, sizeof *res); /* rank 0 fills the shared copy */
+  d.collect = res;
+  int rc = res ? drv_run(&d, run_rank, &o) : -1;
+  if (rc) {
+    fprintf(stderr, "perseus_net_perf: a rank failed\n");
+    return 1;
+  }
+  const char *names[2] = {"sendrecv (ring, every rank sends and receives)",
+                          "pingpong (rank 0 <-> 1, half round trip)"};
+  double bw_sum = 0;
+  int bw_n = 0;
+  long wrong_total = 0;
+  for (int mode = 0; mode < 2; mode++) {
+    if (!(o.mode & (1 << mode))) continue;
+    printf("#\n# %s\n", names[mode]);
+    printf("# %12s %12s %6s %10s %10s %10s %8s\n", "size", "count", "type", "time(us)", "algbw(GB/s)",
+           "busbw(GB/s)", "#wrong");
+    for (int i = 0; i < res->nrows[mode]; i++) {
+      row_t *w = &res->rows[mode][i];
+      double algbw = w->us > 0 ? (double)w->size / w->us / 1e3 : 0;
+      char wrong[24] = "N/A";
+      if (o.check) snprintf(wrong, sizeof wrong, "%ld", w->wrong);
+      printf("  %12zu %12zu %6s %10.2f %10.3f %10.3f %8s\n", w->size, w->size, "int8", w->us, algbw,
+             algbw, wrong);
+      if (mode == 0) bw_sum += algbw, bw_n++;
+      wrong_total += w->wrong;
+    }
+  }
+  if (bw_n) printf("# Out of bounds values : %ld %s\n# Avg bus bandwidth    : %.3f\n#\n", wrong_total,
+                   wrong_total ? "FAILED" : "OK", bw_sum / bw_n);
+  free(res);
+  return wrong_total ? 1 : 0;
+}

@@ -1,0 +1,18 @@
+#!/bin/sh
+# Installs what perseus needs to build and test, on Debian 12 or Ubuntu 24.04.
+# Idempotent: installs only the packages that are missing.
+set -eu
+PKGS="build-essential pkg-config meson ninja-build libfabric-dev libfabric-bin libibverbs-dev git python3"
+[ "${PERSEUS_WITH_CLANG:-0}" = 1 ] && PKGS="$PKGS clang"
+missing=""
+for p in $PKGS; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+echo "perseus: installing:$missing"
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null

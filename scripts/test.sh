@@ -1,0 +1,51 @@
+#!/bin/sh
+# README command 2: build perseus and run every CPU test:
+#   - the test suites (unit, ABI harness on every version and provider, faults)
+#   - the same core suites again under AddressSanitizer + UBSan
+#   - a compile of the whole tree with clang (-Werror)
+# Ends with "N passed, N failed, N skipped". GPU tests skip (77) without a GPU.
+set -u
+cd "$(dirname "$0")/.."
+PERSEUS_WITH_CLANG=1 scripts/install-deps.sh || { echo "dependency install failed"; echo "0 passed, 1 failed"; exit 1; }
+JOBS="${PERSEUS_TEST_JOBS:-$(nproc)}"
+passed=0 failed=0 skipped=0
+LOGDIR="$(mktemp -d)"
+
+# meson test prints "Ok: N", "Fail: N", ... at the end; add them up.
+tally() {
+  ok=$(awk '/^Ok:/{print $2}' "$1"); fl=$(awk '/^Fail:/{print $2}' "$1")
+  sk=$(awk '/^Skipped:/{print $2}' "$1"); to=$(awk '/^Timeout:/{print $2}' "$1")
+  up=$(awk '/^Unexpected Pass:/{print $3}' "$1")
+  passed=$((passed + ${ok:-0})); skipped=$((skipped + ${sk:-0}))
+  failed=$((failed + ${fl:-0} + ${to:-0} + ${up:-0}))
+}
+
+step() { # name, command...: a build step counts as one test
+  name="$1"; shift
+  if "$@" >"$LOGDIR/$name.log" 2>&1; then passed=$((passed + 1)); echo "ok   $name"
+  else failed=$((failed + 1)); echo "FAIL $name"; tail -40 "$LOGDIR/$name.log"; fi
+}
+
+suite() { # builddir, log name, meson test args...
+  dir="$1"; log="$2"; shift 2
+  meson test -C "$dir" --num-processes "$JOBS" --print-errorlogs "$@" >"$LOGDIR/$log.log" 2>&1
+  grep -E '^ *[0-9]+/[0-9]+ ' "$LOGDIR/$log.log" | sed 's/^ *//'
+  grep -q '^Ok:' "$LOGDIR/$log.log" || { tail -40 "$LOGDIR/$log.log"; failed=$((failed + 1)); }
+  tally "$LOGDIR/$log.log"
+}
+
+step build-gcc sh -c '{ [ -f build/build.ninja ] || meson setup build; } && ninja -C build'
+if [ -f build/build.ninja ]; then
+  suite build main
+fi
+
+step build-asan sh -c '{ [ -f build-asan/build.ninja ] || meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled; } && ninja -C build-asan'
+if [ -f build-asan/build.ninja ]; then
+  ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+    suite build-asan asan --suite unit --suite fault --suite quick
+fi
+
+step build-clang sh -c '{ [ -f build-clang/build.ninja ] || CC=clang meson setup build-clang -Dcuda=disabled; } && ninja -C build-clang'
+
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,587 @@
+/* Fault tests: a peer killed mid-transfer or while idle, comms closed with
+ * requests in flight, and malformed handles / garbage pointers handed to the
+ * plugin. Loads the plugin through one ncclNetPlugin_vN table (test driver).
+ *
+ *   perseus_fault_test -s SCENARIO [-v 8..12] [-p PLUGIN]
+ *
+ * Scenarios:
+ *   kill_recv       rank 1 streams 8 MiB messages to rank 0; rank 0 kills it
+ *                   mid-stream: rank 0's receive test() must fail within 10 s
+ *   kill_send       rank 0 streams to rank 1 and kills it mid-stream: rank 0's
+ *                   send test() must fail within 10 s
+ *   kill_idle_recv  rank 0 has a receive posted that nothing matches; rank 1
+ *                   (idle, making no plugin call) must not be declared dead
+ *                   while it lives, and test() must fail within 10 s of its kill
+ *                   (the liveness probe: PERSEUS_KEEPALIVE_MS/PERSEUS_PEER_TIMEOUT_MS)
+ *   close_inflight  both ranks close every comm with sends and receives in
+ *                   flight, then build a fresh mesh and exchange a verified message
+ *   bad_handle      one rank: connect() with malformed handles and accept()/
+ *                   test()/close*() with garbage pointers: ncclInvalidArgument
+ * Prints one line per scenario (ok/FAIL); exit 0 pass, 1 fail. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ps_driver.h"
+#include "ps_wire.h"
+
+#define CHECK(cond, ...)                                        \
+  do {                                                          \
+    if (!(cond)) {                                              \
+      fprintf(stderr, "rank %d: ", r->rank);                    \
+      fprintf(stderr, __VA_ARGS__);                             \
+      fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);        \
+      return 1;                                                 \
+    }                                                           \
+  } while (0)
+
+#define MSG_BYTES ((size_t)8 << 20) /* one streamed message */
+#define DEPTH 4                      /* messages in flight per direction */
+#define DETECT_LIMIT_S 10.0          /* a dead peer must show within this */
+#define GIVE_UP_S 15.0               /* stop waiting for an error after this */
+#define VICTIM_LIFE_S 25.0           /* a victim never killed gives up after this */
+#define STREAM_TAG 11
+
+/* A MAP_SHARED page made before the ranks fork: seen by them and the parent. */
+typedef struct {
+  atomic_int progress;   /* messages the victim received (kill_send) */
+  atomic_int victim_up;  /* the victim reached its loop */
+  double detect_s;       /* kill -> first failing test() */
+  int detect_rc;         /* what test() returned */
+  int after_msgs;        /* messages the survivor completed before the kill */
+  char note[160];
+} fault_shared_t;
+
+static void nap_us(long us) {
+  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+  nanosleep(&ts, NULL);
+}
+
+/* NCCL registers every buffer before it transfers from/to it. */
+static int reg(drv_rank_t *r, void *comm, void *buf, size_t n, void **mh) {
+  return r->net.reg_mr(comm, buf, n ? n : 1, NCCL_PTR_HOST, mh) == ncclSuccess ? 0 : -1;
+}
+
+/* A pipeline of DEPTH large buffers on one comm. */
+typedef struct {
+  void *comm;
+  int is_send;
+  char *buf[DEPTH];
+  void *mh;
+  char *base;
+  void *req[DEPTH];
+  long posted, completed;
+  long slot_msg[DEPTH];
+} pipe_t;
+
+static int pipe_open(drv_rank_t *r, pipe_t *p, void *comm, int is_send) {
+  memset(p, 0, sizeof *p);
+  p->comm = comm;
+  p->is_send = is_send;
+  p->base = malloc(DEPTH * MSG_BYTES);
+  CHECK(p->base, "out of memory");
+  for (int s = 0; s < DEPTH; s++) {
+    p->buf[s] = p->base + (size_t)s * MSG_BYTES;
+    if (is_send) drv_fill(p->buf[s], MSG_BYTES, (uint64_t)s);
+  }
+  CHECK(!reg(r, comm, p->base, DEPTH * MSG_BYTES, &p->mh), "regMr");
+  return 0;
+}
+
+static void pipe_close(drv_rank_t *r, pipe_t *p) {
+  if (p->mh) r->net.dereg_mr(p->comm, p->mh);
+  free(p->base);
+  memset(p, 0, sizeof *p);
+}
+
+/* Posts into every free slot. Returns the first error of isend/irecv. */
+static ncclResult_t pipe_post(drv_rank_t *r, pipe_t *p) {
+  for (int s = 0; s < DEPTH; s++) {
+    if (p->req[s]) continue;
+    int slot = (int)(p->posted % DEPTH);
+    if (slot != s) continue; /* keep message k in slot k % DEPTH */
+    ncclResult_t rc;
+    if (p->is_send) {
+      rc = r->net.isend(p->comm, p->buf[s], MSG_BYTES, STREAM_TAG, p->mh, &p->req[s]);
+    } else {
+      void *d = p->buf[s];
+      size_t sz = MSG_BYTES;
+      int tag = STREAM_TAG;
+      rc = r->net.irecv(p->comm, 1, &d, &sz, &tag, &p->mh, &p->req[s]);
+    }
+    if (rc != ncclSuccess) return rc;
+    if (!p->req[s]) return ncclSuccess; /* backpressure: later */
+    p->slot_msg[s] = p->posted++;
+    s = -1; /* rescan: the next slot may be free too */
+  }
+  return ncclSuccess;
+}
+
+/* Tests every outstanding request once. *bad: a completed receive whose
+ * bytes are wrong. Returns the first error test() reported. */
+static ncclResult_t pipe_test(drv_rank_t *r, pipe_t *p, int verify, int *bad) {
+  for (int s = 0; s < DEPTH; s++) {
+    if (!p->req[s]) continue;
+    int done = 0, size = -1;
+    ncclResult_t rc = r->net.test(p->req[s], &done, &size);
+    if (rc != ncclSuccess) return rc;
+    if (!done) continue;
+    p->req[s] = NULL;
+    p->completed++;
+    if (!p->is_send && verify) {
+      /* Same tag, ordered matching: message k was sent from slot k % DEPTH. */
+      long k = p->slot_msg[s];
+      if (size != (int)MSG_BYTES || drv_verify(p->buf[s], MSG_BYTES, (uint64_t)(k % DEPTH)) >= 0) {
+        fprintf(stderr, "rank %d: message %ld: size %d or content wrong\n", r->rank, k, size);
+        *bad = 1;
+      }
+    }
+  }
+  return ncclSuccess;
+}
+
+/* The victim streams (or drains) until it is killed. Returning at all is a
+ * failure: the survivor never killed it. */
+static int victim_stream(drv_rank_t *r, fault_shared_t *fs, void *comm, int is_send) {
+  pipe_t p;
+  if (pipe_open(r, &p, comm, is_send)) return 1;
+  atomic_store(&fs->victim_up, 1);
+  double end = drv_now() + VICTIM_LIFE_S;
+  int bad = 0;
+  while (drv_now() < end) {
+    ncclResult_t rc = pipe_post(r, &p);
+    CHECK(rc == ncclSuccess, "victim: post failed (rc %d) before it was killed", rc);
+    long before = p.completed;
+    rc = pipe_test(r, &p, 1, &bad);
+    CHECK(rc == ncclSuccess, "victim: test failed (rc %d) before it was killed", rc);
+    CHECK(!bad, "victim: corrupted message");
+    if (!is_send && p.completed != before) atomic_store(&fs->progress, (int)p.completed);
+  }
+  fprintf(stderr, "rank %d: victim was never killed\n", r->rank);
+  pipe_close(r, &p);
+  return 1;
+}
+
+static int kill_peer(drv_rank_t *r, int peer) {
+  pid_t pid = 0;
+  for (int i = 0; i < 1000 && (pid = drv_pid(r, peer)) <= 0; i++) nap_us(1000);
+  CHECK(pid > 0, "no pid for rank %d", peer);
+  drv_mark_killable(r, peer);
+  CHECK(kill(pid, SIGKILL) == 0, "kill(%d)", (int)pid);
+  return 0;
+}
+
+/* The survivor keeps posting and testing after the kill until test() fails. */
+static int survivor_detect(drv_rank_t *r, fault_shared_t *fs, pipe_t *p, double t_kill) {
+  int bad = 0, post_ok = 1;
+  ncclResult_t post_rc = ncclSuccess;
+  double post_err_t = 0;
+  for (;;) {
+    double now = drv_now();
+    if (now - t_kill > GIVE_UP_S) {
+      snprintf(fs->note, sizeof fs->note, "test() still succeeding %.0f s after the kill", GIVE_UP_S);
+      fs->detect_s = -1;
+      fprintf(stderr, "rank %d: %s (post error: rc %d)\n", r->rank, fs->note, post_rc);
+      return 1;
+    }
+    if (post_ok) {
+      post_rc = pipe_post(r, p);
+      if (post_rc != ncclSuccess) {
+        post_ok = 0; /* stop posting; outstanding requests must report it */
+        post_err_t = drv_now() - t_kill;
+      }
+    }
+    int outstanding = 0;
+    for (int s = 0; s < DEPTH; s++) outstanding += p->req[s] != NULL;
+    CHECK(outstanding || post_ok, "%s failed (rc %d) %.2f s after the kill with no request left "
+          "to test", p->is_send ? "isend" : "irecv", post_rc, post_err_t);
+    ncclResult_t rc = pipe_test(r, p, 0, &bad);
+    if (rc != ncclSuccess) {
+      fs->detect_s = drv_now() - t_kill;
+      fs->detect_rc = rc;
+      if (!post_ok)
+        snprintf(fs->note, sizeof fs->note, "%s failed first (rc %d at %.3f s)",
+                 p->is_send ? "isend" : "irecv", post_rc, post_err_t);
+      break;
+    }
+  }
+  CHECK(fs->detect_s <= DETECT_LIMIT_S, "dead peer detected after %.2f s (limit %.0f s)",
+        fs->detect_s, DETECT_LIMIT_S);
+  return 0;
+}
+
+/* kill_recv: survivor 0 receives from victim 1. */
+static int scenario_kill_recv(drv_rank_t *r, void *arg) {
+  fault_shared_t *fs = arg;
+  CHECK(r->nranks == 2, "needs 2 ranks");
+  if (r->rank == 1) return victim_stream(r, fs, r->send[0], 1);
+  pipe_t p;
+  if (pipe_open(r, &p, r->recv[1], 0)) return 1;
+  int bad = 0;
+  double end = drv_now() + 20;
+  while (p.completed < 1) {
+    CHECK(drv_now() < end, "no message arrived in 20 s");
+    CHECK(pipe_post(r, &p) == ncclSuccess, "irecv before the kill");
+    CHECK(pipe_test(r, &p, 1, &bad) == ncclSuccess, "test before the kill");
+    CHECK(!bad, "corrupted message before the kill");
+  }
+  CHECK(pipe_post(r, &p) == ncclSuccess, "irecv before the kill"); /* all slots busy */
+  fs->after_msgs = (int)p.completed;
+  if (kill_peer(r, 1)) return 1;
+  int rc = survivor_detect(r, fs, &p, drv_now());
+  pipe_close(r, &p);
+  return rc;
+}
+
+/* kill_send: survivor 0 streams to victim 1. */
+static int scenario_kill_send(drv_rank_t *r, void *arg) {
+  fault_shared_t *fs = arg;
+  CHECK(r->nranks == 2, "needs 2 ranks");
+  if (r->rank == 1) return victim_stream(r, fs, r->recv[0], 0);
+  pipe_t p;
+  if (pipe_open(r, &p, r->send[1], 1)) return 1;
+  int bad = 0;
+  double end = drv_now() + 20;
+  /* Kill once the victim has received a message and ours are in flight. */
+  while (atomic_load(&fs->progress) < 1 || p.completed < 1) {
+    CHECK(drv_now() < end, "victim received nothing in 20 s");
+    CHECK(pipe_post(r, &p) == ncclSuccess, "isend before the kill");
+    CHECK(pipe_test(r, &p, 0, &bad) == ncclSuccess, "test before the kill");
+  }
+  CHECK(pipe_post(r, &p) == ncclSuccess, "isend before the kill");
+  fs->after_msgs = (int)p.completed;
+  if (kill_peer(r, 1)) return 1;
+  int rc = survivor_detect(r, fs, &p, drv_now());
+  pipe_close(r, &p);
+  return rc;
+}
+
+/* kill_idle_recv: a receive nothing was ever sent for; the peer idles (no
+ * plugin call at all, like an NCCL proxy with nothing to do), then dies. */
+static int scenario_kill_idle_recv(drv_rank_t *r, void *arg) {
+  fault_shared_t *fs = arg;
+  const double alive_s = 3.0; /* > 2 keepalive periods at the default 1000 ms */
+  CHECK(r->nranks == 2, "needs 2 ranks");
+  if (r->rank == 1) {
+    CHECK(drv_barrier(r, 20) == 0, "barrier");
+    double end = drv_now() + VICTIM_LIFE_S;
+    while (drv_now() < end) nap_us(10000);
+    fprintf(stderr, "rank 1: victim was never killed\n");
+    return 1;
+  }
+  static char buf[4096];
+  void *mh = NULL, *req = NULL;
+  CHECK(!reg(r, r->recv[1], buf, sizeof buf, &mh), "regMr");
+  void *d = buf;
+  size_t sz = sizeof buf;
+  int tag = 77, done = 0;
+  for (double end = drv_now() + 10; !req;) {
+    CHECK(r->net.irecv(r->recv[1], 1, &d, &sz, &tag, &mh, &req) == ncclSuccess, "irecv");
+    CHECK(drv_now() < end, "irecv never accepted");
+  }
+  CHECK(drv_barrier(r, 20) == 0, "barrier");
+  /* A live but idle peer is not dead. */
+  for (double end = drv_now() + alive_s; drv_now() < end;) {
+    ncclResult_t rc = r->net.test(req, &done, NULL);
+    CHECK(rc == ncclSuccess, "test() failed (rc %d) while the idle peer was alive", rc);
+    CHECK(!done, "a receive nothing was sent for completed");
+    nap_us(200);
+  }
+  if (kill_peer(r, 1)) return 1;
+  double t_kill = drv_now();
+  for (;;) {
+    ncclResult_t rc = r->net.test(req, &done, NULL);
+    if (rc != ncclSuccess) {
+      fs->detect_s = drv_now() - t_kill;
+      fs->detect_rc = rc;
+      break;
+    }
+    CHECK(!done, "a receive nothing was sent for completed");
+    if (drv_now() - t_kill > GIVE_UP_S) {
+      fs->detect_s = -1;
+      snprintf(fs->note, sizeof fs->note, "test() still succeeding %.0f s after the kill", GIVE_UP_S);
+      CHECK(0, "%s", fs->note);
+    }
+    nap_us(200);
+  }
+  r->net.dereg_mr(r->recv[1], mh);
+  CHECK(fs->detect_s <= DETECT_LIMIT_S, "dead peer detected after %.2f s (limit %.0f s)",
+        fs->detect_s, DETECT_LIMIT_S);
+  return 0;
+}
+
+/* close_inflight: sends and receives in flight, some matched, some not, then
+ * everything is closed; the process must go on and connect afresh. */
+static int scenario_close_inflight(drv_rank_t *r, void *arg) {
+  (void)arg;
+  enum { NS = 6 };
+  static const size_t sizes[NS] = {64, 4096, 1 << 20, 8 << 20, 8 << 20, 16 << 20};
+  int peer = 1 - r->rank;
+  CHECK(r->nranks == 2, "needs 2 ranks");
+  for (int round = 0; round < 2; round++) {
+    char *sb[NS], *rb[NS];
+    void *smh[NS], *rmh[NS], *sreq[NS] = {0}, *rreq[NS] = {0};
+    for (int i = 0; i < NS; i++) {
+      sb[i] = malloc(sizes[i]), rb[i] = malloc(sizes[i]);
+      CHECK(sb[i] && rb[i], "out of memory");
+      drv_fill(sb[i], sizes[i], (uint64_t)i);
+      CHECK(!reg(r, r->send[peer], sb[i], sizes[i], &smh[i]), "regMr send");
+      CHECK(!reg(r, r->recv[peer], rb[i], sizes[i], &rmh[i]), "regMr recv");
+    }
+    /* Receives for tags 100..105; the peer sends tags 100..102 (matched) and
+     * 200..202 (never matched: unexpected messages at the receiver). */
+    for (int i = 0; i < NS; i++) {
+      void *d = rb[i];
+      size_t sz = sizes[i];
+      int tag = 100 + i;
+      for (double end = drv_now() + 10; !rreq[i];) {
+        CHECK(r->net.irecv(r->recv[peer], 1, &d, &sz, &tag, &rmh[i], &rreq[i]) == ncclSuccess, "irecv");
+        CHECK(drv_now() < end, "irecv never accepted");
+      }
+    }
+    for (int i = 0; i < NS; i++) {
+      int tag = i < NS / 2 ? 100 + i : 200 + i;
+      for (double end = drv_now() + 10; !sreq[i];) {
+        CHECK(r->net.isend(r->send[peer], sb[i], sizes[i], tag, smh[i], &sreq[i]) == ncclSuccess, "isend");
+        CHECK(drv_now() < end, "isend never accepted");
+      }
+    }
+    /* A little progress so that transfers are really under way. */
+    for (int k = 0; k < 20; k++)
+      for (int i = 0; i < NS; i++) {
+        int done = 0;
+        if (sreq[i] && r->net.test(sreq[i], &done, NULL) == ncclSuccess && done) sreq[i] = NULL;
+        if (rreq[i] && r->net.test(rreq[i], &done, NULL) == ncclSuccess && done) rreq[i] = NULL;
+      }
+    int inflight = 0;
+    for (int i = 0; i < NS; i++) inflight += (sreq[i] != NULL) + (rreq[i] != NULL);
+    CHECK(inflight > 0, "nothing left in flight to close over");
+    /* As NCCL tears down: deregister, then close, requests still posted.
+     * Round 0: both ranks at once. Round 1: rank 0 first, rank 1 later while
+     * rank 0 is already gone. */
+    if (round == 1 && r->rank == 1) nap_us(300000);
+    for (int i = 0; i < NS; i++) {
+      CHECK(r->net.dereg_mr(r->send[peer], smh[i]) == ncclSuccess, "deregMr send");
+      CHECK(r->net.dereg_mr(r->recv[peer], rmh[i]) == ncclSuccess, "deregMr recv");
+    }
+    CHECK(r->net.close_send(r->send[peer]) == ncclSuccess, "closeSend with requests in flight");
+    CHECK(r->net.close_recv(r->recv[peer]) == ncclSuccess, "closeRecv with requests in flight");
+    CHECK(r->net.close_listen(r->listen[peer]) == ncclSuccess, "closeListen");
+    r->send[peer] = r->recv[peer] = r->listen[peer] = NULL;
+    for (int i = 0; i < NS; i++) free(sb[i]), free(rb[i]);
+    fprintf(stderr, "rank %d: round %d closed with %d request(s) in flight\n", r->rank, round,
+            inflight);
+    /* A fresh mesh, one verified message each way. */
+    CHECK(drv_mesh(r, 20) == 0, "re-mesh after closing with requests in flight");
+    size_t n = (size_t)3 << 20;
+    char *s = malloc(n), *d = malloc(n);
+    void *sm, *dm, *sq = NULL, *dq = NULL;
+    CHECK(s && d, "out of memory");
+    drv_fill(s, n, 1000 + (uint64_t)r->rank);
+    memset(d, 0, n);
+    CHECK(!reg(r, r->send[peer], s, n, &sm) && !reg(r, r->recv[peer], d, n, &dm), "regMr");
+    size_t sz = n;
+    int tag = 100, got = -1; /* tag 100 was used by the closed comms: nothing stale may match */
+    void *dp = d;
+    for (double end = drv_now() + 10; !dq;) {
+      CHECK(r->net.irecv(r->recv[peer], 1, &dp, &sz, &tag, &dm, &dq) == ncclSuccess, "irecv");
+      CHECK(drv_now() < end, "irecv never accepted");
+    }
+    for (double end = drv_now() + 10; !sq;) {
+      CHECK(r->net.isend(r->send[peer], s, n, tag, sm, &sq) == ncclSuccess, "isend");
+      CHECK(drv_now() < end, "isend never accepted");
+    }
+    ncclResult_t rc = ncclSuccess;
+    CHECK(!drv_wait(r, sq, NULL, 20, &rc), "send on the fresh mesh: rc %d", rc);
+    CHECK(!drv_wait(r, dq, &got, 20, &rc), "recv on the fresh mesh: rc %d", rc);
+    CHECK(got == (int)n, "fresh mesh: received %d bytes, sent %zu", got, n);
+    long bad = drv_verify(d, n, 1000 + (uint64_t)peer);
+    CHECK(bad < 0, "fresh mesh: wrong byte at offset %ld", bad);
+    r->net.dereg_mr(r->send[peer], sm);
+    r->net.dereg_mr(r->recv[peer], dm);
+    free(s), free(d);
+    CHECK(drv_barrier(r, 20) == 0, "barrier");
+  }
+  return 0;
+}
+
+/* bad_handle: one rank, no mesh. */
+static int expect_connect_rejected(drv_rank_t *r, const char *what, const unsigned char *h) {
+  /* Exactly NCCL's handle size on the heap, so a sanitizer sees an over-read. */
+  unsigned char *copy = malloc(NCCL_NET_HANDLE_MAXSIZE);
+  CHECK(copy, "out of memory");
+  memcpy(copy, h, NCCL_NET_HANDLE_MAXSIZE);
+  void *sc = (void *)0x1; /* must be overwritten */
+  ncclResult_t rc = r->net.connect(r->dev, copy, &sc);
+  /* NCCL calls connect again with the same handle until it has a comm. */
+  void *sc2 = (void *)0x1;
+  ncclResult_t rc2 = r->net.connect(r->dev, copy, &sc2);
+  free(copy);
+  CHECK(rc == ncclInvalidArgument, "connect with %s: rc %d, expected ncclInvalidArgument (4)", what, rc);
+  CHECK(rc2 == ncclInvalidArgument, "second connect with %s: rc %d, expected 4", what, rc2);
+  CHECK(sc == NULL && sc2 == NULL, "connect with %s left a comm behind (%p)", what, sc);
+  return 0;
+}
+
+static int scenario_bad_handle(drv_rank_t *r, void *arg) {
+  (void)arg;
+  unsigned char valid[NCCL_NET_HANDLE_MAXSIZE] = {0}, h[NCCL_NET_HANDLE_MAXSIZE];
+  void *lc = NULL;
+  CHECK(r->net.listen(r->dev, valid, &lc) == ncclSuccess && lc, "listen");
+
+  memset(h, 0, sizeof h);
+  if (expect_connect_rejected(r, "an all-zero handle", h)) return 1;
+  srand(12345);
+  for (int k = 0; k < 16; k++) {
+    for (size_t i = 0; i < sizeof h; i++) h[i] = (unsigned char)rand();
+    if (expect_connect_rejected(r, "random bytes", h)) return 1;
+  }
+  memcpy(h, valid, sizeof h);
+  h[offsetof(ps_handle_t, magic)] ^= 0x01;
+  if (expect_connect_rejected(r, "a corrupted magic", h)) return 1;
+  const uint16_t versions[] = {0, PS_WIRE_VERSION + 1, 0xffff};
+  for (size_t i = 0; i < sizeof versions / sizeof versions[0]; i++) {
+    memcpy(h, valid, sizeof h);
+    memcpy(h + offsetof(ps_handle_t, version), &versions[i], 2);
+    if (expect_connect_rejected(r, "another wire version", h)) return 1;
+  }
+  const uint16_t lens[] = {0, 200, PS_HANDLE_ADDR_MAX + 1, 0xffff};
+  for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "addrlen %u", lens[i]);
+    memcpy(h, valid, sizeof h);
+    memcpy(h + offsetof(ps_handle_t, addrlen), &lens[i], 2);
+    if (expect_connect_rejected(r, what, h)) return 1;
+  }
+  memcpy(h, valid, sizeof h);
+  h[offsetof(ps_handle_t, wire_hash)] ^= 0x80;
+  if (expect_connect_rejected(r, "another wire hash", h)) return 1;
+
+  /* Garbage pointers: a small zeroed heap object is no comm/request/handle. */
+  enum { SMALL = 64 };
+  void *junk = calloc(1, SMALL), *out = (void *)0x1;
+  CHECK(junk, "out of memory");
+  int done = -1, sizes[8];
+  ncclResult_t rc;
+  CHECK((rc = r->net.accept(junk, &out)) == ncclInvalidArgument, "accept(junk): rc %d", rc);
+  CHECK(out == NULL, "accept(junk) returned a comm");
+  CHECK((rc = r->net.accept(NULL, &out)) == ncclInvalidArgument, "accept(NULL): rc %d", rc);
+  CHECK((rc = r->net.close_send(junk)) == ncclInvalidArgument, "closeSend(junk): rc %d", rc);
+  CHECK((rc = r->net.close_send(NULL)) == ncclInvalidArgument, "closeSend(NULL): rc %d", rc);
+  CHECK((rc = r->net.close_recv(junk)) == ncclInvalidArgument, "closeRecv(junk): rc %d", rc);
+  CHECK((rc = r->net.close_listen(junk)) == ncclInvalidArgument, "closeListen(junk): rc %d", rc);
+  CHECK((rc = r->net.close_send(lc)) == ncclInvalidArgument, "closeSend(listen comm): rc %d", rc);
+  CHECK((rc = r->net.close_recv(lc)) == ncclInvalidArgument, "closeRecv(listen comm): rc %d", rc);
+  void *mh = (void *)0x1, *req = (void *)0x1, *d = junk;
+  size_t sz = 8;
+  int tag = 1;
+  CHECK((rc = r->net.reg_mr(junk, junk, SMALL, NCCL_PTR_HOST, &mh)) == ncclInvalidArgument,
+        "regMr(junk comm): rc %d", rc);
+  CHECK((rc = r->net.dereg_mr(junk, junk)) == ncclInvalidArgument, "deregMr(junk): rc %d", rc);
+  CHECK((rc = r->net.isend(junk, junk, 8, 1, NULL, &req)) == ncclInvalidArgument, "isend(junk): rc %d", rc);
+  CHECK((rc = r->net.irecv(junk, 1, &d, &sz, &tag, NULL, &req)) == ncclInvalidArgument,
+        "irecv(junk): rc %d", rc);
+  CHECK((rc = r->net.test(NULL, &done, sizes)) == ncclInvalidArgument, "test(NULL): rc %d", rc);
+  CHECK((rc = r->net.test(junk, &done, sizes)) == ncclInvalidArgument, "test(junk): rc %d", rc);
+  CHECK(done != 1, "test(junk) reported completion");
+  free(junk);
+
+  /* The rejections left the listener usable: connect to it for real. */
+  void *sc = NULL, *rc_comm = NULL;
+  for (double end = drv_now() + 10; !sc || !rc_comm;) {
+    CHECK(drv_now() < end, "loopback connect after the rejections did not complete");
+    if (!sc) CHECK(r->net.connect(r->dev, valid, &sc) == ncclSuccess, "connect(valid)");
+    if (!rc_comm) CHECK(r->net.accept(lc, &rc_comm) == ncclSuccess, "accept");
+  }
+  CHECK((rc = r->net.close_listen(sc)) == ncclInvalidArgument, "closeListen(send comm): rc %d", rc);
+  CHECK((rc = r->net.accept(rc_comm, &out)) == ncclInvalidArgument, "accept(recv comm): rc %d", rc);
+  CHECK(r->net.close_send(sc) == ncclSuccess, "closeSend");
+  CHECK(r->net.close_recv(rc_comm) == ncclSuccess, "closeRecv");
+  CHECK(r->net.close_listen(lc) == ncclSuccess, "closeListen");
+  return 0;
+}
+
+typedef struct {
+  const char *name;
+  drv_rank_fn fn;
+  int nranks, no_mesh, kills;
+} scenario_t;
+
+static const scenario_t scenarios[] = {
+    {"kill_recv", scenario_kill_recv, 2, 0, 1},
+    {"kill_send", scenario_kill_send, 2, 0, 1},
+    {"kill_idle_recv", scenario_kill_idle_recv, 2, 0, 1},
+    {"close_inflight", scenario_close_inflight, 2, 0, 0},
+    {"bad_handle", scenario_bad_handle, 1, 1, 0},
+};
+#define NSCEN (sizeof scenarios / sizeof scenarios[0])
+
+static int run_one(const scenario_t *s, int version, const char *plugin, fault_shared_t *fs) {
+  drv_opts_t o = {.nranks = s->nranks, .version = version, .plugin = plugin, .timeout_s = 30,
+                  .no_mesh = s->no_mesh};
+  memset(fs, 0, sizeof *fs);
+  fs->detect_s = -1;
+  double t0 = drv_now();
+  int rc = drv_run(&o, s->fn, fs);
+  double wall = drv_now() - t0;
+  const char *prov = getenv("PERSEUS_PROVIDER");
+  char detail[256] = "";
+  if (s->kills && fs->detect_s >= 0)
+    snprintf(detail, sizeof detail, " detection %.3f s (test rc %d)", fs->detect_s, fs->detect_rc);
+  else if (s->kills)
+    snprintf(detail, sizeof detail, " detection: none");
+  if (s->kills && fs->after_msgs)
+    snprintf(detail + strlen(detail), sizeof detail - strlen(detail), ", %d msg(s) before the kill",
+             fs->after_msgs);
+  if (fs->note[0])
+    snprintf(detail + strlen(detail), sizeof detail - strlen(detail), ", %s", fs->note);
+  printf("%-15s v%-2d provider=%-12s %s (%.2f s)%s\n", s->name, version, prov ? prov : "auto",
+         rc ? "FAIL" : "ok", wall, detail);
+  return rc ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+  int version = 12, c;
+  const char *scen = NULL, *plugin = NULL;
+  while ((c = getopt(argc, argv, "v:s:p:h")) != -1) {
+    switch (c) {
+      case 'v': version = atoi(optarg); break;
+      case 's': scen = optarg; break;
+      case 'p': plugin = optarg; break;
+      default:
+        fprintf(stderr, "usage: %s -s kill_recv|kill_send|kill_idle_recv|close_inflight|bad_handle|all "
+                        "[-v 8..12] [-p PLUGIN]\n", argv[0]);
+        return c == 'h' ? 0 : 2;
+    }
+  }
+  if (version < 8 || version > 12) {
+    fprintf(stderr, "ABI version must be in 8..12, got %d\n", version);
+    return 2;
+  }
+  if (!scen) scen = "all";
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  fault_shared_t *fs = mmap(NULL, sizeof *fs, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (fs == MAP_FAILED) {
+    perror("mmap");
+    return 2;
+  }
+  int fails = 0, found = 0;
+  for (size_t i = 0; i < NSCEN; i++) {
+    if (strcmp(scen, "all") && strcmp(scen, scenarios[i].name)) continue;
+    found = 1;
+    fails += run_one(&scenarios[i], version, plugin, fs);
+  }
+  if (!found) {
+    fprintf(stderr, "unknown scenario '%s'\n", scen);
+    return 2;
+  }
+  return fails ? 1 : 0;
+}

@@ -1,0 +1,282 @@
+/* Bounded-time mutation fuzzer of the wire decoders, ps_handle_decode and
+ * ps_ctrl_decode: the bytes a peer (or NCCL's bootstrap) hands us.
+ *
+ *   perseus_fuzz_wire [-t SECONDS] [-n ITERATIONS] [-s SEED] [-v]
+ *
+ * Plain C, no libFuzzer needed: inputs are mutated from valid encodings (bit
+ * flips, byte sets, interesting header values, truncation and extension) and
+ * handed over in heap blocks of exactly their length, so a build with
+ * -Db_sanitize=address catches any read past the end. Checks that a decoder
+ * either refuses (ncclInvalidArgument) or accepts a message that really is
+ * valid: right magic, version, wire hash and type, address length within
+ * bounds, the buffer long enough. Stops after -t seconds (default 5) or -n
+ * iterations, whichever comes first.
+ *
+ * With clang -fsanitize=fuzzer -DPS_LIBFUZZER, LLVMFuzzerTestOneInput takes
+ * the place of main (first input byte: which decoder and type). */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ps_wire.h"
+
+#define HASH 0x5eed1e55u
+#define MAX_INPUT 640 /* > 2 * sizeof(ps_ctrl_msg_t): room for overlong inputs */
+
+static void die(const char *what, const void *buf, size_t len) {
+  fprintf(stderr, "fuzz_wire: invariant broken: %s (input of %zu bytes:", what, len);
+  for (size_t i = 0; i < len && i < 64; i++) fprintf(stderr, " %02x", ((const unsigned char *)buf)[i]);
+  fprintf(stderr, "%s)\n", len > 64 ? " ..." : "");
+  abort();
+}
+
+/* What a successful decode must imply. */
+static void check_handle(const void *buf, size_t len, ncclResult_t rc, const ps_handle_t *out) {
+  if (rc != ncclSuccess) {
+    if (rc != ncclInvalidArgument) die("handle decode failed with something else than InvalidArgument", buf, len);
+    return;
+  }
+  if (!buf || len < sizeof *out) die("handle accepted from a short buffer", buf, len);
+  if (out->addrlen < 1 || out->addrlen > PS_HANDLE_ADDR_MAX) die("handle accepted with addrlen out of bounds", buf, len);
+  if (out->magic != PS_WIRE_MAGIC || out->version != PS_WIRE_VERSION || out->wire_hash != HASH)
+    die("handle accepted with a wrong header", buf, len);
+  if (memcmp(out, buf, sizeof *out)) die("decoded handle differs from its bytes", buf, len);
+}
+
+static void check_ctrl(const void *buf, size_t len, uint16_t type, ncclResult_t rc,
+                       const ps_ctrl_msg_t *out) {
+  if (rc != ncclSuccess) {
+    if (rc != ncclInvalidArgument) die("ctrl decode failed with something else than InvalidArgument", buf, len);
+    return;
+  }
+  if (!buf || len != sizeof *out) die("control message accepted with a wrong length", buf, len);
+  if (out->addrlen < 1 || out->addrlen > PS_CTRL_ADDR_MAX) die("control message accepted with addrlen out of bounds", buf, len);
+  if (out->magic != PS_WIRE_MAGIC || out->version != PS_WIRE_VERSION || out->wire_hash != HASH ||
+      out->type != type)
+    die("control message accepted with a wrong header or type", buf, len);
+  if (memcmp(out, buf, sizeof *out)) die("decoded control message differs from its bytes", buf, len);
+}
+
+/* Decodes `len` bytes held in a heap block of exactly that size. */
+static int run_handle(const unsigned char *data, size_t len) {
+  unsigned char *b = malloc(len ? len : 1);
+  if (!b) abort();
+  memcpy(b, data, len);
+  ps_handle_t out;
+  memset(&out, 0, sizeof out);
+  ncclResult_t rc = ps_handle_decode(len ? b : NULL, len, HASH, &out);
+  check_handle(len ? b : NULL, len, rc, &out);
+  free(b);
+  return rc == ncclSuccess;
+}
+
+static int run_ctrl(const unsigned char *data, size_t len, uint16_t type) {
+  unsigned char *b = malloc(len ? len : 1);
+  if (!b) abort();
+  memcpy(b, data, len);
+  ps_ctrl_msg_t out;
+  memset(&out, 0, sizeof out);
+  ncclResult_t rc = ps_ctrl_decode(len ? b : NULL, len, type, HASH, &out);
+  check_ctrl(len ? b : NULL, len, type, rc, &out);
+  free(b);
+  return rc == ncclSuccess;
+}
+
+#ifdef PS_LIBFUZZER
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  static int quiet;
+  if (!quiet) setenv("NCCL_DEBUG", "NONE", 1), quiet = 1;
+  if (size < 1) return 0;
+  uint8_t sel = data[0];
+  if (sel & 1) run_handle(data + 1, size - 1);
+  else run_ctrl(data + 1, size - 1, (uint16_t)((sel >> 1) & 3));
+  return 0;
+}
+#else
+
+/* xorshift64*: reproducible from -s. */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
+static uint64_t rnd(void) {
+  uint64_t x = rng_state;
+  x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+  rng_state = x;
+  return x * 0x2545F4914F6CDD1DULL;
+}
+static size_t below(size_t n) { return n ? (size_t)(rnd() % n) : 0; }
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+  unsigned char b[MAX_INPUT];
+  size_t len;
+} input_t;
+
+enum { NSEEDS = 12 };
+static input_t seeds[2][NSEEDS]; /* [0] handles, [1] control messages */
+static uint16_t seed_type[NSEEDS];
+
+static void make_seeds(void) {
+  static const size_t hlens[NSEEDS] = {1, 2, 4, 16, 16, 28, 28, 32, 64, 95, 96, 96};
+  static const size_t clens[NSEEDS] = {1, 4, 16, 16, 28, 28, 64, 96, 128, 200, 223, 224};
+  for (int i = 0; i < NSEEDS; i++) {
+    uint8_t addr[PS_CTRL_ADDR_MAX];
+    for (size_t k = 0; k < sizeof addr; k++) addr[k] = (uint8_t)rnd();
+    ps_handle_t h;
+    if (ps_handle_encode(&h, HASH, (uint32_t)below(4), rnd(), addr, hlens[i]) != ncclSuccess) abort();
+    /* NCCL passes the 128-byte handle area; the tail is whatever was there. */
+    memset(seeds[0][i].b, 0, NCCL_NET_HANDLE_MAXSIZE);
+    memcpy(seeds[0][i].b, &h, sizeof h);
+    seeds[0][i].len = (i & 1) ? sizeof h : NCCL_NET_HANDLE_MAXSIZE;
+    ps_ctrl_msg_t m;
+    seed_type[i] = (i & 1) ? PS_CTRL_ACCEPT : PS_CTRL_CONNECT;
+    if (ps_ctrl_encode(&m, seed_type[i], HASH, rnd(), rnd(), addr, clens[i]) != ncclSuccess) abort();
+    memcpy(seeds[1][i].b, &m, sizeof m);
+    seeds[1][i].len = sizeof m;
+  }
+}
+
+/* Header fields worth hitting exactly: both structs start magic, version. */
+static void set_field(input_t *in, size_t off, size_t width, uint64_t v) {
+  if (off + width > in->len) return;
+  memcpy(in->b + off, &v, width); /* little endian host */
+}
+
+static uint64_t interesting(size_t width, size_t addrmax) {
+  static const uint64_t vals[] = {0, 1, 2, 0x7f, 0x80, 0xff, 0x100, 0x7fff, 0x8000, 0xffff,
+                                  0x10000, 0x7fffffff, 0x80000000u, 0xffffffffu};
+  uint64_t v;
+  switch (below(4)) {
+    case 0: v = addrmax + below(3) - 1; break; /* the bound and either side of it */
+    case 1: v = vals[below(sizeof vals / sizeof vals[0])]; break;
+    case 2: v = rnd(); break;
+    default: v = below(addrmax + 2); break;
+  }
+  return width == 2 ? (uint16_t)v : width == 4 ? (uint32_t)v : v;
+}
+
+static void mutate(input_t *in, int is_ctrl) {
+  size_t addrmax = is_ctrl ? PS_CTRL_ADDR_MAX : PS_HANDLE_ADDR_MAX;
+  size_t addrlen_off = is_ctrl ? offsetof(ps_ctrl_msg_t, addrlen) : offsetof(ps_handle_t, addrlen);
+  size_t addrlen_w = is_ctrl ? 4 : 2;
+  int n = 1 + (int)below(6);
+  for (int k = 0; k < n; k++) {
+    switch (below(10)) {
+      case 0: /* bit flip */
+      case 1:
+        if (in->len) in->b[below(in->len)] ^= (unsigned char)(1u << below(8));
+        break;
+      case 2: /* byte set */
+        if (in->len) in->b[below(in->len)] = (unsigned char)rnd();
+        break;
+      case 3: /* header bytes are where the checks live: hit them more */
+        if (in->len) in->b[below(in->len < 24 ? in->len : 24)] = (unsigned char)interesting(2, addrmax);
+        break;
+      case 4:
+      case 5: /* the address length: the field that bounds a copy */
+        set_field(in, addrlen_off, addrlen_w, interesting(addrlen_w, addrmax));
+        break;
+      case 6: /* the type of a control message */
+        if (is_ctrl) set_field(in, offsetof(ps_ctrl_msg_t, type), 2, below(5));
+        break;
+      case 7: /* truncate: a few bytes off the end, or to any size down to 0 */
+        if (below(4)) in->len -= below((in->len < 8 ? in->len : 8) + 1);
+        else in->len = below(in->len + 1);
+        break;
+      case 8: { /* extend with random bytes */
+        size_t add = 1 + below(below(2) ? 8 : 200);
+        for (size_t i = 0; i < add && in->len < MAX_INPUT; i++) in->b[in->len++] = (unsigned char)rnd();
+        break;
+      }
+      default: /* repair the header so that the deeper checks are reached */
+        set_field(in, 0, 4, PS_WIRE_MAGIC);
+        set_field(in, 4, 2, PS_WIRE_VERSION);
+        set_field(in, is_ctrl ? offsetof(ps_ctrl_msg_t, wire_hash) : offsetof(ps_handle_t, wire_hash), 4, HASH);
+        break;
+    }
+  }
+}
+
+int main(int argc, char **argv) {
+  double seconds = 5;
+  long long max_iter = -1;
+  uint64_t seed = 0;
+  int verbose = 0, c;
+  while ((c = getopt(argc, argv, "t:n:s:vh")) != -1) {
+    switch (c) {
+      case 't': seconds = atof(optarg); break;
+      case 'n': max_iter = atoll(optarg); break;
+      case 's': seed = strtoull(optarg, NULL, 0); break;
+      case 'v': verbose = 1; break;
+      default:
+        fprintf(stderr, "usage: %s [-t SECONDS] [-n ITERATIONS] [-s SEED] [-v]\n", argv[0]);
+        return c == 'h' ? 0 : 2;
+    }
+  }
+  /* Every refusal WARNs: silence ps_log's stderr before its first use. */
+  if (!verbose) setenv("NCCL_DEBUG", "NONE", 1);
+  if (!seed) seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
+  rng_state = seed | 1;
+  printf("fuzz_wire: seed 0x%llx, %.1f s%s\n", (unsigned long long)seed, seconds,
+         max_iter >= 0 ? " or the given iterations" : "");
+  fflush(stdout);
+  make_seeds();
+
+  /* The seeds themselves must decode. */
+  for (int i = 0; i < NSEEDS; i++) {
+    if (!run_handle(seeds[0][i].b, seeds[0][i].len)) die("a valid handle was refused", seeds[0][i].b, seeds[0][i].len);
+    if (!run_ctrl(seeds[1][i].b, seeds[1][i].len, seed_type[i]))
+      die("a valid control message was refused", seeds[1][i].b, seeds[1][i].len);
+  }
+  /* Every length from 0 up, of valid bytes: the short-buffer paths. */
+  for (size_t len = 0; len <= MAX_INPUT / 2; len++) {
+    unsigned char tmp[MAX_INPUT] = {0};
+    memcpy(tmp, seeds[1][3].b, sizeof(ps_ctrl_msg_t));
+    run_handle(tmp, len);
+    run_ctrl(tmp, len, seed_type[3]);
+  }
+
+  long long iters = 0, accepted[2] = {0, 0}, null_calls = 0;
+  double end = now_s() + seconds;
+  input_t in;
+  for (;;) {
+    if (max_iter >= 0 && iters >= max_iter) break;
+    if ((iters & 1023) == 0 && now_s() >= end) break;
+    int is_ctrl = (int)(rnd() & 1);
+    int s = (int)below(NSEEDS);
+    in = seeds[is_ctrl][s];
+    mutate(&in, is_ctrl);
+    if (below(64) == 0) { /* NULL with a plausible length */
+      ps_handle_t ho;
+      ps_ctrl_msg_t co;
+      ncclResult_t rc = ps_handle_decode(NULL, in.len, HASH, &ho);
+      if (rc != ncclInvalidArgument) die("handle decode of NULL not refused", NULL, 0);
+      rc = ps_ctrl_decode(NULL, sizeof co, PS_CTRL_CONNECT, HASH, &co);
+      if (rc != ncclInvalidArgument) die("ctrl decode of NULL not refused", NULL, 0);
+      null_calls++;
+    }
+    if (is_ctrl) {
+      /* usually the seed's own type, sometimes another one */
+      uint16_t type = below(8) ? seed_type[s] : (uint16_t)below(4);
+      accepted[1] += run_ctrl(in.b, in.len, type);
+      /* The same bytes offered as a handle: cross-format confusion. */
+      if (below(4) == 0) accepted[0] += run_handle(in.b, in.len);
+    } else {
+      accepted[0] += run_handle(in.b, in.len);
+      if (below(4) == 0) accepted[1] += run_ctrl(in.b, in.len, PS_CTRL_CONNECT);
+    }
+    iters++;
+  }
+  printf("fuzz_wire: %lld iterations, %lld handles and %lld control messages accepted, "
+         "%lld NULL probes: ok\n", iters, accepted[0], accepted[1], null_calls);
+  return 0;
+}
+#endif
