@@ -146,6 +146,17 @@ static void check_liveness(ps_comm_t *c) {
   if (posted) {
     c->probe_inflight = 1;
     c->probe_sent_ns = now;
+    c->probe_refused_since_ns = 0;
+    return;
+  }
+  /* A provider whose connection to a dead peer is gone may refuse the post
+   * with -FI_EAGAIN for ever: that time counts against the timeout too. */
+  if (!c->probe_refused_since_ns) c->probe_refused_since_ns = now;
+  if (now - c->probe_refused_since_ns > (uint64_t)c->cfg->peer_timeout_ms * 1000000ULL) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "provider refused every liveness probe for %lld ms (PERSEUS_PEER_TIMEOUT_MS)",
+             (long long)c->cfg->peer_timeout_ms);
+    fail_comm(c, ncclRemoteError, msg);
   }
 }
 

@@ -12,7 +12,10 @@ enum { PS_REQ_SEND = 1, PS_REQ_RECV = 2 };
 
 typedef struct ps_comm ps_comm_t;
 
+#define PS_REQ_MAGIC 0x52455153u
+
 typedef struct ps_req {
+  uint32_t magic; /* first: checked before anything else is read */
   ps_op_t ops[PS_MAX_RECVS];
   ps_comm_t *comm;
   struct ps_req *next_pending; /* receives whose parts are not all posted yet */
@@ -46,6 +49,7 @@ struct ps_comm {
   ps_req_t *pend_head, *pend_tail;
   /* liveness */
   uint64_t last_activity_ns, probe_sent_ns;
+  uint64_t probe_refused_since_ns; /* provider refusing the probe post (-FI_EAGAIN) since */
   int probe_inflight;
   ps_op_t probe_tx, probe_rx;
   /* handshake */

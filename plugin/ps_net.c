@@ -154,6 +154,7 @@ static ps_req_t *req_get(ps_comm_t *c, int type, int n) {
   if (c->nfree == 0) return NULL;
   ps_req_t *r = c->free_reqs[--c->nfree];
   memset(r, 0, sizeof *r);
+  r->magic = PS_REQ_MAGIC;
   r->comm = c;
   r->type = type;
   r->n = n;
@@ -164,6 +165,7 @@ static ps_req_t *req_get(ps_comm_t *c, int type, int n) {
 static void req_put(ps_req_t *r) {
   ps_comm_t *c = r->comm;
   r->comm = NULL;
+  r->magic = 0;
   c->free_reqs[c->nfree++] = r;
 }
 
@@ -243,7 +245,7 @@ ncclResult_t ps_net_iflush(void *recv_comm, int n, void **data, int *sizes, void
 
 ncclResult_t ps_net_test(void *request, int *done, int *sizes) {
   ps_req_t *r = request;
-  if (!done || !r || !r->comm || !(ps_comm_valid(r->comm, PS_COMM_SEND) ||
+  if (!done || !r || r->magic != PS_REQ_MAGIC || !r->comm || !(ps_comm_valid(r->comm, PS_COMM_SEND) ||
                                    ps_comm_valid(r->comm, PS_COMM_RECV))) {
     PS_WARN("test: %p is not a live perseus request", request);
     return ncclInvalidArgument;

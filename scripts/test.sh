@@ -29,7 +29,7 @@ step() { # name, command...: a build step counts as one test
 suite() { # builddir, log name, meson test args...
   dir="$1"; log="$2"; shift 2
   meson test -C "$dir" --num-processes "$JOBS" --print-errorlogs "$@" >"$LOGDIR/$log.log" 2>&1
-  grep -E '^ *[0-9]+/[0-9]+ ' "$LOGDIR/$log.log" | sed 's/^ *//'
+  grep -E '^ *[0-9]+/[0-9]+ ' "$LOGDIR/$log.log" | sed 's/^ *//' | awk '!seen[$0]++'
   grep -q '^Ok:' "$LOGDIR/$log.log" || { tail -40 "$LOGDIR/$log.log"; failed=$((failed + 1)); }
   tally "$LOGDIR/$log.log"
 }
