@@ -45,7 +45,9 @@
 #define PS_NAME_LEN 256
 #define PS_PAT_P 251                       /* pattern period (prime) */
 #define PS_CHUNK_ELEMS ((size_t)16 << 20)  /* host staging for fill/check */
+#ifndef PS_TEARDOWN_GRACE_S
 #define PS_TEARDOWN_GRACE_S 60.0
+#endif
 #define PS_BIG_BYTES ((size_t)64 << 20)    /* ratio average from here up */
 
 enum { SW_PERSEUS, SW_SOCKET, SW_N };
@@ -70,12 +72,13 @@ struct ps_shared {
   /* per-sweep control, reset by the parent before each fork */
   int id_ready, abort_flag, ranks_done;
   unsigned bar_count, bar_gen;
+  double rank_us[PS_MAX_GPUS];  /* per-rank time of the current size */
   ncclUniqueId id;
   struct ps_result res[SW_N][C_N][PS_MAX_SIZES];
 };
 
 struct ps_cfg {
-  int ngpus, iters, warmup, check, timeout_s;
+  int ngpus, iters, warmup, check, timeout_s, avg_mode;
   size_t min_bytes, max_bytes, factor;
   int coll_on[C_N], sweep_on[SW_N];
   char plugin[PATH_MAX];
@@ -325,6 +328,7 @@ static void child_main(int sw, int rank, pid_t parent)
       sync_stream(st);
       float ms = 0.0f;
       CUDACHECK(cudaEventElapsedTime(&ms, ev0, ev1));
+      shm->rank_us[rank] = (double)ms * 1e3 / cfg.iters;
       if (cfg.check) {
         CUDACHECK(cudaMemsetAsync(drecv, 0xff, k.recv * sizeof(float), st)); /* NaN */
         NCCLCHECK(run_coll(c, dsend, drecv, &k, st));
@@ -334,7 +338,13 @@ static void child_main(int sw, int rank, pid_t parent)
       }
       barrier();
       if (rank == 0) {
-        res->time_us = (double)ms * 1e3 / cfg.iters;
+        /* like nccl-tests -a: 0 rank 0, 1 average, 2 min, 3 max over ranks */
+        double t = shm->rank_us[0];
+        for (int r = 1; r < n && cfg.avg_mode; r++) {
+          double u = shm->rank_us[r];
+          t = cfg.avg_mode == 1 ? t + u : cfg.avg_mode == 2 ? (u < t ? u : t) : (u > t ? u : t);
+        }
+        res->time_us = cfg.avg_mode == 1 ? t / n : t;
         res->algbw = (double)k.alg_bytes / (res->time_us * 1e3);
         res->busbw = res->algbw * bus_factor(c, n);
         __atomic_store_n(&res->state, 1, __ATOMIC_RELEASE);
@@ -601,6 +611,7 @@ static void usage(FILE *f)
     "  -n N      timed iterations per size (default 20)\n"
     "  -w N      warmup iterations per size (default 5)\n"
     "  -c 0|1    check results (default 1)\n"
+    "  -a 0..3   time reported: 0 rank 0, 1 average over ranks, 2 min, 3 max (default 1)\n"
     "  -o LIST   all_reduce, all_gather, reduce_scatter, alltoall, broadcast, all\n"
     "            or a comma-separated list (default all_reduce)\n"
     "  -m MODE   both, perseus or socket (default both)\n"
@@ -624,11 +635,12 @@ static int parse_args(int argc, char **argv)
   cfg.iters = 20;
   cfg.warmup = 5;
   cfg.check = 1;
+  cfg.avg_mode = 1;
   cfg.timeout_s = 900;
   cfg.iface = "lo";
   cfg.coll_on[C_ALL_REDUCE] = 1;
   cfg.sweep_on[SW_PERSEUS] = cfg.sweep_on[SW_SOCKET] = 1;
-  while ((opt = getopt_long(argc, argv, "g:b:e:f:n:w:c:o:m:P:I:T:h", longopts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, "g:b:e:f:n:w:c:a:o:m:P:I:T:h", longopts, NULL)) != -1) {
     int bad = 0;
     switch (opt) {
     case 'g': bad = parse_int(optarg, 1, PS_MAX_GPUS, &cfg.ngpus); break;
@@ -638,6 +650,7 @@ static int parse_args(int argc, char **argv)
     case 'n': bad = parse_int(optarg, 1, 1 << 24, &cfg.iters); break;
     case 'w': bad = parse_int(optarg, 0, 1 << 24, &cfg.warmup); break;
     case 'c': bad = parse_int(optarg, 0, 1, &cfg.check); break;
+    case 'a': bad = parse_int(optarg, 0, 3, &cfg.avg_mode); break;
     case 'o': bad = set_colls(optarg); break;
     case 'm':
       cfg.sweep_on[SW_PERSEUS] = !strcmp(optarg, "both") || !strcmp(optarg, "perseus");
@@ -693,8 +706,8 @@ static void print_table(int c, long long *wrong_total)
   double sum[SW_N] = {0}, ratio_sum = 0;
   printf("\n# %s (op %s), float, out-of-place, %d ranks, %d iters, %d warmup\n",
          coll_names[c], coll_ops[c], n, cfg.iters, cfg.warmup);
-  printf("# %34s  %-34s  %-34s\n", "", "---------- perseus: ----------",
-         "---------- socket: -----------");
+  printf("# %32s  %s  %s\n", "", "------------ perseus: ------------",
+         "------------ socket: -------------");
   printf("# %10s %12s %8s  %10s %7s %7s %7s  %10s %7s %7s %7s  %8s\n", "size", "count", "type",
          "time(us)", "algbw", "busbw", "#wrong", "time(us)", "algbw", "busbw", "#wrong", "ratio");
   printf("# %10s %12s %8s  %10s %7s %7s %7s  %10s %7s %7s %7s  %8s\n", "(B)", "(elements)", "",
@@ -786,9 +799,12 @@ int main(int argc, char **argv)
            shm->gpu_major[d], shm->gpu_minor[d], shm->gpu_mem[d] / (double)(1 << 30));
   if (getenv("CUDA_VISIBLE_DEVICES"))
     printf("# CUDA_VISIBLE_DEVICES=%s\n", getenv("CUDA_VISIBLE_DEVICES"));
+  static const char *const avg_names[4] = {"rank 0 only", "average over ranks",
+                                           "min over ranks", "max over ranks"};
   printf("# nGpus %d, minBytes %zu, maxBytes %zu, step factor %zu, iters %d, warmup %d, "
-         "check %d, timeout %d s\n", cfg.ngpus, cfg.min_bytes, cfg.max_bytes, cfg.factor,
-         cfg.iters, cfg.warmup, cfg.check, cfg.timeout_s);
+         "check %d, timeout %d s; time per iteration from cudaEvents, %s\n",
+         cfg.ngpus, cfg.min_bytes, cfg.max_bytes, cfg.factor, cfg.iters, cfg.warmup, cfg.check,
+         cfg.timeout_s, avg_names[cfg.avg_mode]);
   printf("# env (both): NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0 "
          "NCCL_SOCKET_IFNAME=%s PERSEUS_IFACE=%s PERSEUS_PROVIDER=%s\n",
          cfg.iface, cfg.iface, cfg.provider);
@@ -804,6 +820,7 @@ int main(int argc, char **argv)
       fprintf(stderr, "perseus_coll_perf: sweep %s not run\n", sweep_names[sw]);
       break;
     }
+    fflush(stdout);
     fprintf(stderr, "# sweep %s: %d ranks\n", sweep_names[sw], cfg.ngpus);
     if (spawn(sw, cfg.ngpus, deadline, &timed_out)) {
       fprintf(stderr, "perseus_coll_perf: sweep %s failed; its results are incomplete\n",
