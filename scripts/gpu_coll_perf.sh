@@ -11,8 +11,9 @@
 # With OUT set, everything printed also goes to $OUT/coll_perf.log.
 set -uo pipefail
 
-BIN=build/bench/perseus_coll_perf
-PLUGIN=build/plugin/libnccl-net-perseus.so
+BUILD=${PERSEUS_BUILD_DIR:-build}  # the meson build directory to use
+BIN=$BUILD/bench/perseus_coll_perf
+PLUGIN=$BUILD/plugin/libnccl-net-perseus.so
 PYTHON=${PYTHON:-python3}
 
 ldconfig_p() {
