@@ -102,50 +102,54 @@ static int transfer(drv_rank_t *r, int to, int from, char *sbuf, void *smh, char
   return 0;
 }
 
+typedef struct {
+  int to, from;
+  char *sbuf, *rbuf;
+  void *smh, *rmh;           /* ring: send to `to`, receive from `from` */
+  void *smh_back, *rmh_back; /* pingpong: rank 1 echoes rbuf back to rank 0 */
+} bufs_t;
+
+/* One iteration: mode 0 the ring exchange; mode 1 a round trip 0 -> 1 -> 0. */
+static int one_iter(drv_rank_t *r, int mode, const bufs_t *b, size_t n, const opts_t *o) {
+  if (mode == 0) return transfer(r, b->to, b->from, b->sbuf, b->smh, b->rbuf, b->rmh, n, o);
+  if (r->rank == 0)
+    return transfer(r, 1, -1, b->sbuf, b->smh, NULL, NULL, n, o) ||
+           transfer(r, -1, 1, NULL, NULL, b->rbuf, b->rmh_back, n, o);
+  if (r->rank == 1)
+    return transfer(r, -1, 0, NULL, NULL, b->rbuf, b->rmh, n, o) ||
+           transfer(r, 0, -1, b->rbuf, b->smh_back, NULL, NULL, n, o);
+  return 0;
+}
+
 static int run_rank(drv_rank_t *r, void *arg) {
   const opts_t *o = arg;
   results_t *res = r->user;
   int P = r->nranks, me = r->rank;
-  char *sbuf = malloc(o->maxb + 1), *rbuf = malloc(o->maxb + 1);
-  if (!sbuf || !rbuf) return 1;
-  int to = (me + 1) % P, from = (me + P - 1) % P;
-  void *smh = reg(r, r->send[to], sbuf, o->maxb + 1), *rmh = reg(r, r->recv[from], rbuf, o->maxb + 1);
-  void *smh_back = me == 1 ? reg(r, r->send[0], rbuf, o->maxb + 1) : NULL; /* echoes rbuf */
-  void *rmh_back = me == 0 ? reg(r, r->recv[1], rbuf, o->maxb + 1) : NULL;
+  size_t cap = o->maxb + 1;
+  bufs_t b = {.to = (me + 1) % P, .from = (me + P - 1) % P, .sbuf = malloc(cap), .rbuf = malloc(cap)};
+  if (!b.sbuf || !b.rbuf) return 1;
+  b.smh = reg(r, r->send[b.to], b.sbuf, cap);
+  b.rmh = reg(r, r->recv[b.from], b.rbuf, cap);
+  if (me == 1) b.smh_back = reg(r, r->send[0], b.rbuf, cap);
+  if (me == 0) b.rmh_back = reg(r, r->recv[1], b.rbuf, cap);
   for (int mode = 0; mode < 2; mode++) {
     if (!(o->mode & (1 << mode))) continue;
     int row = 0;
     for (size_t n = o->minb; n <= o->maxb && row < MAX_ROWS; row++) {
       long wrong = 0;
       if (o->check) { /* one verified transfer first, untimed */
-        drv_fill(sbuf, n, (uint64_t)n ^ (uint64_t)me << 40);
-        memset(rbuf, 0, n);
-        if (mode == 0 && transfer(r, to, from, sbuf, smh, rbuf, rmh, n, o)) return 1;
-        if (mode == 1 && me == 0 &&
-            (transfer(r, 1, -1, sbuf, smh, NULL, NULL, n, o) ||
-             transfer(r, -1, 1, NULL, NULL, rbuf, rmh_back, n, o)))
-          return 1;
-        if (mode == 1 && me == 1 &&
-            (transfer(r, -1, 0, NULL, NULL, rbuf, rmh, n, o) ||
-             transfer(r, 0, -1, rbuf, smh_back, NULL, NULL, n, o)))
-          return 1;
-        uint64_t id = (uint64_t)n ^ (uint64_t)(mode == 0 ? from : me) << 40;
-        if (mode == 0 || me == 0)
-          for (long off = drv_verify(rbuf, n, id); off >= 0; off = -1) wrong = (long)n - off;
+        drv_fill(b.sbuf, n, (uint64_t)n ^ (uint64_t)me << 40);
+        memset(b.rbuf, 0, n);
+        if (one_iter(r, mode, &b, n, o)) return 1;
+        /* ring: the data came from `from`; pingpong: rank 0 gets its own back */
+        uint64_t id = (uint64_t)n ^ (uint64_t)(mode == 0 ? b.from : me) << 40;
+        if (mode == 0 || me == 0) wrong = drv_count_wrong(b.rbuf, n, id);
       }
       if (drv_barrier(r, 60)) return 1;
       double t0 = 0;
       for (int it = -o->warmup; it < o->iters; it++) {
         if (it == 0) t0 = drv_now();
-        if (mode == 0 && transfer(r, to, from, sbuf, smh, rbuf, rmh, n, o)) return 1;
-        if (mode == 1 && me == 0 &&
-            (transfer(r, 1, -1, sbuf, smh, NULL, NULL, n, o) ||
-             transfer(r, -1, 1, NULL, NULL, rbuf, rmh_back, n, o)))
-          return 1;
-        if (mode == 1 && me == 1 &&
-            (transfer(r, -1, 0, NULL, NULL, rbuf, rmh, n, o) ||
-             transfer(r, 0, -1, rbuf, smh_back, NULL, NULL, n, o)))
-          return 1;
+        if (one_iter(r, mode, &b, n, o)) return 1;
       }
       double us = (drv_now() - t0) * 1e6 / o->iters / (mode == 1 ? 2 : 1);
       if (me == 0) res->rows[mode][row] = (row_t){.size = n, .us = us, .wrong = wrong};

@@ -19,15 +19,6 @@
 
 #include "ps_driver.h"
 
-#define CHECK(cond, ...)                                        \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      fprintf(stderr, "rank %d: ", r->rank);                    \
-      fprintf(stderr, __VA_ARGS__);                             \
-      fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);        \
-      return 1;                                                 \
-    }                                                           \
-  } while (0)
 
 typedef struct {
   size_t max_bytes;

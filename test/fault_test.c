@@ -35,15 +35,6 @@
 #include "ps_driver.h"
 #include "ps_wire.h"
 
-#define CHECK(cond, ...)                                        \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      fprintf(stderr, "rank %d: ", r->rank);                    \
-      fprintf(stderr, __VA_ARGS__);                             \
-      fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);        \
-      return 1;                                                 \
-    }                                                           \
-  } while (0)
 
 #define MSG_BYTES ((size_t)8 << 20) /* one streamed message */
 #define DEPTH 4                      /* messages in flight per direction */

@@ -11,18 +11,7 @@
 #include "ps_env.h"
 #include "ps_log.h"
 
-static int failures, checks;
-
-#define EXPECT(cond, ...)                                               \
-  do {                                                                  \
-    checks++;                                                           \
-    if (!(cond)) {                                                      \
-      failures++;                                                       \
-      fprintf(stdout, "FAIL %s:%d: ", __FILE__, __LINE__);              \
-      fprintf(stdout, __VA_ARGS__);                                     \
-      fputc('\n', stdout);                                              \
-    }                                                                   \
-  } while (0)
+#include "unit_check.h"
 
 /* --- capturing what ps_log writes to stderr (no logger set) --- */
 static char captured[8192];

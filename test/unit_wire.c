@@ -11,18 +11,7 @@
 
 #include "ps_wire.h"
 
-static int failures, checks;
-
-#define EXPECT(cond, ...)                                               \
-  do {                                                                  \
-    checks++;                                                           \
-    if (!(cond)) {                                                      \
-      failures++;                                                       \
-      fprintf(stdout, "FAIL %s:%d: ", __FILE__, __LINE__);              \
-      fprintf(stdout, __VA_ARGS__);                                     \
-      fputc('\n', stdout);                                              \
-    }                                                                   \
-  } while (0)
+#include "unit_check.h"
 
 #define HASH 0x1badcafeu
 #define OTHER_HASH 0x1badcaffu

@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "ps_nccl_abi.h"
 
@@ -85,5 +86,18 @@ double drv_now(void);
  * first wrong offset or -1). */
 void drv_fill(void *buf, size_t n, uint64_t id);
 long drv_verify(const void *buf, size_t n, uint64_t id);
+/* Number of bytes that differ from the pattern. */
+long drv_count_wrong(const void *buf, size_t n, uint64_t id);
+
+/* In a rank function: on failure print where and why, and return 1. */
+#define CHECK(cond, ...)                                        \
+  do {                                                          \
+    if (!(cond)) {                                              \
+      fprintf(stderr, "rank %d: ", r->rank);                    \
+      fprintf(stderr, __VA_ARGS__);                             \
+      fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);        \
+      return 1;                                                 \
+    }                                                           \
+  } while (0)
 
 #endif

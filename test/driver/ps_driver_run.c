@@ -223,3 +223,16 @@ long drv_verify(const void *buf, size_t n, uint64_t id) {
     if (p[i] != (unsigned char)v) return (long)i;
   return -1;
 }
+
+long drv_count_wrong(const void *buf, size_t n, uint64_t id) {
+  long off = drv_verify(buf, n, id);
+  if (off < 0) return 0;
+  /* slow path, only when something is wrong: compare against a fresh copy */
+  unsigned char *want = malloc(n);
+  if (!want) return (long)n - off;
+  drv_fill(want, n, id);
+  long bad = 0;
+  for (size_t i = (size_t)off; i < n; i++) bad += want[i] != ((const unsigned char *)buf)[i];
+  free(want);
+  return bad;
+}
