@@ -128,6 +128,9 @@ static void check_liveness(ps_comm_t *c) {
   }
   uint64_t now = ps_now_ns();
   if (c->probe_inflight) {
+    /* Still behind our own data, or the peer showed life since: not late. */
+    if (c->tx_finished < c->probe_after_tx || c->last_activity_ns > c->probe_sent_ns)
+      c->probe_sent_ns = now;
     if (now - c->probe_sent_ns > (uint64_t)c->cfg->peer_timeout_ms * 1000000ULL) {
       char msg[160];
       snprintf(msg, sizeof msg, "no answer to a liveness probe within %lld ms (PERSEUS_PEER_TIMEOUT_MS)",
@@ -146,6 +149,7 @@ static void check_liveness(ps_comm_t *c) {
   if (posted) {
     c->probe_inflight = 1;
     c->probe_sent_ns = now;
+    c->probe_after_tx = c->tx_posted;
     c->probe_refused_since_ns = 0;
     return;
   }

@@ -51,6 +51,9 @@ struct ps_comm {
   uint64_t last_activity_ns, probe_sent_ns;
   uint64_t probe_refused_since_ns; /* provider refusing the probe post (-FI_EAGAIN) since */
   int probe_inflight;
+  /* sends posted / finished on this comm: a probe is queued behind the data
+   * posted before it, so its clock starts only once that data has left */
+  uint64_t tx_posted, tx_finished, probe_after_tx;
   ps_op_t probe_tx, probe_rx;
   /* handshake */
   uint64_t listen_id, conn_id;

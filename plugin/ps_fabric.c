@@ -152,8 +152,22 @@ static ncclResult_t open_domains(struct fi_info *list, const char *prov) {
   return ncclSuccess;
 }
 
+/* rxm's own protocol over tcp (bounce-buffer segmentation, rendezvous round
+ * trips) cost perseus 10-35% of NCCL Socket's bandwidth on TCP; its passthru
+ * mode hands tagged calls straight to the tcp provider (docs/results.md).
+ * libfabric reads the variable when it first loads its providers, so it must
+ * be set before our first fi_getinfo; a value the user set is kept. */
+static void apply_tcp_passthru(void) {
+  const char *v = getenv("FI_OFI_RXM_ENABLE_PASSTHRU");
+  if (config.tcp_passthru && !v) setenv("FI_OFI_RXM_ENABLE_PASSTHRU", "1", 0);
+  v = getenv("FI_OFI_RXM_ENABLE_PASSTHRU");
+  PS_INFO(NCCL_INIT | NCCL_NET, "rxm passthru over tcp: %s (FI_OFI_RXM_ENABLE_PASSTHRU=%s)",
+          v && strcmp(v, "0") ? "on" : "off", v ? v : "unset");
+}
+
 static ncclResult_t do_init(void) {
   PS_CHECK(ps_config_load(&config));
+  apply_tcp_passthru();
   struct fi_info *hints = make_hints(config.provider), *list = NULL;
   if (!hints) return ncclSystemError;
   int rc = fi_getinfo(PS_FI_VERSION, NULL, NULL, 0, hints, &list);

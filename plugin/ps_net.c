@@ -138,6 +138,7 @@ static ncclResult_t mr_desc(void *mh, const void *data, size_t size, void **desc
 
 static void req_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
   ps_req_t *r = op->owner;
+  if (r->type == PS_REQ_SEND) r->comm->tx_finished++;
   if (err) {
     if (err == -FI_ECANCELED) return;
     if (!r->status) r->status = err == -FI_ETRUNC ? ncclInvalidUsage : ncclRemoteError;
@@ -190,6 +191,7 @@ ncclResult_t ps_net_isend(void *send_comm, void *data, size_t size, int tag, voi
     return rc;
   }
   r->posted = 1;
+  c->tx_posted++;
   *req = r;
   return ncclSuccess;
 }
