@@ -49,6 +49,8 @@ ncclResult_t ps_comm_alloc(int kind, int dev, ps_comm_t **out) {
     for (int i = 0; i < c->nreqs; i++) c->free_reqs[c->nfree++] = &c->reqs[c->nreqs - 1 - i];
   }
   ncclResult_t rc = ps_ep_open(d, (int)c->cfg->eagain_retries, &c->ep);
+  if (rc == ncclSuccess) rc = ps_ep_reg_local(&c->ep, &c->ctrl_tx.msg, sizeof c->ctrl_tx.msg, &c->ctrl_tx.mr);
+  if (rc == ncclSuccess) rc = ps_ep_reg_local(&c->ep, &c->ctrl_rx.msg, sizeof c->ctrl_rx.msg, &c->ctrl_rx.mr);
   if (rc != ncclSuccess) {
     ps_comm_free(c);
     return rc;
@@ -61,6 +63,8 @@ ncclResult_t ps_comm_alloc(int kind, int dev, ps_comm_t **out) {
 void ps_comm_free(ps_comm_t *c) {
   if (!c) return;
   ps_ep_close(&c->ep);
+  if (c->ctrl_tx.mr) fi_close(&c->ctrl_tx.mr->fid);
+  if (c->ctrl_rx.mr) fi_close(&c->ctrl_rx.mr->fid);
   free(c->reqs);
   free(c->free_reqs);
   c->kind = 0; /* a stale pointer handed back to us is then refused */
@@ -122,11 +126,13 @@ static int comm_busy(const ps_comm_t *c) { return c->nfree < c->nreqs; }
  * an idle one costs nothing. A dead peer shows up as a failed probe (the
  * provider reports the broken connection) or as no completion in time. */
 static void check_liveness(ps_comm_t *c) {
+  uint64_t now = ps_now_ns();
   if (c->kind == PS_COMM_LISTEN || c->peer == FI_ADDR_UNSPEC || !comm_busy(c)) {
-    c->last_activity_ns = ps_now_ns();
+    /* idle time counts against nothing, not even a probe still in flight */
+    c->last_activity_ns = c->probe_sent_ns = now;
+    c->probe_refused_since_ns = 0;
     return;
   }
-  uint64_t now = ps_now_ns();
   if (c->probe_inflight) {
     /* Still behind our own data, or the peer showed life since: not late. */
     if (c->tx_finished < c->probe_after_tx || c->last_activity_ns > c->probe_sent_ns)

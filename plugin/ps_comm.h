@@ -29,6 +29,7 @@ typedef struct ps_req {
 
 typedef struct {
   ps_ctrl_msg_t msg;
+  struct fid_mr *mr; /* for providers that need registered buffers */
   ps_op_t op;
   int done;      /* 1 = completed, -1 = failed */
   size_t len;

@@ -29,7 +29,8 @@ static ncclResult_t post_ctrl_recv(ps_comm_t *c, uint64_t tag) {
   int posted = 0;
   c->ctrl_rx.done = 0;
   c->ctrl_rx.op = (ps_op_t){.cb = ctrl_done, .owner = &c->ctrl_rx};
-  PS_CHECK(ps_ep_trecv(&c->ep, &c->ctrl_rx.msg, sizeof c->ctrl_rx.msg, NULL, tag, &c->ctrl_rx.op,
+  PS_CHECK(ps_ep_trecv(&c->ep, &c->ctrl_rx.msg, sizeof c->ctrl_rx.msg,
+                       c->ctrl_rx.mr ? fi_mr_desc(c->ctrl_rx.mr) : NULL, tag, &c->ctrl_rx.op,
                        &posted));
   if (!posted) {
     PS_WARN("provider refused a control receive on %s", c->ep.dev->name);
@@ -43,8 +44,9 @@ static ncclResult_t post_ctrl_recv(ps_comm_t *c, uint64_t tag) {
  * then the post is simply retried on the next connect/accept call. */
 static ncclResult_t post_ctrl_send(ps_comm_t *c) {
   int posted = 0;
-  PS_CHECK(ps_ep_tsend(&c->ep, &c->ctrl_tx.msg, sizeof c->ctrl_tx.msg, NULL, c->peer,
-                       c->ctrl_tx_tag, &c->ctrl_tx.op, &posted));
+  PS_CHECK(ps_ep_tsend(&c->ep, &c->ctrl_tx.msg, sizeof c->ctrl_tx.msg,
+                       c->ctrl_tx.mr ? fi_mr_desc(c->ctrl_tx.mr) : NULL, c->peer, c->ctrl_tx_tag,
+                       &c->ctrl_tx.op, &posted));
   c->ctrl_tx_unposted = !posted;
   return ncclSuccess;
 }

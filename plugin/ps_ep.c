@@ -137,3 +137,24 @@ ncclResult_t ps_ep_trecv(ps_ep_t *e, void *buf, size_t len, void *desc, uint64_t
                          int *posted) {
   PS_POST_RETRY(e, posted, "fi_trecv", fi_trecv(e->ep, buf, len, desc, FI_ADDR_UNSPEC, tag, 0, op));
 }
+
+ncclResult_t ps_ep_reg_local(ps_ep_t *e, void *buf, size_t len, struct fid_mr **mr) {
+  ps_device_t *d = e->dev;
+  *mr = NULL;
+  if (!d->mr_local && !d->mr_endpoint) return ncclSuccess;
+  pthread_mutex_lock(&d->lock);
+  uint64_t key = d->mr_prov_key ? 0 : ps_fabric_next_key();
+  int rc = fi_mr_reg(d->domain, buf, len, FI_SEND | FI_RECV, 0, key, 0, mr, NULL);
+  if (!rc && d->mr_endpoint) {
+    rc = fi_mr_bind(*mr, &e->ep->fid, 0);
+    if (!rc) rc = fi_mr_enable(*mr);
+  }
+  pthread_mutex_unlock(&d->lock);
+  if (rc) {
+    PS_WARN("fi_mr_reg(%p, %zu) on %s failed: %s", buf, len, d->name, fi_strerror(-rc));
+    if (*mr) fi_close(&(*mr)->fid);
+    *mr = NULL;
+    return ncclSystemError;
+  }
+  return ncclSuccess;
+}

@@ -45,6 +45,9 @@ ncclResult_t ps_ep_tsend(ps_ep_t *ep, const void *buf, size_t len, void *desc, f
                          uint64_t tag, ps_op_t *op, int *posted);
 ncclResult_t ps_ep_trecv(ps_ep_t *ep, void *buf, size_t len, void *desc, uint64_t tag,
                          ps_op_t *op, int *posted);
+/* Registers [buf, +len) for send/recv when the provider needs it (FI_MR_LOCAL
+ * or FI_MR_ENDPOINT; bound to `ep` for the latter). *mr stays NULL otherwise. */
+ncclResult_t ps_ep_reg_local(ps_ep_t *ep, void *buf, size_t len, struct fid_mr **mr);
 /* Human-readable form of an endpoint address (for logs). */
 void ps_ep_addr_str(ps_ep_t *ep, const void *addr, char *out, size_t outlen);
 

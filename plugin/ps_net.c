@@ -76,23 +76,10 @@ ncclResult_t ps_net_reg_mr(void *comm, void *data, size_t size, int type, void *
   ps_mr_t *m = calloc(1, sizeof *m);
   if (!m) return ncclSystemError;
   *m = (ps_mr_t){.magic = PS_MR_MAGIC, .type = type, .base = data, .size = size};
-  ps_device_t *d = c->ep.dev;
-  if (d->mr_local || d->mr_endpoint) {
-    int rc;
-    pthread_mutex_lock(&d->lock);
-    uint64_t key = d->mr_prov_key ? 0 : ps_fabric_next_key();
-    rc = fi_mr_reg(d->domain, data, size, FI_SEND | FI_RECV, 0, key, 0, &m->mr, NULL);
-    if (!rc && d->mr_endpoint) {
-      rc = fi_mr_bind(m->mr, &c->ep.ep->fid, 0);
-      if (!rc) rc = fi_mr_enable(m->mr);
-    }
-    pthread_mutex_unlock(&d->lock);
-    if (rc) {
-      PS_WARN("fi_mr_reg(%p, %zu) on %s failed: %s", data, size, d->name, fi_strerror(-rc));
-      if (m->mr) fi_close(&m->mr->fid);
-      free(m);
-      return ncclSystemError;
-    }
+  ncclResult_t rc = ps_ep_reg_local(&c->ep, data, size, &m->mr);
+  if (rc != ncclSuccess) {
+    free(m);
+    return rc;
   }
   *mh = m;
   return ncclSuccess;
@@ -118,9 +105,15 @@ ncclResult_t ps_net_dereg_mr(void *comm, void *mh) {
 }
 
 /* The buffer must lie inside the registration it names. */
-static ncclResult_t mr_desc(void *mh, const void *data, size_t size, void **desc) {
+static ncclResult_t mr_desc(const ps_comm_t *c, void *mh, const void *data, size_t size,
+                            void **desc) {
   ps_mr_t *m = mh;
   *desc = NULL;
+  if (!m && size && c->ep.dev->mr_local) {
+    PS_WARN("buffer %p (%zu B) has no memory handle, and %s needs registered buffers", data, size,
+            c->ep.dev->name);
+    return ncclInvalidArgument;
+  }
   if (!m) return ncclSuccess;
   if (m->magic != PS_MR_MAGIC) {
     PS_WARN("%p is not a perseus memory handle", mh);
@@ -178,7 +171,7 @@ ncclResult_t ps_net_isend(void *send_comm, void *data, size_t size, int tag, voi
   ps_comm_t *c = send_comm;
   *req = NULL;
   void *desc;
-  PS_CHECK(mr_desc(mh, data, size, &desc));
+  PS_CHECK(mr_desc(c, mh, data, size, &desc));
   PS_CHECK(ps_comm_progress(c));
   ps_req_t *r = req_get(c, PS_REQ_SEND, 1);
   if (!r) return ncclSuccess; /* pool exhausted: NCCL retries later */
@@ -217,7 +210,7 @@ ncclResult_t ps_net_irecv(void *recv_comm, int n, void **data, const size_t *siz
     r->data[i] = data[i];
     r->cap[i] = sizes[i];
     r->tag[i] = (uint32_t)tags[i];
-    ncclResult_t rc = mr_desc(mhs ? mhs[i] : NULL, data[i], sizes[i], &r->desc[i]);
+    ncclResult_t rc = mr_desc(c, mhs ? mhs[i] : NULL, data[i], sizes[i], &r->desc[i]);
     if (rc != ncclSuccess) {
       req_put(r);
       return rc;
