@@ -3,6 +3,7 @@
 #   - the test suites (unit, ABI harness on every version and provider, faults)
 #   - the same core suites again under AddressSanitizer + UBSan
 #   - a compile of the whole tree with clang (-Werror)
+#   - the Debian packages, built and checked (scripts/check-package.sh)
 # Ends with "N passed, N failed, N skipped". GPU tests skip (77) without a GPU.
 set -u
 cd "$(dirname "$0")/.."
@@ -46,6 +47,10 @@ if [ -f build-asan/build.ninja ]; then
 fi
 
 step build-clang sh -c '{ [ -f build-clang/build.ninja ] || CC=clang meson setup build-clang -Dcuda=disabled; } && ninja -C build-clang'
+
+# Packaging: build the .debs, unpack them into a scratch root, check where every
+# file is, the exported symbols, and the installed plugin and benchmark at work.
+step package scripts/check-package.sh
 
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
