@@ -62,10 +62,10 @@ static int iface_listed(const char *list, const char *name) {
   return 0;
 }
 
-static struct fi_info *make_hints(const char *prov) {
+static struct fi_info *make_hints(const char *prov, uint64_t caps) {
   struct fi_info *h = fi_allocinfo();
   if (!h) return NULL;
-  h->caps = FI_TAGGED | FI_MSG;
+  h->caps = caps;
   h->mode = FI_CONTEXT | FI_CONTEXT2;
   h->ep_attr->type = FI_EP_RDM;
   h->domain_attr->mr_mode =
@@ -98,7 +98,7 @@ static void read_sysfs_facts(ps_device_t *d, const struct fi_info *fi) {
   }
 }
 
-static ncclResult_t open_device(ps_device_t *d, struct fi_info *fi) {
+static ncclResult_t open_device(ps_device_t *d, int index, struct fi_info *fi) {
   int rc;
   memset(d, 0, sizeof *d);
   d->info = fi_dupinfo(fi);
@@ -114,6 +114,7 @@ static ncclResult_t open_device(ps_device_t *d, struct fi_info *fi) {
   d->manual_progress = fi->domain_attr->data_progress == FI_PROGRESS_MANUAL;
   d->max_msg_size = fi->ep_attr->max_msg_size;
   d->max_eps = fi->domain_attr->ep_cnt;
+  d->rma = !!(fi->caps & FI_RMA);
   pthread_mutex_init(&d->lock, NULL);
   read_sysfs_facts(d, fi);
   if ((rc = fi_fabric(fi->fabric_attr, &d->fabric, NULL))) {
@@ -126,8 +127,8 @@ static ncclResult_t open_device(ps_device_t *d, struct fi_info *fi) {
     return ncclSystemError;
   }
   PS_INFO(NCCL_INIT | NCCL_NET,
-          "device %d: %s speed %d Mb/s mr_mode 0x%llx progress %s max_msg %zu pci %s",
-          ndevices, d->name, d->speed_mbps, (unsigned long long)mm,
+          "%s device %d: %s speed %d Mb/s mr_mode 0x%llx progress %s max_msg %zu pci %s",
+          d->rma ? "one-sided" : "net", index, d->name, d->speed_mbps, (unsigned long long)mm,
           d->manual_progress ? "manual" : "auto", d->max_msg_size,
           d->pci_path ? d->pci_path : "-");
   return ncclSuccess;
@@ -144,7 +145,7 @@ static ncclResult_t open_domains(struct fi_info *list, const char *prov) {
       int dup = 0;
       for (int i = 0; i < ndevices; i++) dup |= !strcmp(devices[i].domain_name, dn);
       if (dup) continue;
-      PS_CHECK(open_device(&devices[ndevices], fi));
+      PS_CHECK(open_device(&devices[ndevices], ndevices, fi));
       ndevices++;
     }
     if (config.iface) break;
@@ -168,7 +169,7 @@ static void apply_tcp_passthru(void) {
 static ncclResult_t do_init(void) {
   PS_CHECK(ps_config_load(&config));
   apply_tcp_passthru();
-  struct fi_info *hints = make_hints(config.provider), *list = NULL;
+  struct fi_info *hints = make_hints(config.provider, FI_TAGGED | FI_MSG), *list = NULL;
   if (!hints) return ncclSystemError;
   int rc = fi_getinfo(PS_FI_VERSION, NULL, NULL, 0, hints, &list);
   fi_freeinfo(hints);
@@ -214,6 +215,31 @@ ncclResult_t ps_fabric_init(void) {
   }
   pthread_mutex_unlock(&init_lock);
   return init_result;
+}
+
+/* The one-sided engine needs FI_RMA on its endpoints: a second fabric and
+ * domain per device, opened on first use, same provider and domain name. */
+static ps_device_t rma_devices[PS_MAX_DEVICES];
+static int rma_opened[PS_MAX_DEVICES];
+
+ps_device_t *ps_fabric_rma_dev(int dev) {
+  if (dev < 0 || dev >= ndevices) return NULL;
+  pthread_mutex_lock(&init_lock);
+  if (!rma_opened[dev]) {
+    struct fi_info *hints = make_hints(provider, FI_TAGGED | FI_MSG | FI_RMA), *list = NULL;
+    int rc = hints ? fi_getinfo(PS_FI_VERSION, NULL, NULL, 0, hints, &list) : -FI_ENOMEM;
+    fi_freeinfo(hints);
+    struct fi_info *fi = list;
+    while (fi && strcmp(fi->domain_attr->name, devices[dev].domain_name)) fi = fi->next;
+    if (!fi)
+      PS_WARN("provider %s offers no RMA endpoint on %s: %s", provider, devices[dev].domain_name,
+              rc ? fi_strerror(-rc) : "domain not listed");
+    else if (open_device(&rma_devices[dev], dev, fi) == ncclSuccess)
+      rma_opened[dev] = 1;
+    fi_freeinfo(list);
+  }
+  pthread_mutex_unlock(&init_lock);
+  return rma_opened[dev] ? &rma_devices[dev] : NULL;
 }
 
 int ps_fabric_ndev(void) { return ndevices; }

@@ -27,12 +27,16 @@ typedef struct {
   int manual_progress;
   size_t max_msg_size;
   size_t max_eps;
+  int rma; /* endpoints carry FI_RMA (the one-sided engine's devices) */
 } ps_device_t;
 
 /* Opens the devices on first use; later calls return the cached result. */
 ncclResult_t ps_fabric_init(void);
 int ps_fabric_ndev(void);
 ps_device_t *ps_fabric_dev(int dev); /* NULL when dev is out of range */
+/* The same device with FI_RMA endpoints, opened on first use; NULL if the
+ * provider has no RMA there (the reason is logged). */
+ps_device_t *ps_fabric_rma_dev(int dev);
 const ps_config_t *ps_fabric_config(void);
 /* Identifies provider + wire format; peers whose hash differs are refused. */
 uint32_t ps_fabric_wire_hash(void);

@@ -89,3 +89,37 @@ ncclResult_t ps_ctrl_decode(const void *buf, size_t len, uint16_t type, uint32_t
   }
   return ncclSuccess;
 }
+
+ncclResult_t ps_sig_decode(const void *buf, size_t len, uint32_t nranks, ps_sig_msg_t *out) {
+  if (!buf || len != sizeof *out) {
+    PS_WARN("signal message rejected: %zu bytes, expected %zu", buf ? len : 0, sizeof *out);
+    return ncclInvalidArgument;
+  }
+  memcpy(out, buf, sizeof *out);
+  if (out->magic != PS_WIRE_MAGIC || out->version != PS_WIRE_VERSION) {
+    PS_WARN("signal message rejected: magic 0x%08x version %u", out->magic, out->version);
+    return ncclInvalidArgument;
+  }
+  if (out->src_rank >= nranks || (out->op != 1 && out->op != 2)) {
+    PS_WARN("signal message rejected: rank %u of %u, op %u (expected 1 INC or 2 ADD)",
+            out->src_rank, nranks, out->op);
+    return ncclInvalidArgument;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ps_reg_decode(const void *buf, size_t len, uint32_t nranks, uint32_t region_id,
+                           ps_reg_msg_t *out) {
+  if (!buf || len != sizeof *out) {
+    PS_WARN("registration message rejected: %zu bytes, expected %zu", buf ? len : 0, sizeof *out);
+    return ncclInvalidArgument;
+  }
+  memcpy(out, buf, sizeof *out);
+  if (out->magic != PS_WIRE_MAGIC || out->version != PS_WIRE_VERSION || out->rank >= nranks ||
+      out->region_id != region_id) {
+    PS_WARN("registration message rejected: magic 0x%08x version %u rank %u of %u region %u "
+            "(expected %u)", out->magic, out->version, out->rank, nranks, out->region_id, region_id);
+    return ncclInvalidArgument;
+  }
+  return ncclSuccess;
+}

@@ -55,4 +55,33 @@ ncclResult_t ps_ctrl_encode(ps_ctrl_msg_t *m, uint16_t type, uint32_t wire_hash,
 ncclResult_t ps_ctrl_decode(const void *buf, size_t len, uint16_t type, uint32_t wire_hash,
                             ps_ctrl_msg_t *out);
 
+/* One-sided engine: a signal to apply at the target, and one rank's part of
+ * a symmetric registration (allgathered). */
+typedef struct {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t op; /* NCCL_NET_SIGNAL_OP_INC or _ADD */
+  uint32_t src_rank;
+  uint32_t region_id;
+  uint64_t offset;
+  uint64_t value;
+} ps_sig_msg_t;
+
+typedef struct {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t pad;
+  uint32_t rank;
+  uint32_t region_id;
+  uint64_t addr; /* target address of the region (0 when the provider wants offsets) */
+  uint64_t size;
+  uint64_t key;
+} ps_reg_msg_t;
+
+/* Both check magic/version and rank < nranks; the signal's op must be INC or
+ * ADD. Offsets are checked later against the region they name. */
+ncclResult_t ps_sig_decode(const void *buf, size_t len, uint32_t nranks, ps_sig_msg_t *out);
+ncclResult_t ps_reg_decode(const void *buf, size_t len, uint32_t nranks, uint32_t region_id,
+                           ps_reg_msg_t *out);
+
 #endif

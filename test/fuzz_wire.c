@@ -1,5 +1,6 @@
-/* Bounded-time mutation fuzzer of the wire decoders, ps_handle_decode and
- * ps_ctrl_decode: the bytes a peer (or NCCL's bootstrap) hands us.
+/* Bounded-time mutation fuzzer of the wire decoders, ps_handle_decode,
+ * ps_ctrl_decode, ps_sig_decode and ps_reg_decode: the bytes a peer (or
+ * NCCL's bootstrap) hands us.
  *
  *   perseus_fuzz_wire [-t SECONDS] [-n ITERATIONS] [-s SEED] [-v]
  *
@@ -86,6 +87,53 @@ static int run_ctrl(const unsigned char *data, size_t len, uint16_t type) {
   return rc == ncclSuccess;
 }
 
+/* The one-sided engine's peer messages: a signal to apply, a rank's part of
+ * a symmetric registration. Accepted means every field is in range. */
+#define OS_RANKS 4u
+#define OS_REGION 3u
+static int run_onesided(const unsigned char *data, size_t len) {
+  unsigned char *b = malloc(len ? len : 1);
+  if (!b) abort();
+  memcpy(b, data, len);
+  ps_sig_msg_t sm;
+  ps_reg_msg_t rm;
+  int ok = 0;
+  if (ps_sig_decode(len ? b : NULL, len, OS_RANKS, &sm) == ncclSuccess) {
+    if (len != sizeof sm || sm.magic != PS_WIRE_MAGIC || sm.src_rank >= OS_RANKS ||
+        (sm.op != 1 && sm.op != 2))
+      die("signal message accepted with a field out of range", b, len);
+    ok++;
+  }
+  if (ps_reg_decode(len ? b : NULL, len, OS_RANKS, OS_REGION, &rm) == ncclSuccess) {
+    if (len != sizeof rm || rm.magic != PS_WIRE_MAGIC || rm.rank >= OS_RANKS || rm.region_id != OS_REGION)
+      die("registration message accepted with a field out of range", b, len);
+    ok++;
+  }
+  free(b);
+  return ok;
+}
+
+/* Random byte-level mutations of valid one-sided messages. */
+static long long fuzz_onesided(long long iters, uint64_t (*rand64)(void)) {
+  ps_sig_msg_t sig = {.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION, .op = 2, .src_rank = 1,
+                      .region_id = 2, .offset = 8, .value = 5};
+  ps_reg_msg_t reg = {.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION, .rank = 2,
+                      .region_id = OS_REGION, .addr = 0x1000, .size = 4096, .key = 7};
+  if (run_onesided((const unsigned char *)&sig, sizeof sig) != 1 ||
+      run_onesided((const unsigned char *)&reg, sizeof reg) != 1)
+    die("a valid one-sided message was refused", &sig, sizeof sig);
+  long long accepted = 0;
+  for (long long i = 0; i < iters; i++) {
+    unsigned char buf[64];
+    size_t len = (rand64() & 1) ? sizeof sig : sizeof reg;
+    memcpy(buf, (len == sizeof sig) ? (const void *)&sig : (const void *)&reg, len);
+    for (int k = (int)(rand64() % 4); k >= 0; k--) buf[rand64() % len] ^= (unsigned char)(1u << (rand64() % 8));
+    if (rand64() % 16 == 0) len = (size_t)(rand64() % sizeof buf); /* wrong lengths too */
+    accepted += run_onesided(buf, len);
+  }
+  return accepted;
+}
+
 #ifdef PS_LIBFUZZER
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -94,6 +142,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1) return 0;
   uint8_t sel = data[0];
   if (sel & 1) run_handle(data + 1, size - 1);
+  else if (sel & 8) run_onesided(data + 1, size - 1);
   else run_ctrl(data + 1, size - 1, (uint16_t)((sel >> 1) & 3));
   return 0;
 }
@@ -275,8 +324,10 @@ int main(int argc, char **argv) {
     }
     iters++;
   }
+  long long os_accepted = fuzz_onesided(iters / 4 + 1, rnd);
   printf("fuzz_wire: %lld iterations, %lld handles and %lld control messages accepted, "
-         "%lld NULL probes: ok\n", iters, accepted[0], accepted[1], null_calls);
+         "%lld NULL probes, %lld one-sided messages accepted of %lld: ok\n", iters, accepted[0],
+         accepted[1], null_calls, os_accepted, iters / 4 + 1);
   return 0;
 }
 #endif

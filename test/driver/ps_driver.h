@@ -61,6 +61,7 @@ typedef struct {
   int timeout_s;           /* whole run; ranks are killed after it */
   int no_mesh;             /* 1: the rank function connects by itself */
   void *collect;           /* if set: receives the shared scratch area after the run */
+  int no_load;             /* 1: ranks call the engine directly (tests linking it) */
 } drv_opts_t;
 
 typedef int (*drv_rank_fn)(drv_rank_t *r, void *arg);
@@ -71,6 +72,8 @@ int drv_run(const drv_opts_t *o, drv_rank_fn fn, void *arg);
 
 /* Barrier over all ranks; gives up (returns -1) after timeout_s. */
 int drv_barrier(drv_rank_t *r, int timeout_s);
+/* Whether another rank already failed (so this one can stop waiting). */
+int drv_peer_failed(drv_rank_t *r);
 /* pid of another rank (for fault tests). */
 int drv_pid(drv_rank_t *r, int rank);
 /* Lets the parent accept that `rank` dies of a signal (fault tests). */

@@ -55,6 +55,8 @@ int drv_barrier(drv_rank_t *r, int timeout_s) {
 
 int drv_pid(drv_rank_t *r, int rank) { return r->sh->pids[rank]; }
 
+int drv_peer_failed(drv_rank_t *r) { return atomic_load(&r->sh->failed); }
+
 void drv_mark_killable(drv_rank_t *r, int rank) { atomic_store(&r->sh->killed_ok[rank], 1); }
 
 int drv_mesh(drv_rank_t *r, int timeout_s) {
@@ -120,6 +122,10 @@ static int rank_main(const drv_opts_t *o, drv_shared_t *sh, void *user, int rank
   void *slots[3 * DRV_MAX_RANKS] = {0};
   drv_rank_t r = {.rank = rank, .nranks = o->nranks, .dev = 0, .sh = sh, .user = user,
                   .send = slots, .recv = slots + DRV_MAX_RANKS, .listen = slots + 2 * DRV_MAX_RANKS};
+  if (o->no_load) {
+    int rc = fn(&r, arg);
+    return rc;
+  }
   if (drv_load(o->plugin, o->version, &r.net)) return 2;
   int ndev = 0;
   if (r.net.devices(&ndev) || ndev < 1) {
