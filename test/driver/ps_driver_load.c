@@ -136,11 +136,25 @@ static ncclResult_t fin_v12(void) { return T(12)->finalize(ctx); }
     out->close_recv = closer_v##v, out->close_listen = closel_v##v, out->finalize = fin;  \
   } while (0)
 
+/* PERSEUS_PLUGIN_PATH; else the plugin of the build tree this program runs
+ * from (<build>/{test,bench}/prog -> <build>/plugin/); else the loader's
+ * search by name, as NCCL does for an installed plugin. */
 const char *drv_default_plugin(void) {
   const char *p = getenv("PERSEUS_PLUGIN_PATH");
   if (p) return p;
-  /* the build tree's plugin, else whatever the loader finds (installed copy) */
-  return access(PS_DEFAULT_PLUGIN_PATH, R_OK) == 0 ? PS_DEFAULT_PLUGIN_PATH : "libnccl-net-perseus.so";
+  static char path[4200];
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash) {
+      *slash = '\0';
+      snprintf(path, sizeof path, "%s/../plugin/libnccl-net-perseus.so", exe);
+      if (access(path, R_OK) == 0) return path;
+    }
+  }
+  return "libnccl-net-perseus.so";
 }
 
 int drv_load(const char *path, int version, drv_net_t *out) {
