@@ -28,6 +28,16 @@ static ncclResult_t choose_ordering(const ps_device_t *d, ps_ordering_t *out) {
             "drain)", ps_ordering_names[v], d->name);
     return ncclInvalidUsage;
   }
+  /* deferred and drain release a signal once its puts report delivery
+   * completion. shm (libfabric 1.17) completes an inline RMA write as soon as
+   * it is queued to the peer, before the peer copies it in (smr_rma.c), and
+   * our invariant test catches signals overtaking data there under load. */
+  if (!strcmp(d->info->fabric_attr->prov_name, "shm") && v != PS_ORD_UNSAFE) {
+    PS_WARN("PERSEUS_ORDERING=%s needs FI_DELIVERY_COMPLETE RMA writes, which provider shm does "
+            "not honour; use another provider (the target strategy, to come, will serve shm)",
+            ps_ordering_names[v]);
+    return ncclInvalidUsage;
+  }
   *out = (ps_ordering_t)v;
   return ncclSuccess;
 }

@@ -26,6 +26,7 @@
 
 typedef struct {
   int batches;
+  int expect_refusal; /* -R: the engine must refuse this provider/ordering at connect */
 } args_t;
 
 /* Batch layout, computable on both sides: tile count and sizes. */
@@ -48,7 +49,13 @@ static int rank_fn(drv_rank_t *r, void *arg) {
   CHECK(ps_rma_listen(0, handles[me], &lc) == ncclSuccess, "listen");
   CHECK(!drv_barrier(r, 60), "barrier");
   for (int p = 0; p < P; p++) hp[p] = handles[p];
-  CHECK(ps_rma_connect(hp, P, me, lc, &cc) == ncclSuccess, "connect");
+  ncclResult_t crc = ps_rma_connect(hp, P, me, lc, &cc);
+  if (a->expect_refusal) {
+    CHECK(crc == ncclInvalidUsage, "connect returned %d, expected the refusal ncclInvalidUsage (5)", crc);
+    ps_rma_close_listen(lc);
+    return 0;
+  }
+  CHECK(crc == ncclSuccess, "connect");
   size_t data_bytes = (size_t)P * B * SLOT, src_bytes = (size_t)P * B * SLOT;
   unsigned char *data = calloc(1, data_bytes), *src = malloc(src_bytes);
   uint64_t *sig = calloc((size_t)P, 8);
@@ -85,14 +92,14 @@ static int rank_fn(drv_rank_t *r, void *arg) {
           drv_fill(src + off, sz, tile_id(me, q, b, t));
           void *req = NULL;
           if (t == n - 1 && own)
-            while (!req) CHECK(ps_rma_iput_signal(cc, off, src_mh, sz, dst, data_mh, (uint32_t)q, (uint64_t)me * 8, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &req) == ncclSuccess, "iputSignal");
+            while (!req && !ps_rma_progress(cc)) CHECK(ps_rma_iput_signal(cc, off, src_mh, sz, dst, data_mh, (uint32_t)q, (uint64_t)me * 8, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &req) == ncclSuccess, "iputSignal");
           else
-            while (!req) { ncclResult_t rc_ = ps_rma_iput(cc, off, src_mh, sz, dst, data_mh, (uint32_t)q, &req); CHECK(rc_ == ncclSuccess, "iput: rc %d", rc_); }
+            while (!req) { CHECK(ps_rma_progress(cc) == ncclSuccess, "progress"); ncclResult_t rc_ = ps_rma_iput(cc, off, src_mh, sz, dst, data_mh, (uint32_t)q, &req); CHECK(rc_ == ncclSuccess, "iput: rc %d", rc_); }
           reqs[nreq++] = req;
         }
         if (!own) { /* signal-only, after the batch's puts */
           void *req = NULL;
-          while (!req) CHECK(ps_rma_iput_signal(cc, 0, NULL, 0, 0, NULL, (uint32_t)q, (uint64_t)me * 8, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &req) == ncclSuccess, "signal");
+          while (!req && !ps_rma_progress(cc)) CHECK(ps_rma_iput_signal(cc, 0, NULL, 0, 0, NULL, (uint32_t)q, (uint64_t)me * 8, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &req) == ncclSuccess, "signal");
           reqs[nreq++] = req;
         }
         q++;
@@ -142,11 +149,12 @@ int main(int argc, char **argv) {
   args_t a = {.batches = 24};
   drv_opts_t o = {.nranks = 2, .timeout_s = 180, .no_load = 1, .no_mesh = 1};
   int c;
-  while ((c = getopt(argc, argv, "r:b:h")) != -1) {
+  while ((c = getopt(argc, argv, "r:b:Rh")) != -1) {
     if (c == 'r') o.nranks = atoi(optarg);
+    else if (c == 'R') a.expect_refusal = 1;
     else if (c == 'b') a.batches = atoi(optarg);
     else {
-      fprintf(stderr, "usage: %s [-r RANKS 2..16] [-b BATCHES 1..%d]\n", argv[0], MAX_BATCHES);
+      fprintf(stderr, "usage: %s [-r RANKS 2..16] [-b BATCHES 1..%d] [-R: expect the ordering to be refused]\n", argv[0], MAX_BATCHES);
       return c == 'h' ? 0 : 2;
     }
   }
