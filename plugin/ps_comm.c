@@ -125,8 +125,7 @@ static int comm_busy(const ps_comm_t *c) { return c->nfree < c->nreqs; }
 /* Only a comm with requests in flight needs to know whether its peer lives:
  * an idle one costs nothing. A dead peer shows up as a failed probe (the
  * provider reports the broken connection) or as no completion in time. */
-static void check_liveness(ps_comm_t *c) {
-  uint64_t now = ps_now_ns();
+static void check_liveness(ps_comm_t *c, uint64_t now) {
   if (c->kind == PS_COMM_LISTEN || c->peer == FI_ADDR_UNSPEC || !comm_busy(c)) {
     /* idle time counts against nothing, not even a probe still in flight */
     c->last_activity_ns = c->probe_sent_ns = now;
@@ -171,29 +170,31 @@ static void check_liveness(ps_comm_t *c) {
 }
 
 static ncclResult_t post_pending(ps_comm_t *c) {
-  while (c->pend_head) {
-    ps_req_t *r = c->pend_head;
-    while (r->posted < r->n) {
-      int i = r->posted, ok = 0;
-      PS_CHECK(ps_ep_trecv(&c->ep, r->data[i], r->cap[i], r->desc[i], r->tag[i], &r->ops[i], &ok));
-      if (!ok) return ncclSuccess; /* still refused: keep order, try on the next call */
-      r->posted++;
-    }
-    c->pend_head = r->next_pending;
-    if (!c->pend_head) c->pend_tail = NULL;
-    r->next_pending = NULL;
+  ps_req_t *r = c->pending;
+  while (r && r->posted < r->n) {
+    int i = r->posted, ok = 0;
+    PS_CHECK(ps_ep_trecv(&c->ep, r->data[i], r->cap[i], r->desc[i], r->tag[i], &r->ops[i], &ok));
+    if (!ok) return ncclSuccess; /* still refused: try on the next call */
+    r->posted++;
   }
+  c->pending = NULL;
   return ncclSuccess;
 }
 
-ncclResult_t ps_comm_progress(ps_comm_t *c) {
+ncclResult_t ps_comm_flush_pending(ps_comm_t *c) {
   if (c->failed) return c->failed;
   ncclResult_t rc = post_pending(c);
   if (rc != ncclSuccess) fail_comm(c, rc, "posting a deferred receive failed");
+  return c->failed;
+}
+
+ncclResult_t ps_comm_progress(ps_comm_t *c) {
+  PS_CHECK(ps_comm_flush_pending(c));
   int handled = 0;
-  rc = ps_ep_progress(&c->ep, 256, &handled);
+  ncclResult_t rc = ps_ep_progress(&c->ep, 256, &handled);
   if (rc != ncclSuccess) fail_comm(c, rc, c->ep.fatal);
-  if (handled) c->last_activity_ns = ps_now_ns();
-  check_liveness(c);
+  uint64_t now = ps_now_ns();
+  if (handled) c->last_activity_ns = now;
+  check_liveness(c, now);
   return c->failed;
 }

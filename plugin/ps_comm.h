@@ -18,7 +18,6 @@ typedef struct ps_req {
   uint32_t magic; /* first: checked before anything else is read */
   ps_op_t ops[PS_MAX_RECVS];
   ps_comm_t *comm;
-  struct ps_req *next_pending; /* receives whose parts are not all posted yet */
   int type, n, posted, ncomplete;
   ncclResult_t status;
   void *data[PS_MAX_RECVS];
@@ -47,7 +46,7 @@ struct ps_comm {
   ps_req_t *reqs;
   ps_req_t **free_reqs;
   int nreqs, nfree;
-  ps_req_t *pend_head, *pend_tail;
+  ps_req_t *pending; /* a grouped receive not fully posted yet (at most one) */
   /* liveness */
   uint64_t last_activity_ns, probe_sent_ns;
   uint64_t probe_refused_since_ns; /* provider refusing the probe post (-FI_EAGAIN) since */
@@ -73,6 +72,9 @@ void ps_comm_free(ps_comm_t *c);
 /* Drives a comm: posts deferred receives, reads completions, probes an idle
  * peer. Returns the comm's failure, if any. */
 ncclResult_t ps_comm_progress(ps_comm_t *c);
+/* Posts what is left of a partly posted grouped receive, in order. Returns
+ * the comm's failure, if any; c->pending stays set while the provider refuses. */
+ncclResult_t ps_comm_flush_pending(ps_comm_t *c);
 /* Arms the liveness machinery once the peer address is known. */
 ncclResult_t ps_comm_start_liveness(ps_comm_t *c);
 int ps_comm_valid(const void *p, int kind);

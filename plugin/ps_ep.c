@@ -138,13 +138,16 @@ ncclResult_t ps_ep_trecv(ps_ep_t *e, void *buf, size_t len, void *desc, uint64_t
   PS_POST_RETRY(e, posted, "fi_trecv", fi_trecv(e->ep, buf, len, desc, FI_ADDR_UNSPEC, tag, 0, op));
 }
 
-ncclResult_t ps_ep_reg_local(ps_ep_t *e, void *buf, size_t len, struct fid_mr **mr) {
+ncclResult_t ps_ep_writemsg(ps_ep_t *e, const struct fi_msg_rma *msg, uint64_t flags, int *posted) {
+  PS_POST_RETRY(e, posted, "fi_writemsg", fi_writemsg(e->ep, msg, flags));
+}
+
+ncclResult_t ps_ep_reg(ps_ep_t *e, void *buf, size_t len, uint64_t access, struct fid_mr **mr) {
   ps_device_t *d = e->dev;
   *mr = NULL;
-  if (!d->mr_local && !d->mr_endpoint) return ncclSuccess;
   pthread_mutex_lock(&d->lock);
   uint64_t key = d->mr_prov_key ? 0 : ps_fabric_next_key();
-  int rc = fi_mr_reg(d->domain, buf, len, FI_SEND | FI_RECV, 0, key, 0, mr, NULL);
+  int rc = fi_mr_reg(d->domain, buf, len, access, 0, key, 0, mr, NULL);
   if (!rc && d->mr_endpoint) {
     rc = fi_mr_bind(*mr, &e->ep->fid, 0);
     if (!rc) rc = fi_mr_enable(*mr);
@@ -157,4 +160,10 @@ ncclResult_t ps_ep_reg_local(ps_ep_t *e, void *buf, size_t len, struct fid_mr **
     return ncclSystemError;
   }
   return ncclSuccess;
+}
+
+ncclResult_t ps_ep_reg_local(ps_ep_t *e, void *buf, size_t len, struct fid_mr **mr) {
+  *mr = NULL;
+  if (!e->dev->mr_local && !e->dev->mr_endpoint) return ncclSuccess;
+  return ps_ep_reg(e, buf, len, FI_SEND | FI_RECV, mr);
 }

@@ -7,6 +7,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_eq.h>
+#include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 
 #include "ps_fabric.h"
@@ -45,8 +46,12 @@ ncclResult_t ps_ep_tsend(ps_ep_t *ep, const void *buf, size_t len, void *desc, f
                          uint64_t tag, ps_op_t *op, int *posted);
 ncclResult_t ps_ep_trecv(ps_ep_t *ep, void *buf, size_t len, void *desc, uint64_t tag,
                          ps_op_t *op, int *posted);
+/* RMA write with the same retry contract. */
+ncclResult_t ps_ep_writemsg(ps_ep_t *ep, const struct fi_msg_rma *msg, uint64_t flags, int *posted);
+/* Registers [buf, +len) with `access` (bound to `ep` under FI_MR_ENDPOINT). */
+ncclResult_t ps_ep_reg(ps_ep_t *ep, void *buf, size_t len, uint64_t access, struct fid_mr **mr);
 /* Registers [buf, +len) for send/recv when the provider needs it (FI_MR_LOCAL
- * or FI_MR_ENDPOINT; bound to `ep` for the latter). *mr stays NULL otherwise. */
+ * or FI_MR_ENDPOINT). *mr stays NULL otherwise. */
 ncclResult_t ps_ep_reg_local(ps_ep_t *ep, void *buf, size_t len, struct fid_mr **mr);
 /* Human-readable form of an endpoint address (for logs). */
 void ps_ep_addr_str(ps_ep_t *ep, const void *addr, char *out, size_t outlen);

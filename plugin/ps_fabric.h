@@ -28,6 +28,9 @@ typedef struct {
   size_t max_msg_size;
   size_t max_eps;
   int rma; /* endpoints carry FI_RMA (the one-sided engine's devices) */
+  /* why a delivery-complete RMA write may not be in the target's memory yet;
+   * NULL when the provider keeps FI_DELIVERY_COMPLETE's promise */
+  const char *rma_delivery_broken;
 } ps_device_t;
 
 /* Opens the devices on first use; later calls return the cached result. */

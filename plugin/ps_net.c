@@ -172,7 +172,7 @@ ncclResult_t ps_net_isend(void *send_comm, void *data, size_t size, int tag, voi
   *req = NULL;
   void *desc;
   PS_CHECK(mr_desc(c, mh, data, size, &desc));
-  PS_CHECK(ps_comm_progress(c));
+  if (c->failed) return c->failed; /* completions are read by test(), not here */
   ps_req_t *r = req_get(c, PS_REQ_SEND, 1);
   if (!r) return ncclSuccess; /* pool exhausted: NCCL retries later */
   r->cap[0] = size;
@@ -202,8 +202,8 @@ ncclResult_t ps_net_irecv(void *recv_comm, int n, void **data, const size_t *siz
             (long long)c->cfg->max_recvs);
     return ncclInvalidArgument;
   }
-  PS_CHECK(ps_comm_progress(c));
-  if (c->pend_head) return ncclSuccess; /* earlier receives still waiting to post: keep order */
+  PS_CHECK(ps_comm_flush_pending(c));
+  if (c->pending) return ncclSuccess; /* an earlier receive still waiting to post: keep order */
   ps_req_t *r = req_get(c, PS_REQ_RECV, n);
   if (!r) return ncclSuccess;
   for (int i = 0; i < n; i++) {
@@ -224,7 +224,7 @@ ncclResult_t ps_net_irecv(void *recv_comm, int n, void **data, const size_t *siz
       req_put(r);
       return ncclSuccess;
     }
-    c->pend_head = c->pend_tail = r; /* the rest is posted by progress, in order */
+    c->pending = r; /* the rest is posted later, in order */
     break;
   }
   *req = r;

@@ -28,14 +28,11 @@ static ncclResult_t choose_ordering(const ps_device_t *d, ps_ordering_t *out) {
             "drain)", ps_ordering_names[v], d->name);
     return ncclInvalidUsage;
   }
-  /* deferred and drain release a signal once its puts report delivery
-   * completion. shm (libfabric 1.17) completes an inline RMA write as soon as
-   * it is queued to the peer, before the peer copies it in (smr_rma.c), and
-   * our invariant test catches signals overtaking data there under load. */
-  if (!strcmp(d->info->fabric_attr->prov_name, "shm") && v != PS_ORD_UNSAFE) {
-    PS_WARN("PERSEUS_ORDERING=%s needs FI_DELIVERY_COMPLETE RMA writes, which provider shm does "
-            "not honour; use another provider (the target strategy, to come, will serve shm)",
-            ps_ordering_names[v]);
+  /* deferred and drain release a signal once its puts report delivery. */
+  if ((v == PS_ORD_DEFERRED || v == PS_ORD_DRAIN) && d->rma_delivery_broken) {
+    PS_WARN("PERSEUS_ORDERING=%s needs RMA writes whose delivery completion holds, and on %s it "
+            "does not (%s); use another provider (the target strategy, to come, will serve it)",
+            ps_ordering_names[v], d->name, d->rma_delivery_broken);
     return ncclInvalidUsage;
   }
   *out = (ps_ordering_t)v;
@@ -221,6 +218,7 @@ ncclResult_t ps_rma_reg_sym(void *coll, void *data, size_t size, int type, uint6
                             void **mh) {
   ps_rma_comm_t *c = coll;
   if (!c || c->magic != PS_RMA_MAGIC || !mh || (!data && size)) return ncclInvalidArgument;
+  (void)mr_flags; /* FORCE_SO matters for GPU signal windows (issue 4), not host memory */
   if (type != NCCL_PTR_HOST) {
     PS_WARN("regMrSym: pointer type %d not supported yet (host memory only)", type);
     return ncclInvalidArgument;
@@ -239,22 +237,10 @@ ncclResult_t ps_rma_reg_sym(void *coll, void *data, size_t size, int type, uint6
     return ncclSystemError;
   }
   *r = (ps_rma_region_t){.magic = PS_RMA_REG_MAGIC, .id = c->nregions, .comm = c, .base = data,
-                         .size = size, .flags = mr_flags, .raddr = r->raddr, .rkey = r->rkey,
+                         .size = size, .raddr = r->raddr, .rkey = r->rkey,
                          .rsize = r->rsize};
-  ps_device_t *d = c->ep.dev;
   uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
-  pthread_mutex_lock(&d->lock);
-  int frc = fi_mr_reg(d->domain, data, size ? size : 1, access, 0,
-                      d->mr_prov_key ? 0 : ps_fabric_next_key(), 0, &r->mr, NULL);
-  if (!frc && d->mr_endpoint) {
-    frc = fi_mr_bind(r->mr, &c->ep.ep->fid, 0);
-    if (!frc) frc = fi_mr_enable(r->mr);
-  }
-  pthread_mutex_unlock(&d->lock);
-  if (frc) {
-    PS_WARN("regMrSym: fi_mr_reg(%p, %zu) on %s failed: %s", data, size, d->name, fi_strerror(-frc));
-    r->magic = PS_RMA_REG_MAGIC;
-    c->regions[c->nregions] = NULL;
+  if (ps_ep_reg(&c->ep, data, size ? size : 1, access, &r->mr) != ncclSuccess) {
     ps_rma_dereg_sym(c, r);
     return ncclSystemError;
   }

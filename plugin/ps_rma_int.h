@@ -28,7 +28,6 @@ typedef struct {
   ps_rma_comm_t *comm;
   char *base;
   size_t size;
-  uint64_t flags;
   struct fid_mr *mr;
   void *desc;
   uint64_t *raddr, *rkey, *rsize; /* per rank: target address (or 0), key, size */
@@ -36,7 +35,7 @@ typedef struct {
 
 typedef struct ps_rma_req {
   uint32_t magic;
-  int has_put, put_pending, sig_pending, parked;
+  int put_pending, sig_pending, parked;
   ncclResult_t status;
   uint32_t peer;
   uint64_t need_done; /* the signal waits until every put with seq < need_done delivered */

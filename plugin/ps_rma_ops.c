@@ -27,19 +27,22 @@ static uint64_t next_rand(ps_rma_comm_t *c) {
   return c->rng >> 17;
 }
 
-static ssize_t post_write(ps_rma_comm_t *c, const struct fi_msg_rma *m, uint64_t flags) {
+static ncclResult_t post_write(ps_rma_comm_t *c, const struct fi_msg_rma *m, uint64_t flags,
+                               int *posted) {
   (void)flags;
+  *posted = 0;
   if (c->nheld == c->cap_held) {
     int cap = c->cap_held ? 2 * c->cap_held : 256;
     struct ps_held_write *n = realloc(c->held, (size_t)cap * sizeof *n);
-    if (!n) return -FI_ENOMEM;
+    if (!n) return ncclSystemError;
     c->held = n, c->cap_held = cap;
   }
+  *posted = 1;
   c->held[c->nheld++] = (struct ps_held_write){.iov = m->msg_iov[0], .rma = m->rma_iov[0],
                                                .desc = m->desc[0], .context = m->context,
                                                .addr = m->addr,
                                                .release_ns = ps_now_ns() + next_rand(c) % 2000000};
-  return 0;
+  return ncclSuccess;
 }
 
 /* Sends the held writes whose time has come, in random order. */
@@ -61,8 +64,9 @@ static void release_held(ps_rma_comm_t *c) {
   }
 }
 #else
-static ssize_t post_write(ps_rma_comm_t *c, const struct fi_msg_rma *m, uint64_t flags) {
-  return fi_writemsg(c->ep.ep, m, flags);
+static ncclResult_t post_write(ps_rma_comm_t *c, const struct fi_msg_rma *m, uint64_t flags,
+                               int *posted) {
+  return ps_ep_writemsg(&c->ep, m, flags, posted);
 }
 static void release_held(ps_rma_comm_t *c) { (void)c; }
 #endif
@@ -94,8 +98,8 @@ static void apply_signal(ps_rma_comm_t *c, const ps_rma_sig_slot_t *s, size_t le
     return;
   }
   uint64_t add = m.op == NCCL_NET_SIGNAL_OP_INC ? 1 : m.value;
-  /* Relaxed is enough: the data this signal covers was delivered before the
-   * signal was sent; the release orders our own earlier stores for readers. */
+  /* The data this signal covers was delivered before the signal was sent;
+   * release ordering publishes the new value after anything this thread wrote. */
   __atomic_fetch_add((uint64_t *)(r->base + m.offset), add, __ATOMIC_RELEASE);
 }
 
@@ -242,23 +246,19 @@ static ncclResult_t post_put(ps_rma_comm_t *c, ps_rma_req_t *r, uint64_t src_off
                            .rma_iov = &rma, .rma_iov_count = 1, .context = &r->put_op};
   /* Delivery completion: a completed put is in the target's memory, which is
    * what lets deferred and drain release a signal behind it. */
-  for (int t = 0; t <= c->ep.eagain_retries; t++) {
-    ssize_t rc = post_write(c, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
-    if (rc == 0) {
-      r->has_put = r->put_pending = 1;
-      r->put_seq = p->next_seq++;
-      p->st.puts++;
-      uint64_t inflight = p->next_seq - p->done_below;
-      if (inflight > p->st.inflight_max) p->st.inflight_max = inflight;
-      return ncclSuccess;
-    }
-    if (rc != -FI_EAGAIN) {
-      ps_rma_fail(c, ncclSystemError, "fi_writemsg to rank %u: %s", peer, fi_strerror((int)-rc));
-      return ncclSystemError;
-    }
-    PS_CHECK(ps_ep_progress(&c->ep, 64, NULL));
+  int posted = 0;
+  ncclResult_t rc = post_write(c, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE, &posted);
+  if (rc != ncclSuccess) {
+    ps_rma_fail(c, rc, "put to rank %u could not be posted", peer);
+    return rc;
   }
-  return ncclInProgress; /* still refused: the caller backs off */
+  if (!posted) return ncclInProgress; /* still refused: the caller backs off */
+  r->put_pending = 1;
+  r->put_seq = p->next_seq++;
+  p->st.puts++;
+  uint64_t inflight = p->next_seq - p->done_below;
+  if (inflight > p->st.inflight_max) p->st.inflight_max = inflight;
+  return ncclSuccess;
 }
 
 static ncclResult_t start(ps_rma_comm_t *c, uint32_t rank, uint64_t src_off, void *src_mh,
@@ -318,7 +318,8 @@ ncclResult_t ps_rma_iput_signal(void *coll, uint64_t src_off, void *src_mh, size
     if (c->ordering == PS_ORD_DRAIN) { /* the baseline: wait here for the NIC to drain */
       uint64_t t0 = ps_now_ns();
       p->st.fences_posted++;
-      while (p->done_below < r->need_done && !c->error) step(c);
+      /* ps_rma_progress records an endpoint failure in c->error: no endless wait */
+      while (p->done_below < r->need_done && ps_rma_progress(c) == ncclSuccess) continue;
       p->st.blocked_ns += ps_now_ns() - t0;
       if (c->error) return c->error;
     } else {

@@ -22,9 +22,18 @@ ncclResult_t ps_handle_encode(ps_handle_t *h, uint32_t wire_hash, uint32_t dev, 
   return ncclSuccess;
 }
 
-/* Shared checks of the common header fields. */
-static ncclResult_t check_header(const char *what, uint32_t magic, uint16_t version, uint32_t hash,
-                                 uint32_t want_hash, size_t addrlen, size_t addrmax) {
+/* Every message from a peer: exactly its size, copied out before it is read. */
+static ncclResult_t take_exact(const char *what, const void *buf, size_t len, void *out,
+                               size_t size) {
+  if (!buf || len != size) {
+    PS_WARN("%s rejected: %zu bytes, expected %zu", what, buf ? len : 0, size);
+    return ncclInvalidArgument;
+  }
+  memcpy(out, buf, size);
+  return ncclSuccess;
+}
+
+static ncclResult_t check_ident(const char *what, uint32_t magic, uint16_t version) {
   if (magic != PS_WIRE_MAGIC) {
     PS_WARN("%s rejected: bad magic 0x%08x (expected 0x%08x): not a perseus peer", what, magic,
             PS_WIRE_MAGIC);
@@ -34,6 +43,13 @@ static ncclResult_t check_header(const char *what, uint32_t magic, uint16_t vers
     PS_WARN("%s rejected: wire version %u, this plugin speaks %d", what, version, PS_WIRE_VERSION);
     return ncclInvalidArgument;
   }
+  return ncclSuccess;
+}
+
+/* Handles and handshake messages also name the provider and an address. */
+static ncclResult_t check_header(const char *what, uint32_t magic, uint16_t version, uint32_t hash,
+                                 uint32_t want_hash, size_t addrlen, size_t addrmax) {
+  PS_CHECK(check_ident(what, magic, version));
   if (hash != want_hash) {
     PS_WARN("%s rejected: peer uses another provider (wire hash 0x%08x, ours 0x%08x)", what, hash,
             want_hash);
@@ -76,11 +92,7 @@ ncclResult_t ps_ctrl_encode(ps_ctrl_msg_t *m, uint16_t type, uint32_t wire_hash,
 
 ncclResult_t ps_ctrl_decode(const void *buf, size_t len, uint16_t type, uint32_t wire_hash,
                             ps_ctrl_msg_t *out) {
-  if (!buf || len != sizeof *out) {
-    PS_WARN("control message rejected: %zu bytes, expected %zu", buf ? len : 0, sizeof *out);
-    return ncclInvalidArgument;
-  }
-  memcpy(out, buf, sizeof *out);
+  PS_CHECK(take_exact("control message", buf, len, out, sizeof *out));
   PS_CHECK(check_header("control message", out->magic, out->version, out->wire_hash, wire_hash,
                         out->addrlen, PS_CTRL_ADDR_MAX));
   if (out->type != type) {
@@ -91,15 +103,8 @@ ncclResult_t ps_ctrl_decode(const void *buf, size_t len, uint16_t type, uint32_t
 }
 
 ncclResult_t ps_sig_decode(const void *buf, size_t len, uint32_t nranks, ps_sig_msg_t *out) {
-  if (!buf || len != sizeof *out) {
-    PS_WARN("signal message rejected: %zu bytes, expected %zu", buf ? len : 0, sizeof *out);
-    return ncclInvalidArgument;
-  }
-  memcpy(out, buf, sizeof *out);
-  if (out->magic != PS_WIRE_MAGIC || out->version != PS_WIRE_VERSION) {
-    PS_WARN("signal message rejected: magic 0x%08x version %u", out->magic, out->version);
-    return ncclInvalidArgument;
-  }
+  PS_CHECK(take_exact("signal message", buf, len, out, sizeof *out));
+  PS_CHECK(check_ident("signal message", out->magic, out->version));
   if (out->src_rank >= nranks || (out->op != 1 && out->op != 2)) {
     PS_WARN("signal message rejected: rank %u of %u, op %u (expected 1 INC or 2 ADD)",
             out->src_rank, nranks, out->op);
@@ -110,15 +115,11 @@ ncclResult_t ps_sig_decode(const void *buf, size_t len, uint32_t nranks, ps_sig_
 
 ncclResult_t ps_reg_decode(const void *buf, size_t len, uint32_t nranks, uint32_t region_id,
                            ps_reg_msg_t *out) {
-  if (!buf || len != sizeof *out) {
-    PS_WARN("registration message rejected: %zu bytes, expected %zu", buf ? len : 0, sizeof *out);
-    return ncclInvalidArgument;
-  }
-  memcpy(out, buf, sizeof *out);
-  if (out->magic != PS_WIRE_MAGIC || out->version != PS_WIRE_VERSION || out->rank >= nranks ||
-      out->region_id != region_id) {
-    PS_WARN("registration message rejected: magic 0x%08x version %u rank %u of %u region %u "
-            "(expected %u)", out->magic, out->version, out->rank, nranks, out->region_id, region_id);
+  PS_CHECK(take_exact("registration message", buf, len, out, sizeof *out));
+  PS_CHECK(check_ident("registration message", out->magic, out->version));
+  if (out->rank >= nranks || out->region_id != region_id) {
+    PS_WARN("registration message rejected: rank %u of %u, region %u (expected %u)", out->rank,
+            nranks, out->region_id, region_id);
     return ncclInvalidArgument;
   }
   return ncclSuccess;

@@ -118,7 +118,7 @@ t0=$(date +%s)
 if ! scripts/build-deb.sh "$WORK/debs" >"$WORK/build-deb.log" 2>&1; then
   tail -40 "$WORK/build-deb.log"; echo "FAIL scripts/build-deb.sh"; exit 1
 fi
-check "scripts/build-deb.sh built the packages ($(($(date +%s) - t0)) s)" true
+echo "built the packages in $(($(date +%s) - t0)) s"
 check "three packages, version $VERSION" three_debs
 for d in "$DEB_LIB" "$DEB_DEV" "$DEB_BENCH"; do
   [ -f "$d" ] && dpkg -x "$d" "$ROOT"

@@ -92,14 +92,23 @@ static int rank_fn(drv_rank_t *r, void *arg) {
           drv_fill(src + off, sz, tile_id(me, q, b, t));
           void *req = NULL;
           if (t == n - 1 && own)
-            while (!req && !ps_rma_progress(cc)) CHECK(ps_rma_iput_signal(cc, off, src_mh, sz, dst, data_mh, (uint32_t)q, (uint64_t)me * 8, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &req) == ncclSuccess, "iputSignal");
+            while (!req) { /* refused for now: progress, then try again */
+              CHECK(ps_rma_iput_signal(cc, off, src_mh, sz, dst, data_mh, (uint32_t)q, (uint64_t)me * 8, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &req) == ncclSuccess, "iputSignal");
+              if (!req) CHECK(ps_rma_progress(cc) == ncclSuccess, "progress");
+            }
           else
-            while (!req) { CHECK(ps_rma_progress(cc) == ncclSuccess, "progress"); ncclResult_t rc_ = ps_rma_iput(cc, off, src_mh, sz, dst, data_mh, (uint32_t)q, &req); CHECK(rc_ == ncclSuccess, "iput: rc %d", rc_); }
+            while (!req) { /* refused for now: progress, then try again */
+              CHECK(ps_rma_iput(cc, off, src_mh, sz, dst, data_mh, (uint32_t)q, &req) == ncclSuccess, "iput");
+              if (!req) CHECK(ps_rma_progress(cc) == ncclSuccess, "progress");
+            }
           reqs[nreq++] = req;
         }
         if (!own) { /* signal-only, after the batch's puts */
           void *req = NULL;
-          while (!req && !ps_rma_progress(cc)) CHECK(ps_rma_iput_signal(cc, 0, NULL, 0, 0, NULL, (uint32_t)q, (uint64_t)me * 8, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &req) == ncclSuccess, "signal");
+          while (!req) { /* refused for now: progress, then try again */
+            CHECK(ps_rma_iput_signal(cc, 0, NULL, 0, 0, NULL, (uint32_t)q, (uint64_t)me * 8, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &req) == ncclSuccess, "signal");
+            if (!req) CHECK(ps_rma_progress(cc) == ncclSuccess, "progress");
+          }
           reqs[nreq++] = req;
         }
         q++;

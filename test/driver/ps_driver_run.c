@@ -122,10 +122,7 @@ static int rank_main(const drv_opts_t *o, drv_shared_t *sh, void *user, int rank
   void *slots[3 * DRV_MAX_RANKS] = {0};
   drv_rank_t r = {.rank = rank, .nranks = o->nranks, .dev = 0, .sh = sh, .user = user,
                   .send = slots, .recv = slots + DRV_MAX_RANKS, .listen = slots + 2 * DRV_MAX_RANKS};
-  if (o->no_load) {
-    int rc = fn(&r, arg);
-    return rc;
-  }
+  if (o->no_load) return fn(&r, arg);
   if (drv_load(o->plugin, o->version, &r.net)) return 2;
   int ndev = 0;
   if (r.net.devices(&ndev) || ndev < 1) {
