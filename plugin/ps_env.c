@@ -69,5 +69,6 @@ ncclResult_t ps_config_load(ps_config_t *cfg) {
   PS_CHECK(ps_env_int("PERSEUS_PEER_TIMEOUT_MS", 5000, 10, 3600000, &cfg->peer_timeout_ms));
   PS_CHECK(ps_env_int("PERSEUS_EAGAIN_RETRIES", 64, 0, 1000000, &cfg->eagain_retries));
   PS_CHECK(ps_env_bool("PERSEUS_TCP_PASSTHRU", 1, &cfg->tcp_passthru));
+  PS_CHECK(ps_env_bool("PERSEUS_STATS", 0, &cfg->stats));
   return ncclSuccess;
 }

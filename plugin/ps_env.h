@@ -26,6 +26,7 @@ typedef struct {
   int64_t peer_timeout_ms; /* PERSEUS_PEER_TIMEOUT_MS: unanswered probe => peer dead */
   int64_t eagain_retries;  /* PERSEUS_EAGAIN_RETRIES: progress+retry before backpressure */
   int tcp_passthru;        /* PERSEUS_TCP_PASSTHRU: rxm hands tagged calls straight to tcp */
+  int stats;               /* PERSEUS_STATS: one-sided per-peer statistics at close */
 } ps_config_t;
 
 ncclResult_t ps_config_load(ps_config_t *cfg);

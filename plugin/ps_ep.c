@@ -101,6 +101,8 @@ ncclResult_t ps_ep_progress(ps_ep_t *e, int budget, int *handled) {
     for (ssize_t i = 0; i < n; i++) {
       ps_op_t *op = ent[i].op_context;
       if (op) op->cb(op, &ent[i], 0, NULL);
+      else if ((ent[i].flags & FI_REMOTE_CQ_DATA) && e->remote_write)
+        e->remote_write(e->remote_owner, ent[i].data);
     }
     total += (int)n;
   }
@@ -140,6 +142,15 @@ ncclResult_t ps_ep_trecv(ps_ep_t *e, void *buf, size_t len, void *desc, uint64_t
 
 ncclResult_t ps_ep_writemsg(ps_ep_t *e, const struct fi_msg_rma *msg, uint64_t flags, int *posted) {
   PS_POST_RETRY(e, posted, "fi_writemsg", fi_writemsg(e->ep, msg, flags));
+}
+
+ncclResult_t ps_ep_readmsg(ps_ep_t *e, const struct fi_msg_rma *msg, uint64_t flags, int *posted) {
+  PS_POST_RETRY(e, posted, "fi_readmsg", fi_readmsg(e->ep, msg, flags));
+}
+
+ncclResult_t ps_ep_atomicmsg(ps_ep_t *e, const struct fi_msg_atomic *msg, uint64_t flags,
+                             int *posted) {
+  PS_POST_RETRY(e, posted, "fi_atomicmsg", fi_atomicmsg(e->ep, msg, flags));
 }
 
 ncclResult_t ps_ep_reg(ps_ep_t *e, void *buf, size_t len, uint64_t access, struct fid_mr **mr) {

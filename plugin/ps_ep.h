@@ -7,6 +7,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_eq.h>
+#include <rdma/fi_atomic.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 
@@ -32,6 +33,10 @@ typedef struct {
   uint8_t addr[PS_CTRL_ADDR_MAX];
   size_t addrlen;
   int eagain_retries;
+  /* Completions of peers' writes that carried remote CQ data (no operation
+   * of ours attached): handed to this callback, if set. */
+  void (*remote_write)(void *owner, uint64_t data);
+  void *remote_owner;
   char fatal[512]; /* a CQ error with no operation attached; non-empty = endpoint unusable */
 } ps_ep_t;
 
@@ -46,8 +51,11 @@ ncclResult_t ps_ep_tsend(ps_ep_t *ep, const void *buf, size_t len, void *desc, f
                          uint64_t tag, ps_op_t *op, int *posted);
 ncclResult_t ps_ep_trecv(ps_ep_t *ep, void *buf, size_t len, void *desc, uint64_t tag,
                          ps_op_t *op, int *posted);
-/* RMA write with the same retry contract. */
+/* RMA write, read and atomic with the same retry contract. */
 ncclResult_t ps_ep_writemsg(ps_ep_t *ep, const struct fi_msg_rma *msg, uint64_t flags, int *posted);
+ncclResult_t ps_ep_readmsg(ps_ep_t *ep, const struct fi_msg_rma *msg, uint64_t flags, int *posted);
+ncclResult_t ps_ep_atomicmsg(ps_ep_t *ep, const struct fi_msg_atomic *msg, uint64_t flags,
+                             int *posted);
 /* Registers [buf, +len) with `access` (bound to `ep` under FI_MR_ENDPOINT). */
 ncclResult_t ps_ep_reg(ps_ep_t *ep, void *buf, size_t len, uint64_t access, struct fid_mr **mr);
 /* Registers [buf, +len) for send/recv when the provider needs it (FI_MR_LOCAL

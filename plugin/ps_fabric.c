@@ -125,6 +125,9 @@ static ncclResult_t open_device(ps_device_t *d, int index, struct fi_info *fi) {
   d->max_eps = fi->domain_attr->ep_cnt;
   d->rma = !!(fi->caps & FI_RMA);
   d->rma_delivery_broken = rma_delivery_quirk(fi->fabric_attr->prov_name);
+  d->rma_fence = (fi->caps & (FI_ATOMIC | FI_FENCE)) == (FI_ATOMIC | FI_FENCE);
+  d->rma_msg_order = fi->tx_attr->msg_order & fi->rx_attr->msg_order;
+  d->cq_data_size = fi->domain_attr->cq_data_size;
   pthread_mutex_init(&d->lock, NULL);
   read_sysfs_facts(d, fi);
   if ((rc = fi_fabric(fi->fabric_attr, &d->fabric, NULL))) {
@@ -236,11 +239,20 @@ ps_device_t *ps_fabric_rma_dev(int dev) {
   if (dev < 0 || dev >= ndevices) return NULL;
   pthread_mutex_lock(&init_lock);
   if (!rma_opened[dev]) {
-    struct fi_info *hints = make_hints(provider, FI_TAGGED | FI_MSG | FI_RMA), *list = NULL;
-    int rc = hints ? fi_getinfo(PS_FI_VERSION, NULL, NULL, 0, hints, &list) : -FI_ENOMEM;
-    fi_freeinfo(hints);
-    struct fi_info *fi = list;
-    while (fi && strcmp(fi->domain_attr->name, devices[dev].domain_name)) fi = fi->next;
+    /* Native fenced atomics first (the fence strategy); a provider that only
+     * emulates atomics (rxm) refuses FI_FENCE, and asking it for atomics
+     * alone would cost its write/send ordering, so the second try is plain. */
+    const uint64_t base = FI_TAGGED | FI_MSG | FI_RMA, wants[] = {base | FI_ATOMIC | FI_FENCE, base};
+    struct fi_info *list = NULL, *fi = NULL;
+    int rc = 0;
+    for (int w = 0; w < 2 && !fi; w++) {
+      struct fi_info *hints = make_hints(provider, wants[w]);
+      fi_freeinfo(list);
+      list = NULL;
+      rc = hints ? fi_getinfo(PS_FI_VERSION, NULL, NULL, 0, hints, &list) : -FI_ENOMEM;
+      fi_freeinfo(hints);
+      for (fi = list; fi && strcmp(fi->domain_attr->name, devices[dev].domain_name);) fi = fi->next;
+    }
     if (!fi)
       PS_WARN("provider %s offers no RMA endpoint on %s: %s", provider, devices[dev].domain_name,
               rc ? fi_strerror(-rc) : "domain not listed");

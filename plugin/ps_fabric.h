@@ -31,6 +31,10 @@ typedef struct {
   /* why a delivery-complete RMA write may not be in the target's memory yet;
    * NULL when the provider keeps FI_DELIVERY_COMPLETE's promise */
   const char *rma_delivery_broken;
+  /* What the ordering strategies can build on (one-sided devices only): */
+  int rma_fence;          /* native FI_ATOMIC with FI_FENCE */
+  uint64_t rma_msg_order; /* FI_ORDER_* both tx and rx keep */
+  size_t cq_data_size;    /* remote CQ data bytes a write can carry */
 } ps_device_t;
 
 /* Opens the devices on first use; later calls return the cached result. */

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "perseus/perseus_rma.h"
 #include "ps_nccl_abi.h"
 
 /* How "signal after data" is guaranteed (PERSEUS_ORDERING). */
@@ -23,9 +24,7 @@ typedef enum {
 } ps_ordering_t;
 extern const char *const ps_ordering_names[]; /* NULL-terminated, indexed by ps_ordering_t */
 
-typedef struct {
-  uint64_t puts, signals, fences_posted, fences_avoided, blocked_ns, inflight_max;
-} ps_rma_peer_stats_t;
+typedef perseus_rma_peer_stats_t ps_rma_peer_stats_t;
 
 ncclResult_t ps_rma_listen(int dev, void *handle, void **listen_comm);
 /* Collective: every rank calls it with all ranks' handles. */
@@ -35,12 +34,20 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
 ncclResult_t ps_rma_reg_sym(void *coll, void *data, size_t size, int type, uint64_t mr_flags,
                             void **mh);
 ncclResult_t ps_rma_dereg_sym(void *coll, void *mh);
+/* Operations never return a NULL request: what the provider cannot take yet
+ * is queued in order and posted by progress (NCCL's GIN proxy does not
+ * retry). The caller bounds how many are outstanding, as NCCL does. */
 ncclResult_t ps_rma_iput(void *coll, uint64_t src_off, void *src_mh, size_t size,
                          uint64_t dst_off, void *dst_mh, uint32_t rank, void **req);
 /* size 0: signal only. op: NCCL_NET_SIGNAL_OP_INC (adds 1) or _ADD (adds value). */
 ncclResult_t ps_rma_iput_signal(void *coll, uint64_t src_off, void *src_mh, size_t size,
                                 uint64_t dst_off, void *dst_mh, uint32_t rank, uint64_t sig_off,
                                 void *sig_mh, uint64_t value, uint32_t op, void **req);
+/* RMA read of `size` bytes at remote_off of rank's part into local_off. */
+ncclResult_t ps_rma_iget(void *coll, uint64_t remote_off, void *remote_mh, size_t size,
+                         uint64_t local_off, void *local_mh, uint32_t rank, void **req);
+/* Completes once every earlier put/get to `rank` is delivered. */
+ncclResult_t ps_rma_iflush(void *coll, void *mh, uint32_t rank, void **req);
 ncclResult_t ps_rma_test(void *coll, void *req, int *done);
 ncclResult_t ps_rma_progress(void *coll);
 ncclResult_t ps_rma_last_error(void *coll, bool *has_error);

@@ -18,21 +18,49 @@ const char *const ps_ordering_names[] = {"auto", "ordered", "fence", "target",
 #endif
                                          NULL};
 
-/* The strategies this build implements; the others are refused by name. */
+/* What strategy `s` needs from the provider, or NULL when it has it. */
+static const char *missing_for(const ps_device_t *d, ps_ordering_t s) {
+#ifdef PS_REORDER_TEST
+  /* the test-only unordered NIC keeps no order and has no fence */
+  if (s == PS_ORD_ORDERED || s == PS_ORD_FENCE) return "ordering (the test's unordered NIC has none)";
+#endif
+  switch (s) {
+  case PS_ORD_ORDERED:
+    return (d->rma_msg_order & FI_ORDER_SAW) ? NULL : "sends ordered after RMA writes (FI_ORDER_SAW)";
+  case PS_ORD_FENCE:
+    return d->rma_fence ? NULL : "native atomics with FI_FENCE";
+  case PS_ORD_TARGET:
+    return d->cq_data_size >= 8 ? NULL : "8 bytes of remote CQ data per RMA write";
+  case PS_ORD_DEFERRED:
+  case PS_ORD_DRAIN: /* d->rma_delivery_broken says why, in the connect log */
+    return d->rma_delivery_broken ? "RMA write completions that mean delivery" : NULL;
+  default:
+    return NULL;
+  }
+}
+
+/* PERSEUS_ORDERING; auto takes the cheapest strategy the provider's
+ * capabilities make correct: no extra work (ordered), a NIC-side fence,
+ * counting at the target, waiting for delivery at the origin. */
 static ncclResult_t choose_ordering(const ps_device_t *d, ps_ordering_t *out) {
   int v;
   PS_CHECK(ps_env_enum("PERSEUS_ORDERING", ps_ordering_names, PS_ORD_AUTO, &v));
-  if (v == PS_ORD_AUTO) v = PS_ORD_DEFERRED; /* correct on any provider, never blocks */
-  if (v != PS_ORD_DEFERRED && v != PS_ORD_DRAIN && v != PS_ORD_UNSAFE) {
-    PS_WARN("PERSEUS_ORDERING=%s is not available yet on %s (this build implements deferred and "
-            "drain)", ps_ordering_names[v], d->name);
-    return ncclInvalidUsage;
+  if (v == PS_ORD_AUTO) {
+    const ps_ordering_t pref[] = {PS_ORD_ORDERED, PS_ORD_FENCE, PS_ORD_TARGET, PS_ORD_DEFERRED};
+    for (int i = 0; i < 4 && v == PS_ORD_AUTO; i++)
+      if (!missing_for(d, pref[i])) v = pref[i];
+    if (v == PS_ORD_AUTO) {
+      PS_WARN("one-sided: no ordering strategy works on %s (it lacks %s, %s and %s)", d->name,
+              missing_for(d, PS_ORD_ORDERED), missing_for(d, PS_ORD_FENCE),
+              missing_for(d, PS_ORD_TARGET));
+      return ncclInvalidUsage;
+    }
   }
-  /* deferred and drain release a signal once its puts report delivery. */
-  if ((v == PS_ORD_DEFERRED || v == PS_ORD_DRAIN) && d->rma_delivery_broken) {
-    PS_WARN("PERSEUS_ORDERING=%s needs RMA writes whose delivery completion holds, and on %s it "
-            "does not (%s); use another provider (the target strategy, to come, will serve it)",
-            ps_ordering_names[v], d->name, d->rma_delivery_broken);
+  const char *missing = missing_for(d, (ps_ordering_t)v);
+  if (missing) {
+    const char *why = (v == PS_ORD_DEFERRED || v == PS_ORD_DRAIN) ? d->rma_delivery_broken : NULL;
+    PS_WARN("PERSEUS_ORDERING=%s is not possible on %s: the provider lacks %s%s%s%s",
+            ps_ordering_names[v], d->name, missing, why ? " (" : "", why ? why : "", why ? ")" : "");
     return ncclInvalidUsage;
   }
   *out = (ps_ordering_t)v;
@@ -89,20 +117,18 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   memset(lep, 0, sizeof *lep);
   c->addr = calloc((size_t)nranks, sizeof *c->addr);
   c->peers = calloc((size_t)nranks, sizeof *c->peers);
-  c->reqs = calloc(PS_RMA_REQUESTS, sizeof *c->reqs);
-  ncclResult_t rc = (c->addr && c->peers && c->reqs) ? ncclSuccess : ncclSystemError;
+  c->timeout_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
+  ncclResult_t rc = (c->addr && c->peers) ? ncclSuccess : ncclSystemError;
   if (rc == ncclSuccess) rc = choose_ordering(c->ep.dev, &c->ordering);
-  for (int i = PS_RMA_REQUESTS - 1; rc == ncclSuccess && i >= 0; i--) {
-    c->reqs[i].next = c->free_reqs;
-    c->free_reqs = &c->reqs[i];
-  }
   for (int p = 0; rc == ncclSuccess && p < nranks; p++) {
     ps_handle_t h;
     rc = ps_handle_decode(handles[p], NCCL_NET_HANDLE_MAXSIZE, ps_fabric_wire_hash(), &h);
     if (rc == ncclSuccess) rc = ps_ep_insert(&c->ep, h.addr, &c->addr[p]);
-    c->peers[p].next_seq = c->peers[p].done_below = 1;
-    c->peers[p].done = calloc(PS_RMA_SEQ_RING, 1);
-    if (rc == ncclSuccess && !c->peers[p].done) rc = ncclSystemError;
+    ps_rma_peer_t *pp = &c->peers[p];
+    pp->next_seq = pp->posted_below = pp->done_below = pp->arrived_below = 1;
+    pp->ring = PS_RMA_SEQ_RING0;
+    pp->done = calloc(pp->ring, 1);
+    if (rc == ncclSuccess && !pp->done) rc = ncclSystemError;
   }
   if (rc == ncclSuccess) rc = ps_rma_post_sig_slots(c);
   if (rc != ncclSuccess) {
@@ -118,14 +144,15 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
 ncclResult_t ps_rma_close_coll(void *coll) {
   ps_rma_comm_t *c = coll;
   if (!c || c->magic != PS_RMA_MAGIC) return ncclInvalidArgument;
+  if (ps_fabric_config()->stats && c->peers) ps_rma_print_stats(c);
   ps_ep_close(&c->ep); /* first: nothing completes into freed memory */
   for (uint32_t i = 0; i < c->nregions; i++)
     if (c->regions[i]) ps_rma_dereg_sym(c, c->regions[i]);
-  for (int p = 0; c->peers && p < c->nranks; p++) free(c->peers[p].done);
-#ifdef PS_REORDER_TEST
-  free(c->held);
-#endif
-  free(c->regions), free(c->addr), free(c->peers), free(c->reqs);
+  for (int p = 0; c->peers && p < c->nranks; p++) free(c->peers[p].done), free(c->peers[p].held), free(c->peers[p].arrived);
+  ps_rma_free_held(c);
+  ps_rma_free_reqs(c);
+  if (c->sig_slots_mr) fi_close(&c->sig_slots_mr->fid);
+  free(c->regions), free(c->addr), free(c->peers);
   c->magic = 0;
   free(c);
   return ncclSuccess;
@@ -272,3 +299,20 @@ ps_rma_region_t *ps_rma_region(ps_rma_comm_t *c, void *mh) {
 }
 
 ps_ordering_t ps_rma_ordering(void *coll) { return ((ps_rma_comm_t *)coll)->ordering; }
+
+/* PERSEUS_STATS=1: what each peer cost, when the comm closes. Written to
+ * stderr, not the logger: the user asked for it whatever NCCL_DEBUG says. */
+void ps_rma_print_stats(ps_rma_comm_t *c) {
+  for (int p = 0; p < c->nranks; p++) {
+    const ps_rma_peer_stats_t *s = &c->peers[p].st;
+    if (p == c->rank && !s->puts && !s->signals) continue;
+    fprintf(stderr,
+            "perseus stats: rank %d -> %d (%s, %s): puts %llu signals %llu fences posted %llu "
+            "avoided %llu blocked %.3f ms max in flight %llu; from it: %llu writes in sequence\n",
+            c->rank, p, c->ep.dev->name, ps_ordering_names[c->ordering],
+            (unsigned long long)s->puts, (unsigned long long)s->signals,
+            (unsigned long long)s->fences_posted, (unsigned long long)s->fences_avoided,
+            (double)s->blocked_ns / 1e6, (unsigned long long)s->inflight_max,
+            (unsigned long long)c->peers[p].arrived_below - 1);
+  }
+}

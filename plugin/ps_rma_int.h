@@ -1,8 +1,11 @@
-/* Internals shared by ps_rma_comm.c (setup, registration) and ps_rma_ops.c
- * (data path, strategies). */
+/* Internals shared by the one-sided engine's files: ps_rma_comm.c (setup,
+ * registration), ps_rma_ops.c (origin: queues and strategies),
+ * ps_rma_target.c (target: signals and write arrivals) and ps_rma_post.c
+ * (posting to the provider, or to the test-only unordered NIC). */
 #ifndef PS_RMA_INT_H
 #define PS_RMA_INT_H
 
+#include <rdma/fi_atomic.h>
 #include <rdma/fi_rma.h>
 
 #include "ps_ep.h"
@@ -12,9 +15,11 @@
 #define PS_RMA_MAGIC 0x524d4143u     /* "RMAC" */
 #define PS_RMA_REQ_MAGIC 0x524d5251u /* "RMRQ" */
 #define PS_RMA_REG_MAGIC 0x524d4752u /* "RMGR" */
-#define PS_RMA_SEQ_RING 4096         /* puts in flight per peer before backpressure */
+#define PS_RMA_SEQ_RING0 1024        /* completion ring per peer; grows with the in-flight depth */
 #define PS_RMA_SIG_SLOTS 64          /* signal receives kept posted */
-#define PS_RMA_REQUESTS 8192
+#define PS_RMA_REQ_CHUNK 1024        /* requests are allocated (and registered) this many at a time */
+#define PS_RMA_MAX_REQS (1u << 20)   /* more outstanding than this is a caller bug */
+#define PS_RMA_MAX_WINDOW (1u << 22) /* a peer's writes can be this far ahead of its oldest missing one */
 
 /* Tags of the engine's own messages (bit 63: control, as in ps_wire.h). */
 #define PS_TAG_RMA_SIG (PS_TAG_CTRL | 0x20)
@@ -33,25 +38,61 @@ typedef struct {
   uint64_t *raddr, *rkey, *rsize; /* per rank: target address (or 0), key, size */
 } ps_rma_region_t;
 
+enum { PS_STAGE_NONE = 0, PS_STAGE_QUEUED, PS_STAGE_POSTED, PS_STAGE_DONE };
+
 typedef struct ps_rma_req {
   uint32_t magic;
-  int put_pending, sig_pending, parked;
+  uint8_t is_get;
+  uint8_t data_stage, sig_stage; /* PS_STAGE_*: the put/get, and the signal */
   ncclResult_t status;
   uint32_t peer;
-  uint64_t need_done; /* the signal waits until every put with seq < need_done delivered */
-  uint64_t put_seq;
-  ps_op_t put_op, sig_op;
+  uint64_t seq;  /* of its put, from 1 per peer (0: no put) */
+  uint64_t need; /* its signal covers every put to the peer with seq < need */
+  /* the data operation, kept until posted */
+  struct iovec iov;
+  struct fi_rma_iov rma;
+  void *desc;
+  /* the signal: a message (ps_sig_msg_t) or, for fence, an atomic add */
   ps_sig_msg_t sig;
+  uint64_t operand;     /* atomic add operand */
+  struct fi_rma_ioc sig_rma;
+  void *chunk_desc;     /* local registration of this request's memory, or NULL */
+  ps_op_t data_op, sig_op;
   ps_rma_comm_t *comm;
-  struct ps_rma_req *next; /* free list, or the peer's parked FIFO */
+  struct ps_rma_req *next;      /* free list / the peer's data queue */
+  struct ps_rma_req *next_sig;  /* the peer's signal queue */
 } ps_rma_req_t;
 
+typedef struct ps_rma_req_chunk {
+  struct ps_rma_req_chunk *next;
+  struct fid_mr *mr;
+  ps_rma_req_t reqs[PS_RMA_REQ_CHUNK];
+} ps_rma_req_chunk_t;
+
+/* A signal that arrived before the writes it covers (target strategy). */
 typedef struct {
-  uint64_t next_seq;  /* sequence of the next put to this peer (from 1) */
-  uint64_t done_below; /* every put with seq < done_below has been delivered */
-  uint8_t *done;       /* completion flags for seq in [done_below, done_below + RING) */
-  ps_rma_req_t *park_head, *park_tail;
+  ps_sig_msg_t msg;
+} ps_rma_held_sig_t;
+
+typedef struct {
+  /* origin side: operations to this peer */
+  uint64_t next_seq;     /* sequence of the next put (from 1) */
+  uint64_t posted_below; /* every put with seq < posted_below has been posted */
+  uint64_t done_below;   /* every put with seq < done_below has completed */
+  uint8_t *done;         /* completion flags for seq in [done_below, done_below + ring) */
+  uint64_t ring;         /* power of two */
+  ps_rma_req_t *dq_head, *dq_tail; /* puts/gets not posted yet, in call order */
+  ps_rma_req_t *sq_head, *sq_tail; /* signals not posted yet, in call order */
+  uint64_t outstanding;  /* posted operations not completed yet */
+  uint64_t active_ns;    /* last completion (or start of activity) while outstanding > 0 */
   ps_rma_peer_stats_t st;
+  /* target side: what this peer sent us. Its writes carry their sequence
+   * number (remote CQ data) and arrive in any order on an unordered NIC. */
+  uint64_t arrived_below; /* every write of its with seq < arrived_below has arrived */
+  uint8_t *arrived;       /* arrival flags for seq in [arrived_below, + arrived_ring) */
+  uint64_t arrived_ring;  /* power of two; 0 until its first write */
+  ps_rma_held_sig_t *held;
+  uint32_t nheld, cap_held;
 } ps_rma_peer_t;
 
 typedef struct {
@@ -69,22 +110,39 @@ struct ps_rma_comm {
   ps_rma_peer_t *peers;
   ps_rma_region_t **regions;
   uint32_t nregions, cap_regions;
-  ps_rma_req_t *reqs, *free_reqs;
+  ps_rma_req_t *free_reqs;
+  ps_rma_req_chunk_t *chunks;
+  uint32_t nreqs;
   ps_rma_sig_slot_t sig_slots[PS_RMA_SIG_SLOTS];
+  struct fid_mr *sig_slots_mr;
+  void *sig_slots_desc;
 #ifdef PS_REORDER_TEST
   struct ps_held_write *held; /* writes an "unordered NIC" has not sent yet */
   int nheld, cap_held;
   uint64_t rng;
 #endif
-  int sig_backlog; /* a ready signal was refused (-FI_EAGAIN): retry in progress */
+  int backlog;          /* something is queued: progress must try to post it */
+  uint64_t now_ns;      /* clock of the current progress pass */
+  uint64_t next_check_ns;
+  uint64_t timeout_ns;  /* PERSEUS_PEER_TIMEOUT_MS */
   ncclResult_t error;
   char error_msg[256];
 };
 
-/* ps_rma_ops.c */
+/* ps_rma_target.c */
 ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c);
+void ps_rma_remote_write(void *comm, uint64_t data);
+/* ps_rma_post.c: everything that reaches the provider's data path */
+ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, const struct fi_msg_rma *m, uint64_t flags,
+                               int *posted);
+void ps_rma_release_held(ps_rma_comm_t *c);
+void ps_rma_free_held(ps_rma_comm_t *c);
+/* ps_rma_comm.c */
 void ps_rma_fail(ps_rma_comm_t *c, ncclResult_t rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 ps_rma_region_t *ps_rma_region(ps_rma_comm_t *c, void *mh);
+void ps_rma_print_stats(ps_rma_comm_t *c);
+/* ps_rma_ops.c */
+void ps_rma_free_reqs(ps_rma_comm_t *c);
 
 #endif

@@ -1,8 +1,20 @@
-/* One-sided engine, data path: puts (RMA writes with delivery completion),
- * put+signal under the ordering strategy, signals applied at the target, and
- * progress. Every offset and size, local or from a peer, is checked against
- * the region it names before anything is read or written. */
-#include <stdio.h>
+/* One-sided engine, origin side: puts, gets and put+signal under the
+ * ordering strategy, and progress.
+ *
+ * Every call is accepted at once (NCCL's GIN proxy never retries): its put
+ * goes to the peer's data queue, its signal to the peer's signal queue, and
+ * pump() posts from the heads, in call order, as far as the provider takes
+ * them. A signal leaves only after every put it covers was posted, and, per
+ * strategy:
+ *   ordered  - at once: the provider keeps sends behind earlier writes (SAW)
+ *   fence    - at once, as an atomic add carrying FI_FENCE
+ *   target   - at once, saying how many writes it covers; the target applies
+ *              it when that many have arrived (remote CQ data counts them)
+ *   deferred - once the puts it covers completed with delivery semantics;
+ *              later puts keep flowing meanwhile
+ *   drain    - like deferred, but the caller blocks until then (the baseline)
+ * Callbacks only record completions; posting happens in pump(), never
+ * inside a completion, so nothing re-enters the queues. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,139 +22,59 @@
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
-#ifdef PS_REORDER_TEST
-/* Test builds only (perseus_rma_test_reorder): an unordered NIC. Writes are
- * held and sent later in random order, so a signal that does not wait for
- * its data overtakes it. Never compiled into the plugin. */
-struct ps_held_write {
-  struct iovec iov;
-  struct fi_rma_iov rma;
-  void *desc, *context;
-  fi_addr_t addr;
-  uint64_t release_ns; /* held for a random 0-2 ms: long enough to be overtaken */
-};
-
-static uint64_t next_rand(ps_rma_comm_t *c) {
-  c->rng = c->rng * 6364136223846793005ULL + 1442695040888963407ULL;
-  return c->rng >> 17;
-}
-
-static ncclResult_t post_write(ps_rma_comm_t *c, const struct fi_msg_rma *m, uint64_t flags,
-                               int *posted) {
-  (void)flags;
-  *posted = 0;
-  if (c->nheld == c->cap_held) {
-    int cap = c->cap_held ? 2 * c->cap_held : 256;
-    struct ps_held_write *n = realloc(c->held, (size_t)cap * sizeof *n);
-    if (!n) return ncclSystemError;
-    c->held = n, c->cap_held = cap;
-  }
-  *posted = 1;
-  c->held[c->nheld++] = (struct ps_held_write){.iov = m->msg_iov[0], .rma = m->rma_iov[0],
-                                               .desc = m->desc[0], .context = m->context,
-                                               .addr = m->addr,
-                                               .release_ns = ps_now_ns() + next_rand(c) % 2000000};
-  return ncclSuccess;
-}
-
-/* Sends the held writes whose time has come, in random order. */
-static void release_held(ps_rma_comm_t *c) {
-  uint64_t now = ps_now_ns();
-  for (int tries = c->nheld; tries > 0 && c->nheld > 0; tries--) {
-    int i = (int)(next_rand(c) % (uint64_t)c->nheld);
-    struct ps_held_write *h = &c->held[i];
-    if (h->release_ns > now) continue;
-    struct fi_msg_rma m = {.msg_iov = &h->iov, .desc = &h->desc, .iov_count = 1, .addr = h->addr,
-                           .rma_iov = &h->rma, .rma_iov_count = 1, .context = h->context};
-    ssize_t rc = fi_writemsg(c->ep.ep, &m, FI_COMPLETION | FI_DELIVERY_COMPLETE);
-    if (rc == -FI_EAGAIN) return;
-    if (rc) {
-      ps_rma_fail(c, ncclSystemError, "held write: %s", fi_strerror((int)-rc));
-      return;
-    }
-    c->held[i] = c->held[--c->nheld];
-  }
-}
-#else
-static ncclResult_t post_write(ps_rma_comm_t *c, const struct fi_msg_rma *m, uint64_t flags,
-                               int *posted) {
-  return ps_ep_writemsg(&c->ep, m, flags, posted);
-}
-static void release_held(ps_rma_comm_t *c) { (void)c; }
-#endif
-
-/* One progress step of the engine's endpoint. */
-static ncclResult_t step(ps_rma_comm_t *c) {
-  release_held(c);
-  return ps_ep_progress(&c->ep, 256, NULL);
-}
-
 static ps_rma_comm_t *rma_comm(void *coll) {
   ps_rma_comm_t *c = coll;
   return (c && c->magic == PS_RMA_MAGIC) ? c : NULL;
 }
 
-/* --- target side: signals arrive as messages and are applied here --- */
+/* --- requests: allocated in registered chunks, recycled through a free list --- */
 
-static void apply_signal(ps_rma_comm_t *c, const ps_rma_sig_slot_t *s, size_t len) {
-  ps_sig_msg_t m;
-  if (ps_sig_decode(&s->msg, len, (uint32_t)c->nranks, &m) != ncclSuccess) {
-    ps_rma_fail(c, ncclRemoteError, "malformed signal message dropped");
-    return;
+static ncclResult_t grow_reqs(ps_rma_comm_t *c) {
+  if (c->nreqs >= PS_RMA_MAX_REQS) {
+    PS_WARN("one-sided comm: over %u operations outstanding; test() completed requests first",
+            PS_RMA_MAX_REQS);
+    return ncclInvalidUsage;
   }
-  ps_rma_region_t *r = m.region_id < c->nregions ? c->regions[m.region_id] : NULL;
-  if (!r || m.offset % 8 || m.offset > r->size || r->size - m.offset < 8) {
-    ps_rma_fail(c, ncclRemoteError,
-                "signal from rank %u rejected: region %u offset %llu outside its %zu bytes",
-                m.src_rank, m.region_id, (unsigned long long)m.offset, r ? r->size : (size_t)0);
-    return;
+  ps_rma_req_chunk_t *k = calloc(1, sizeof *k);
+  if (!k) return ncclSystemError;
+  if (ps_ep_reg_local(&c->ep, k->reqs, sizeof k->reqs, &k->mr) != ncclSuccess) {
+    free(k);
+    return ncclSystemError;
   }
-  uint64_t add = m.op == NCCL_NET_SIGNAL_OP_INC ? 1 : m.value;
-  /* The data this signal covers was delivered before the signal was sent;
-   * release ordering publishes the new value after anything this thread wrote. */
-  __atomic_fetch_add((uint64_t *)(r->base + m.offset), add, __ATOMIC_RELEASE);
-}
-
-static ncclResult_t post_sig_slot(ps_rma_comm_t *c, ps_rma_sig_slot_t *s);
-
-static void sig_rx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err,
-                        const char *errstr) {
-  ps_rma_sig_slot_t *s = op->owner;
-  ps_rma_comm_t *c = s->comm;
-  if (err) {
-    if (err != -FI_ECANCELED) ps_rma_fail(c, ncclRemoteError, "signal receive failed: %s", errstr);
-    return;
+  void *desc = k->mr ? fi_mr_desc(k->mr) : NULL;
+  for (int i = PS_RMA_REQ_CHUNK - 1; i >= 0; i--) {
+    k->reqs[i].chunk_desc = desc;
+    k->reqs[i].next = c->free_reqs;
+    c->free_reqs = &k->reqs[i];
   }
-  apply_signal(c, s, e->len);
-  if (post_sig_slot(c, s) != ncclSuccess) ps_rma_fail(c, ncclSystemError, "cannot re-post a signal receive");
-}
-
-static ncclResult_t post_sig_slot(ps_rma_comm_t *c, ps_rma_sig_slot_t *s) {
-  int ok = 0;
-  PS_CHECK(ps_ep_trecv(&c->ep, &s->msg, sizeof s->msg, NULL, PS_TAG_RMA_SIG, &s->op, &ok));
-  return ok ? ncclSuccess : ncclSystemError;
-}
-
-ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c) {
-  for (int i = 0; i < PS_RMA_SIG_SLOTS; i++) {
-    c->sig_slots[i].op = (ps_op_t){.cb = sig_rx_done, .owner = &c->sig_slots[i], .idx = i};
-    c->sig_slots[i].comm = c;
-    PS_CHECK(post_sig_slot(c, &c->sig_slots[i]));
-  }
+  k->next = c->chunks;
+  c->chunks = k;
+  c->nreqs += PS_RMA_REQ_CHUNK;
   return ncclSuccess;
 }
 
-/* --- origin side --- */
+void ps_rma_free_reqs(ps_rma_comm_t *c) {
+  while (c->chunks) {
+    ps_rma_req_chunk_t *k = c->chunks;
+    c->chunks = k->next;
+    if (k->mr) fi_close(&k->mr->fid);
+    free(k);
+  }
+  c->free_reqs = NULL;
+}
 
-static ps_rma_req_t *req_get(ps_rma_comm_t *c, uint32_t peer) {
+static ncclResult_t req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out) {
+  if (!c->free_reqs) PS_CHECK(grow_reqs(c));
   ps_rma_req_t *r = c->free_reqs;
-  if (!r) return NULL;
   c->free_reqs = r->next;
+  void *desc = r->chunk_desc;
   memset(r, 0, sizeof *r);
   r->magic = PS_RMA_REQ_MAGIC;
+  r->chunk_desc = desc;
   r->comm = c;
   r->peer = peer;
-  return r;
+  *out = r;
+  return ncclSuccess;
 }
 
 static void req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
@@ -151,144 +83,244 @@ static void req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
   c->free_reqs = r;
 }
 
-static void sig_tx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err,
-                        const char *errstr) {
-  ps_rma_req_t *r = op->owner;
-  (void)e;
-  r->sig_pending = 0;
-  if (err && err != -FI_ECANCELED) {
+/* --- completions (record only) --- */
+
+static void op_started(ps_rma_comm_t *c, ps_rma_peer_t *p) {
+  if (!p->outstanding++) p->active_ns = c->now_ns;
+}
+static void op_finished(ps_rma_comm_t *c, ps_rma_peer_t *p) {
+  p->outstanding--;
+  p->active_ns = c->now_ns;
+}
+
+static int failed(ps_rma_req_t *r, int err, const char *what, const char *errstr) {
+  if (!err) return 0;
+  if (err != -FI_ECANCELED) {
     r->status = ncclRemoteError;
-    ps_rma_fail(r->comm, ncclRemoteError, "signal to rank %u failed: %s", r->peer, errstr);
+    ps_rma_fail(r->comm, ncclRemoteError, "%s to rank %u failed: %s", what, r->peer, errstr);
   }
+  return 1;
 }
 
-/* Posts the signal message; *posted = 0 when the provider is still refusing
- * (-FI_EAGAIN: its queues are full), in which case the signal stays parked. */
-static ncclResult_t post_signal(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
-  r->sig_op = (ps_op_t){.cb = sig_tx_done, .owner = r};
-  r->sig_pending = 1;
-  ncclResult_t rc = ps_ep_tsend(&c->ep, &r->sig, sizeof r->sig, NULL, c->addr[r->peer],
-                                PS_TAG_RMA_SIG, &r->sig_op, posted);
-  if (rc != ncclSuccess || !*posted) {
-    r->sig_pending = 0;
-    return rc;
-  }
-  c->peers[r->peer].st.signals++;
-  return ncclSuccess;
-}
-
-static void park(ps_rma_peer_t *p, ps_rma_req_t *r) {
-  r->parked = 1;
-  r->next = NULL;
-  if (p->park_tail) p->park_tail->next = r;
-  else p->park_head = r;
-  p->park_tail = r;
-}
-
-/* Signals parked behind puts leave, in order, once those puts delivered. */
-static void release_parked(ps_rma_comm_t *c, ps_rma_peer_t *p) {
-  while (p->park_head && p->done_below >= p->park_head->need_done) {
-    ps_rma_req_t *r = p->park_head;
-    int posted = 0;
-    ncclResult_t rc = post_signal(c, r, &posted);
-    if (rc != ncclSuccess) {
-      r->status = rc;
-      ps_rma_fail(c, rc, "signal to rank %u could not be posted", r->peer);
-    } else if (!posted) {
-      c->sig_backlog = 1; /* retried by progress */
-      return;
-    }
-    p->park_head = r->next;
-    if (!p->park_head) p->park_tail = NULL;
-    r->next = NULL;
-    r->parked = 0;
-  }
-}
-
-static void put_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
+static void data_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
   ps_rma_req_t *r = op->owner;
   ps_rma_comm_t *c = r->comm;
   ps_rma_peer_t *p = &c->peers[r->peer];
   (void)e;
-  r->put_pending = 0;
-  if (err) {
-    if (err == -FI_ECANCELED) return;
-    r->status = ncclRemoteError;
-    ps_rma_fail(c, ncclRemoteError, "put to rank %u failed: %s", r->peer, errstr);
-    return;
-  }
+  op_finished(c, p);
+  r->data_stage = PS_STAGE_DONE;
+  if (failed(r, err, r->is_get ? "get" : "put", errstr) || r->is_get) return;
   /* Completions come in any order: done_below only moves over a gap-free run. */
-  p->done[r->put_seq % PS_RMA_SEQ_RING] = 1;
-  while (p->done_below < p->next_seq && p->done[p->done_below % PS_RMA_SEQ_RING]) {
-    p->done[p->done_below % PS_RMA_SEQ_RING] = 0;
+  p->done[r->seq & (p->ring - 1)] = 1;
+  while (p->done_below < p->posted_below && p->done[p->done_below & (p->ring - 1)]) {
+    p->done[p->done_below & (p->ring - 1)] = 0;
     p->done_below++;
   }
-  release_parked(c, p);
+  if (p->sq_head) c->backlog = 1; /* a deferred signal may be free to go */
 }
 
-/* Validates and posts the RMA write of a put; assigns its sequence number. */
-static ncclResult_t post_put(ps_rma_comm_t *c, ps_rma_req_t *r, uint64_t src_off, void *src_mh,
-                             size_t size, uint64_t dst_off, void *dst_mh) {
-  ps_rma_region_t *src = ps_rma_region(c, src_mh), *dst = ps_rma_region(c, dst_mh);
+static void sig_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
+  ps_rma_req_t *r = op->owner;
+  (void)e;
+  op_finished(r->comm, &r->comm->peers[r->peer]);
+  r->sig_stage = PS_STAGE_DONE;
+  failed(r, err, "signal", errstr);
+}
+
+/* --- posting from the queues --- */
+
+static ncclResult_t post_data(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
+  r->data_op = (ps_op_t){.cb = data_done, .owner = r};
+  struct fi_msg_rma m = {.msg_iov = &r->iov, .desc = &r->desc, .iov_count = 1,
+                         .addr = c->addr[r->peer], .rma_iov = &r->rma, .rma_iov_count = 1,
+                         .context = &r->data_op};
+  if (r->is_get) return ps_ep_readmsg(&c->ep, &m, FI_COMPLETION, posted);
+  uint64_t flags = FI_COMPLETION;
+  if (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN)
+    flags |= FI_DELIVERY_COMPLETE; /* completion must mean "in the target's memory" */
+  if (c->ordering == PS_ORD_TARGET) {
+    flags |= FI_REMOTE_CQ_DATA; /* the target tracks which of our writes arrived */
+    m.data = (uint64_t)c->rank << 32 | (uint32_t)r->seq;
+  }
+  return ps_rma_post_write(c, &m, flags, posted);
+}
+
+static ncclResult_t post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
+  r->sig_op = (ps_op_t){.cb = sig_done, .owner = r};
+  if (c->ordering != PS_ORD_FENCE)
+    return ps_ep_tsend(&c->ep, &r->sig, sizeof r->sig, r->chunk_desc, c->addr[r->peer],
+                       PS_TAG_RMA_SIG, &r->sig_op, posted);
+  r->operand = r->sig.op == NCCL_NET_SIGNAL_OP_INC ? 1 : r->sig.value;
+  struct fi_ioc ioc = {.addr = &r->operand, .count = 1};
+  struct fi_msg_atomic m = {.msg_iov = &ioc, .desc = &r->chunk_desc, .iov_count = 1,
+                            .addr = c->addr[r->peer], .rma_iov = &r->sig_rma, .rma_iov_count = 1,
+                            .datatype = FI_UINT64, .op = FI_SUM, .context = &r->sig_op};
+  /* No put ahead of it: nothing to fence. */
+  uint64_t fence = r->need > 1 ? FI_FENCE : 0;
+  ncclResult_t rc = ps_ep_atomicmsg(&c->ep, &m, FI_COMPLETION | fence, posted);
+  if (rc == ncclSuccess && *posted) {
+    if (fence) c->peers[r->peer].st.fences_posted++;
+    else c->peers[r->peer].st.fences_avoided++;
+  }
+  return rc;
+}
+
+static int sig_ready(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r) {
+  if (c->ordering == PS_ORD_UNSAFE) return 1; /* test builds: the deliberately broken one */
+  if (p->posted_below < r->need) return 0;    /* its puts are not even posted */
+  if (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN) return p->done_below >= r->need;
+  return 1;
+}
+
+/* Posts what the provider takes from this peer's queues, in order. */
+static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
+  int posted;
+  c->now_ns = ps_now_ns(); /* completions read while posting are stamped with it */
+  while (p->dq_head && !c->error) {
+    ps_rma_req_t *r = p->dq_head;
+    ncclResult_t rc = post_data(c, r, &posted);
+    if (rc != ncclSuccess) {
+      r->status = rc;
+      ps_rma_fail(c, rc, "%s to rank %u could not be posted", r->is_get ? "get" : "put", r->peer);
+      return;
+    }
+    if (!posted) goto refused;
+    r->data_stage = PS_STAGE_POSTED;
+    op_started(c, p);
+    if (!r->is_get) {
+      p->posted_below = r->seq + 1;
+      p->st.puts++;
+      if (p->posted_below - p->done_below > p->st.inflight_max)
+        p->st.inflight_max = p->posted_below - p->done_below;
+    }
+    p->dq_head = r->next;
+    if (!p->dq_head) p->dq_tail = NULL;
+  }
+  while (p->sq_head && !c->error && sig_ready(c, p, p->sq_head)) {
+    ps_rma_req_t *r = p->sq_head;
+    ncclResult_t rc = post_sig(c, r, &posted);
+    if (rc != ncclSuccess) {
+      r->status = rc;
+      ps_rma_fail(c, rc, "signal to rank %u could not be posted", r->peer);
+      return;
+    }
+    if (!posted) goto refused;
+    r->sig_stage = PS_STAGE_POSTED;
+    op_started(c, p);
+    p->st.signals++;
+    p->sq_head = r->next_sig;
+    if (!p->sq_head) p->sq_tail = NULL;
+  }
+  return;
+refused:
+  c->backlog = 1; /* the provider's queues are full: progress retries */
+}
+
+/* Room in the completion ring for one more put in flight. */
+static ncclResult_t ring_reserve(ps_rma_peer_t *p) {
+  if (p->next_seq - p->done_below < p->ring) return ncclSuccess;
+  uint64_t ring = p->ring * 2;
+  uint8_t *n = calloc(ring, 1);
+  if (!n) return ncclSystemError;
+  for (uint64_t s = p->done_below; s < p->next_seq; s++) n[s & (ring - 1)] = p->done[s & (p->ring - 1)];
+  free(p->done);
+  p->done = n, p->ring = ring;
+  return ncclSuccess;
+}
+
+/* Checks the regions and queues the put (or get) part of a request. */
+static ncclResult_t queue_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, uint64_t local_off,
+                               void *local_mh, size_t size, uint64_t remote_off, void *remote_mh) {
+  ps_rma_region_t *loc = ps_rma_region(c, local_mh), *rem = ps_rma_region(c, remote_mh);
   uint32_t peer = r->peer;
-  if (!src || !dst || src_off > src->size || src->size - src_off < size ||
-      dst_off > dst->rsize[peer] || dst->rsize[peer] - dst_off < size) {
-    PS_WARN("put of %zu B from offset %llu to rank %u offset %llu falls outside its regions", size,
-            (unsigned long long)src_off, peer, (unsigned long long)dst_off);
+  if (!loc || !rem || local_off > loc->size || loc->size - local_off < size ||
+      remote_off > rem->rsize[peer] || rem->rsize[peer] - remote_off < size) {
+    PS_WARN("%s of %zu B at local offset %llu, rank %u offset %llu falls outside its regions "
+            "(local %zu B, remote %llu B)", is_get ? "get" : "put", size,
+            (unsigned long long)local_off, peer, (unsigned long long)remote_off,
+            loc ? loc->size : (size_t)0, rem ? (unsigned long long)rem->rsize[peer] : 0ULL);
     return ncclInvalidArgument;
   }
   ps_rma_peer_t *p = &c->peers[peer];
-  struct iovec iov = {.iov_base = src->base + src_off, .iov_len = size};
-  struct fi_rma_iov rma = {.addr = dst->raddr[peer] + dst_off, .len = size, .key = dst->rkey[peer]};
-  void *desc = src->desc;
-  r->put_op = (ps_op_t){.cb = put_done, .owner = r};
-  struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = c->addr[peer],
-                           .rma_iov = &rma, .rma_iov_count = 1, .context = &r->put_op};
-  /* Delivery completion: a completed put is in the target's memory, which is
-   * what lets deferred and drain release a signal behind it. */
-  int posted = 0;
-  ncclResult_t rc = post_write(c, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE, &posted);
-  if (rc != ncclSuccess) {
-    ps_rma_fail(c, rc, "put to rank %u could not be posted", peer);
-    return rc;
+  r->is_get = (uint8_t)is_get;
+  r->iov = (struct iovec){.iov_base = loc->base + local_off, .iov_len = size};
+  r->rma = (struct fi_rma_iov){.addr = rem->raddr[peer] + remote_off, .len = size,
+                               .key = rem->rkey[peer]};
+  r->desc = loc->desc;
+  if (!is_get) {
+    PS_CHECK(ring_reserve(p));
+    r->seq = p->next_seq++;
   }
-  if (!posted) return ncclInProgress; /* still refused: the caller backs off */
-  r->put_pending = 1;
-  r->put_seq = p->next_seq++;
-  p->st.puts++;
-  uint64_t inflight = p->next_seq - p->done_below;
-  if (inflight > p->st.inflight_max) p->st.inflight_max = inflight;
+  r->data_stage = PS_STAGE_QUEUED;
+  r->next = NULL;
+  if (p->dq_tail) p->dq_tail->next = r;
+  else p->dq_head = r;
+  p->dq_tail = r;
   return ncclSuccess;
 }
 
-static ncclResult_t start(ps_rma_comm_t *c, uint32_t rank, uint64_t src_off, void *src_mh,
-                          size_t size, uint64_t dst_off, void *dst_mh, ps_rma_req_t **out) {
+static ncclResult_t start(ps_rma_comm_t *c, uint32_t rank, ps_rma_req_t **out) {
   *out = NULL;
   if (c->error) return c->error;
   if (rank >= (uint32_t)c->nranks) {
-    PS_WARN("rank %u out of range (%d ranks)", rank, c->nranks);
+    PS_WARN("one-sided operation to rank %u, but the comm has %d ranks", rank, c->nranks);
     return ncclInvalidArgument;
   }
-  ps_rma_peer_t *p = &c->peers[rank];
-  if (p->next_seq - p->done_below >= PS_RMA_SEQ_RING) return ncclSuccess; /* backpressure */
-  ps_rma_req_t *r = req_get(c, rank);
-  if (!r) return ncclSuccess;
-  if (size) {
-    ncclResult_t rc = post_put(c, r, src_off, src_mh, size, dst_off, dst_mh);
-    if (rc != ncclSuccess) {
-      req_put(c, r);
-      return rc == ncclInProgress ? ncclSuccess : rc;
-    }
-  }
-  *out = r;
-  return ncclSuccess;
+  return req_get(c, rank, out);
 }
 
 ncclResult_t ps_rma_iput(void *coll, uint64_t src_off, void *src_mh, size_t size,
                          uint64_t dst_off, void *dst_mh, uint32_t rank, void **req) {
   ps_rma_comm_t *c = rma_comm(coll);
+  ps_rma_req_t *r;
   if (!c || !req) return ncclInvalidArgument;
-  return start(c, rank, src_off, src_mh, size, dst_off, dst_mh, (ps_rma_req_t **)req);
+  *req = NULL;
+  PS_CHECK(start(c, rank, &r));
+  ncclResult_t rc = queue_data(c, r, 0, src_off, src_mh, size, dst_off, dst_mh);
+  if (rc != ncclSuccess) {
+    req_put(c, r);
+    return rc;
+  }
+  pump(c, &c->peers[rank]);
+  *req = r;
+  return c->error;
+}
+
+ncclResult_t ps_rma_iget(void *coll, uint64_t remote_off, void *remote_mh, size_t size,
+                         uint64_t local_off, void *local_mh, uint32_t rank, void **req) {
+  ps_rma_comm_t *c = rma_comm(coll);
+  ps_rma_req_t *r;
+  if (!c || !req) return ncclInvalidArgument;
+  *req = NULL;
+  PS_CHECK(start(c, rank, &r));
+  ncclResult_t rc = queue_data(c, r, 1, local_off, local_mh, size, remote_off, remote_mh);
+  if (rc != ncclSuccess) {
+    req_put(c, r);
+    return rc;
+  }
+  pump(c, &c->peers[rank]);
+  *req = r;
+  return c->error;
+}
+
+/* Host memory needs no flush: a completed get is visible to the CPU and to
+ * a GPU reading host memory. NCCL takes a NULL request as already done. */
+ncclResult_t ps_rma_iflush(void *coll, void *mh, uint32_t rank, void **req) {
+  ps_rma_comm_t *c = rma_comm(coll);
+  if (!c || !req || !ps_rma_region(c, mh) || rank >= (uint32_t)c->nranks) {
+    PS_WARN("iflush: bad comm, region %p or rank %u", mh, rank);
+    return ncclInvalidArgument;
+  }
+  *req = NULL;
+  return c->error;
+}
+
+/* drain, the baseline: block until the puts the signal covers completed. */
+static ncclResult_t drain(ps_rma_comm_t *c, ps_rma_peer_t *p, uint64_t need) {
+  uint64_t t0 = ps_now_ns();
+  while (p->done_below < need && ps_rma_progress(c) == ncclSuccess) continue;
+  p->st.blocked_ns += ps_now_ns() - t0;
+  return c->error;
 }
 
 ncclResult_t ps_rma_iput_signal(void *coll, uint64_t src_off, void *src_mh, size_t size,
@@ -296,53 +328,78 @@ ncclResult_t ps_rma_iput_signal(void *coll, uint64_t src_off, void *src_mh, size
                                 void *sig_mh, uint64_t value, uint32_t op, void **req) {
   ps_rma_comm_t *c = rma_comm(coll);
   if (!c || !req) return ncclInvalidArgument;
+  *req = NULL;
   ps_rma_region_t *sig = ps_rma_region(c, sig_mh);
   if (!sig || (op != NCCL_NET_SIGNAL_OP_INC && op != NCCL_NET_SIGNAL_OP_ADD) ||
       rank >= (uint32_t)c->nranks || sig_off % 8 || sig_off > sig->rsize[rank] ||
       sig->rsize[rank] - sig_off < 8) {
-    PS_WARN("putSignal: signal at offset %llu (op %u) is not an aligned 8-byte word of a region "
-            "of rank %u", (unsigned long long)sig_off, op, rank);
+    PS_WARN("putSignal: signal at offset %llu (op %u, expected 1 INC or 2 ADD) is not an aligned "
+            "8-byte word of a region of rank %u", (unsigned long long)sig_off, op, rank);
     return ncclInvalidArgument;
   }
   ps_rma_req_t *r;
-  PS_CHECK(start(c, rank, src_off, src_mh, size, dst_off, dst_mh, &r));
-  *req = r;
-  if (!r) return ncclSuccess;
+  PS_CHECK(start(c, rank, &r));
   ps_rma_peer_t *p = &c->peers[rank];
+  if (size) {
+    ncclResult_t rc = queue_data(c, r, 0, src_off, src_mh, size, dst_off, dst_mh);
+    if (rc != ncclSuccess) {
+      req_put(c, r);
+      return rc;
+    }
+  }
+  r->need = p->next_seq; /* its own put and every earlier one to the peer */
   r->sig = (ps_sig_msg_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION, .op = (uint16_t)op,
                           .src_rank = (uint32_t)c->rank, .region_id = sig->id, .offset = sig_off,
-                          .value = value};
-  r->need_done = p->next_seq; /* this put and every earlier one to the peer */
-  if (c->ordering == PS_ORD_UNSAFE) r->need_done = 0; /* the broken baseline: no wait at all */
-  if (p->done_below < r->need_done) {
-    if (c->ordering == PS_ORD_DRAIN) { /* the baseline: wait here for the NIC to drain */
-      uint64_t t0 = ps_now_ns();
-      p->st.fences_posted++;
-      /* ps_rma_progress records an endpoint failure in c->error: no endless wait */
-      while (p->done_below < r->need_done && ps_rma_progress(c) == ncclSuccess) continue;
-      p->st.blocked_ns += ps_now_ns() - t0;
-      if (c->error) return c->error;
-    } else {
-      p->st.fences_avoided++; /* deferred: parked, the proxy moves on */
-    }
-  } else {
-    p->st.fences_avoided++; /* nothing in flight ahead of it */
+                          .value = value,
+                          .covers = c->ordering == PS_ORD_TARGET ? r->need - 1 : 0};
+  r->sig_rma = (struct fi_rma_ioc){.addr = sig->raddr[rank] + sig_off, .count = 1,
+                                   .key = sig->rkey[rank]};
+  r->sig_stage = PS_STAGE_QUEUED;
+  r->next_sig = NULL;
+  if (p->sq_tail) p->sq_tail->next_sig = r;
+  else p->sq_head = r;
+  p->sq_tail = r;
+  pump(c, p);
+  if (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN) {
+    if (p->done_below < r->need) p->st.fences_posted++; /* a wait for delivery, parked or blocking */
+    else p->st.fences_avoided++;
+    if (c->ordering == PS_ORD_DRAIN && p->done_below < r->need) PS_CHECK(drain(c, p, r->need));
+  } else if (c->ordering != PS_ORD_FENCE) {
+    p->st.fences_avoided++; /* ordered, target: ordering without any wait or flag */
   }
-  park(p, r); /* behind any signal still waiting, then released in order */
-  release_parked(c, p);
+  *req = r;
   return c->error;
+}
+
+/* A peer that completes nothing of ours for PERSEUS_PEER_TIMEOUT_MS is
+ * gone (or wedged): an error instead of a hang. */
+static void check_liveness(ps_rma_comm_t *c) {
+  if (c->now_ns < c->next_check_ns) return;
+  c->next_check_ns = c->now_ns + 1000000;
+  for (int i = 0; i < c->nranks; i++) {
+    ps_rma_peer_t *p = &c->peers[i];
+    if (p->outstanding && c->now_ns - p->active_ns > c->timeout_ns) {
+      ps_rma_fail(c, ncclRemoteError, "rank %d completed none of %llu operations in %llu ms "
+                  "(PERSEUS_PEER_TIMEOUT_MS): peer dead or unreachable", i,
+                  (unsigned long long)p->outstanding, (unsigned long long)(c->timeout_ns / 1000000));
+      return;
+    }
+  }
 }
 
 ncclResult_t ps_rma_progress(void *coll) {
   ps_rma_comm_t *c = rma_comm(coll);
   if (!c) return ncclInvalidArgument;
   if (c->error) return c->error;
-  ncclResult_t rc = step(c);
-  if (rc != ncclSuccess) ps_rma_fail(c, rc, "%s", c->ep.fatal);
-  if (c->sig_backlog && !c->error) { /* signals the provider refused earlier */
-    c->sig_backlog = 0;
-    for (int p = 0; p < c->nranks; p++) release_parked(c, &c->peers[p]);
+  c->now_ns = ps_now_ns();
+  ps_rma_release_held(c);
+  if (ps_ep_progress(&c->ep, 256, NULL) != ncclSuccess) ps_rma_fail(c, ncclRemoteError, "%s", c->ep.fatal);
+  if (c->backlog && !c->error) {
+    c->backlog = 0;
+    for (int p = 0; p < c->nranks && !c->error; p++)
+      if (c->peers[p].dq_head || c->peers[p].sq_head) pump(c, &c->peers[p]);
   }
+  if (!c->error) check_liveness(c);
   return c->error;
 }
 
@@ -357,7 +414,9 @@ ncclResult_t ps_rma_test(void *coll, void *request, int *done) {
   ncclResult_t rc = ps_rma_progress(c);
   if (r->status) return r->status;
   if (rc != ncclSuccess) return rc;
-  if (r->put_pending || r->sig_pending || r->parked) return ncclSuccess;
+  if ((r->data_stage && r->data_stage != PS_STAGE_DONE) ||
+      (r->sig_stage && r->sig_stage != PS_STAGE_DONE))
+    return ncclSuccess;
   *done = 1;
   req_put(c, r);
   return ncclSuccess;

@@ -65,6 +65,9 @@ typedef struct {
   uint32_t region_id;
   uint64_t offset;
   uint64_t value;
+  /* target strategy: apply only once this many of src_rank's writes have
+   * arrived (counted from their remote CQ data); 0 = apply on receipt */
+  uint64_t covers;
 } ps_sig_msg_t;
 
 typedef struct {
