@@ -140,17 +140,37 @@ ncclResult_t ps_ep_trecv(ps_ep_t *e, void *buf, size_t len, void *desc, uint64_t
   PS_POST_RETRY(e, posted, "fi_trecv", fi_trecv(e->ep, buf, len, desc, FI_ADDR_UNSPEC, tag, 0, op));
 }
 
-ncclResult_t ps_ep_writemsg(ps_ep_t *e, const struct fi_msg_rma *msg, uint64_t flags, int *posted) {
-  PS_POST_RETRY(e, posted, "fi_writemsg", fi_writemsg(e->ep, msg, flags));
+ncclResult_t ps_ep_writemsg(ps_ep_t *e, struct fid_ep *tx, const struct fi_msg_rma *msg,
+                            uint64_t flags, int *posted) {
+  PS_POST_RETRY(e, posted, "fi_writemsg", fi_writemsg(tx, msg, flags));
 }
 
 ncclResult_t ps_ep_readmsg(ps_ep_t *e, const struct fi_msg_rma *msg, uint64_t flags, int *posted) {
   PS_POST_RETRY(e, posted, "fi_readmsg", fi_readmsg(e->ep, msg, flags));
 }
 
-ncclResult_t ps_ep_atomicmsg(ps_ep_t *e, const struct fi_msg_atomic *msg, uint64_t flags,
-                             int *posted) {
-  PS_POST_RETRY(e, posted, "fi_atomicmsg", fi_atomicmsg(e->ep, msg, flags));
+ncclResult_t ps_ep_atomicmsg(ps_ep_t *e, struct fid_ep *tx, const struct fi_msg_atomic *msg,
+                             uint64_t flags, int *posted) {
+  PS_POST_RETRY(e, posted, "fi_atomicmsg", fi_atomicmsg(tx, msg, flags));
+}
+
+ncclResult_t ps_ep_open_lane(ps_ep_t *e, struct fid_ep **lane) {
+  int rc;
+  const char *step = "fi_endpoint";
+  *lane = NULL;
+  if ((rc = fi_endpoint(e->dev->domain, e->dev->info, lane, NULL))) goto fail;
+  step = "fi_ep_bind(cq)";
+  if ((rc = fi_ep_bind(*lane, &e->cq->fid, FI_TRANSMIT | FI_RECV))) goto fail;
+  step = "fi_ep_bind(av)";
+  if ((rc = fi_ep_bind(*lane, &e->av->fid, 0))) goto fail;
+  step = "fi_enable";
+  if ((rc = fi_enable(*lane))) goto fail;
+  return ncclSuccess;
+fail:
+  PS_WARN("lane endpoint: %s on %s failed: %s", step, e->dev->name, fi_strerror(-rc));
+  if (*lane) fi_close(&(*lane)->fid);
+  *lane = NULL;
+  return ncclSystemError;
 }
 
 ncclResult_t ps_ep_reg(ps_ep_t *e, void *buf, size_t len, uint64_t access, struct fid_mr **mr) {

@@ -51,11 +51,21 @@ ncclResult_t ps_ep_tsend(ps_ep_t *ep, const void *buf, size_t len, void *desc, f
                          uint64_t tag, ps_op_t *op, int *posted);
 ncclResult_t ps_ep_trecv(ps_ep_t *ep, void *buf, size_t len, void *desc, uint64_t tag,
                          ps_op_t *op, int *posted);
-/* RMA write, read and atomic with the same retry contract. */
-ncclResult_t ps_ep_writemsg(ps_ep_t *ep, const struct fi_msg_rma *msg, uint64_t flags, int *posted);
+/* RMA write, read and atomic with the same retry contract, posted on `tx`:
+ * ep->ep or one of its lanes. */
+ncclResult_t ps_ep_writemsg(ps_ep_t *ep, struct fid_ep *tx, const struct fi_msg_rma *msg,
+                            uint64_t flags, int *posted);
 ncclResult_t ps_ep_readmsg(ps_ep_t *ep, const struct fi_msg_rma *msg, uint64_t flags, int *posted);
-ncclResult_t ps_ep_atomicmsg(ps_ep_t *ep, const struct fi_msg_atomic *msg, uint64_t flags,
-                             int *posted);
+ncclResult_t ps_ep_atomicmsg(ps_ep_t *ep, struct fid_ep *tx, const struct fi_msg_atomic *msg,
+                             uint64_t flags, int *posted);
+/* A transmit lane: another endpoint of the same domain sharing ep's CQ and
+ * AV (so its completions and fi_addr_t are ep's). FI_FENCE orders within one
+ * endpoint, so a lane per peer scopes each fence to its own peer. It also
+ * avoids a libfabric 1.17 sockets deadlock: a fenced op holds its peer's
+ * connection while it waits for every earlier op of the endpoint, including
+ * ones to other peers stuck behind fenced ops of their own (seen as stalls
+ * under load). Close lanes before ep. */
+ncclResult_t ps_ep_open_lane(ps_ep_t *ep, struct fid_ep **lane);
 /* Registers [buf, +len) with `access` (bound to `ep` under FI_MR_ENDPOINT). */
 ncclResult_t ps_ep_reg(ps_ep_t *ep, void *buf, size_t len, uint64_t access, struct fid_mr **mr);
 /* Registers [buf, +len) for send/recv when the provider needs it (FI_MR_LOCAL

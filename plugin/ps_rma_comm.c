@@ -130,6 +130,11 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
     pp->done = calloc(pp->ring, 1);
     if (rc == ncclSuccess && !pp->done) rc = ncclSystemError;
   }
+  if (rc == ncclSuccess && c->ordering == PS_ORD_FENCE) {
+    c->lanes = calloc((size_t)nranks, sizeof *c->lanes);
+    rc = c->lanes ? ncclSuccess : ncclSystemError;
+    for (int p = 0; rc == ncclSuccess && p < nranks; p++) rc = ps_ep_open_lane(&c->ep, &c->lanes[p]);
+  }
   if (rc == ncclSuccess) rc = ps_rma_post_sig_slots(c);
   if (rc != ncclSuccess) {
     ps_rma_close_coll(c);
@@ -145,6 +150,9 @@ ncclResult_t ps_rma_close_coll(void *coll) {
   ps_rma_comm_t *c = coll;
   if (!c || c->magic != PS_RMA_MAGIC) return ncclInvalidArgument;
   if (ps_fabric_config()->stats && c->peers) ps_rma_print_stats(c);
+  for (int p = 0; c->lanes && p < c->nranks; p++) /* lanes first: they use ep's CQ and AV */
+    if (c->lanes[p]) fi_close(&c->lanes[p]->fid);
+  free(c->lanes);
   ps_ep_close(&c->ep); /* first: nothing completes into freed memory */
   for (uint32_t i = 0; i < c->nregions; i++)
     if (c->regions[i]) ps_rma_dereg_sym(c, c->regions[i]);

@@ -106,6 +106,7 @@ struct ps_rma_comm {
   int rank, nranks;
   ps_ordering_t ordering;
   ps_ep_t ep;
+  struct fid_ep **lanes; /* fence: one transmit endpoint per peer (see ps_ep_open_lane) */
   fi_addr_t *addr;
   ps_rma_peer_t *peers;
   ps_rma_region_t **regions;
@@ -133,8 +134,8 @@ struct ps_rma_comm {
 ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c);
 void ps_rma_remote_write(void *comm, uint64_t data);
 /* ps_rma_post.c: everything that reaches the provider's data path */
-ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, const struct fi_msg_rma *m, uint64_t flags,
-                               int *posted);
+ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_rma *m,
+                               uint64_t flags, int *posted);
 void ps_rma_release_held(ps_rma_comm_t *c);
 void ps_rma_free_held(ps_rma_comm_t *c);
 /* ps_rma_comm.c */

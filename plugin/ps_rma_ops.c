@@ -142,7 +142,7 @@ static ncclResult_t post_data(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
     flags |= FI_REMOTE_CQ_DATA; /* the target tracks which of our writes arrived */
     m.data = (uint64_t)c->rank << 32 | (uint32_t)r->seq;
   }
-  return ps_rma_post_write(c, &m, flags, posted);
+  return ps_rma_post_write(c, r->peer, &m, flags, posted);
 }
 
 static ncclResult_t post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
@@ -157,7 +157,8 @@ static ncclResult_t post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
                             .datatype = FI_UINT64, .op = FI_SUM, .context = &r->sig_op};
   /* No put ahead of it: nothing to fence. */
   uint64_t fence = r->need > 1 ? FI_FENCE : 0;
-  ncclResult_t rc = ps_ep_atomicmsg(&c->ep, &m, FI_COMPLETION | fence, posted);
+  /* on the peer's lane, behind that peer's puts only */
+  ncclResult_t rc = ps_ep_atomicmsg(&c->ep, c->lanes[r->peer], &m, FI_COMPLETION | fence, posted);
   if (rc == ncclSuccess && *posted) {
     if (fence) c->peers[r->peer].st.fences_posted++;
     else c->peers[r->peer].st.fences_avoided++;

@@ -22,8 +22,9 @@ static uint64_t next_rand(ps_rma_comm_t *c) {
   return c->rng >> 17;
 }
 
-ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, const struct fi_msg_rma *m, uint64_t flags,
-                               int *posted) {
+ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_rma *m,
+                               uint64_t flags, int *posted) {
+  (void)peer; /* no lanes: fence is refused on the unordered NIC */
   *posted = 0;
   if (c->nheld == c->cap_held) {
     int cap = c->cap_held ? 2 * c->cap_held : 256;
@@ -60,9 +61,9 @@ void ps_rma_release_held(ps_rma_comm_t *c) {
 
 void ps_rma_free_held(ps_rma_comm_t *c) { free(c->held); }
 #else
-ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, const struct fi_msg_rma *m, uint64_t flags,
-                               int *posted) {
-  return ps_ep_writemsg(&c->ep, m, flags, posted);
+ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_rma *m,
+                               uint64_t flags, int *posted) {
+  return ps_ep_writemsg(&c->ep, c->lanes ? c->lanes[peer] : c->ep.ep, m, flags, posted);
 }
 void ps_rma_release_held(ps_rma_comm_t *c) { (void)c; }
 void ps_rma_free_held(ps_rma_comm_t *c) { (void)c; }
