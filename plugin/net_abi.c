@@ -3,12 +3,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ps_abi.h"
 #include "ps_log.h"
 #include "ps_nccl_abi.h"
 #include "ps_net.h"
-
-#define PS_EXPORT __attribute__((visibility("default")))
-#define PS_PLUGIN_NAME "Perseus"
 
 /* Property translation: the fields every version shares. */
 #define PS_FILL_COMMON(out, p)                 \
@@ -53,7 +51,7 @@ static ncclResult_t props_v9(int dev, ps_props_v9_t *out) {
   return ncclSuccess;
 }
 
-static ncclResult_t props_v11(int dev, ps_props_v11_t *out) {
+ncclResult_t ps_abi_props_v11(int dev, ps_props_v11_t *out) {
   ps_props_t p;
   PS_CHECK(ps_net_get_properties(dev, &p));
   memset(out, 0, sizeof *out);
@@ -62,7 +60,7 @@ static ncclResult_t props_v11(int dev, ps_props_v11_t *out) {
   return ncclSuccess;
 }
 
-static ncclResult_t props_v12(int dev, ps_props_v12_t *out) {
+ncclResult_t ps_abi_props_v12(int dev, ps_props_v12_t *out) {
   ps_props_t p;
   PS_CHECK(ps_net_get_properties(dev, &p));
   memset(out, 0, sizeof *out);
@@ -86,7 +84,7 @@ typedef struct {
   int traffic_class;
 } ps_ctx_t;
 
-static ncclResult_t init_v11(void **ctx, uint64_t comm_id, ps_comm_config_t *config,
+ncclResult_t ps_abi_init_ctx(void **ctx, uint64_t comm_id, ps_comm_config_t *config,
                              ncclDebugLogger_t log, ncclProfilerCallback_t prof) {
   (void)prof;
   PS_CHECK(ps_net_init(log));
@@ -101,7 +99,7 @@ static ncclResult_t init_v11(void **ctx, uint64_t comm_id, ps_comm_config_t *con
   return ncclSuccess;
 }
 
-static ncclResult_t finalize_v11(void *ctx) {
+ncclResult_t ps_abi_finalize_ctx(void *ctx) {
   free(ctx);
   return ncclSuccess;
 }
@@ -213,13 +211,13 @@ PS_EXPORT const ncclNet_v10_t ncclNetPlugin_v10 = {
     PS_COMMON_TAIL};
 
 PS_EXPORT const ncclNet_v11_t ncclNetPlugin_v11 = {
-    .name = PS_PLUGIN_NAME, .init = init_v11, .devices = ps_net_devices,
-    .getProperties = props_v11, .listen = listen_v11, .connect = connect_v11,
+    .name = PS_PLUGIN_NAME, .init = ps_abi_init_ctx, .devices = ps_net_devices,
+    .getProperties = ps_abi_props_v11, .listen = listen_v11, .connect = connect_v11,
     .accept = accept_any, .isend = isend_v10, .irecv = irecv_v10, .makeVDevice = vdev_v9,
-    .finalize = finalize_v11, .setNetAttr = set_net_attr, PS_COMMON_TAIL};
+    .finalize = ps_abi_finalize_ctx, .setNetAttr = set_net_attr, PS_COMMON_TAIL};
 
 PS_EXPORT const ncclNet_v12_t ncclNetPlugin_v12 = {
-    .name = PS_PLUGIN_NAME, .init = init_v11, .devices = ps_net_devices,
-    .getProperties = props_v12, .listen = listen_v11, .connect = connect_v11,
+    .name = PS_PLUGIN_NAME, .init = ps_abi_init_ctx, .devices = ps_net_devices,
+    .getProperties = ps_abi_props_v12, .listen = listen_v11, .connect = connect_v11,
     .accept = accept_any, .isend = isend_v10, .irecv = irecv_v10, .makeVDevice = vdev_v12,
-    .finalize = finalize_v11, .setNetAttr = set_net_attr, PS_COMMON_TAIL};
+    .finalize = ps_abi_finalize_ctx, .setNetAttr = set_net_attr, PS_COMMON_TAIL};

@@ -27,7 +27,8 @@ export PKG_CONFIG_PATH="$LIBDIR/pkgconfig"
 DEB_LIB="$WORK/debs/libnccl-net-perseus_${VERSION}_$ARCH.deb"
 DEB_DEV="$WORK/debs/perseus-dev_${VERSION}_$ARCH.deb"
 DEB_BENCH="$WORK/debs/perseus-bench_${VERSION}_$ARCH.deb"
-SYMS='^nccl(Net|Gin|Rma|CollNet)Plugin_v[0-9]+$'
+SYMS='^(nccl(Net|Gin|Rma|CollNet)Plugin_v[0-9]+|perseus_rma_peer_stats|perseus_rma_ordering)$'
+ONE_SIDED='ncclGinPlugin_v11 ncclGinPlugin_v12 ncclGinPlugin_v13 ncclRmaPlugin_v13 ncclRmaPlugin_v14'
 
 npass=0 nfail=0
 check() { # description, command...: the command's output goes to $LOG
@@ -68,6 +69,9 @@ soname_unversioned() {
 exports_only_plugin_tables() {
   syms="$(nm -D --defined-only "$LIB" | awk '{print $NF}')"
   echo "$syms"
+  for s in $ONE_SIDED perseus_rma_peer_stats perseus_rma_ordering; do
+    echo "$syms" | grep -qx "$s" || { echo "missing: $s"; return 1; }
+  done
   echo "$syms" | grep -q '^ncclNetPlugin_v[0-9]*$' && ! echo "$syms" | grep -vE "$SYMS"
 }
 no_rpath() { ! readelf -d "$LIB" "$ROOT/usr/bin/perseus_net_perf" | grep -E 'RPATH|RUNPATH'; }
@@ -128,6 +132,7 @@ done
 check "libnccl-net-perseus: usr/lib/$MA/libnccl-net-perseus.so" has_file "$DEB_LIB" "usr/lib/$MA/libnccl-net-perseus\.so"
 check "libnccl-net-perseus: no other shared object, no .so.N" only_the_plugin_so
 check "perseus-dev: usr/include/perseus/perseus_version.h" has_file "$DEB_DEV" "usr/include/perseus/perseus_version\.h"
+check "perseus-dev: usr/include/perseus/perseus_rma.h" has_file "$DEB_DEV" "usr/include/perseus/perseus_rma\.h"
 check "perseus-dev: usr/lib/$MA/pkgconfig/perseus.pc" has_file "$DEB_DEV" "usr/lib/$MA/pkgconfig/perseus\.pc"
 check "perseus-bench: usr/bin/perseus_net_perf" has_file "$DEB_BENCH" "usr/bin/perseus_net_perf"
 check "perseus-bench: usr/share/man/man1/perseus_net_perf.1" has_file "$DEB_BENCH" "usr/share/man/man1/perseus_net_perf\.1(\.gz)?"
@@ -141,7 +146,7 @@ check "perseus-bench: no perseus_coll_perf (packages build with -Dcuda=disabled)
 check "libnccl-net-perseus Depends on libfabric1" field_has "$DEB_LIB" Depends 'libfabric1'
 check "package versions are the meson version $VERSION" versions_are_meson
 check "plugin SONAME is libnccl-net-perseus.so (no version suffix)" soname_unversioned
-check "plugin exports only $SYMS (ncclNetPlugin_v* among them)" exports_only_plugin_tables
+check "plugin exports only $SYMS (ncclNetPlugin_v*, $ONE_SIDED among them)" exports_only_plugin_tables
 check "no RPATH/RUNPATH in the installed plugin and benchmark" no_rpath
 check "pkg-config: perseus $VERSION, nccl_min_version set, plugindir/plugin is the plugin" pc_ok
 check "<perseus/perseus_version.h> through pkg-config --cflags perseus says $VERSION" header_ok

@@ -1,32 +1,40 @@
-/* The one-sided engine's ordering invariant, from forked ranks:
+/* The one-sided tables of the plugin, driven as NCCL's GIN proxy drives
+ * them (test/driver/ps_driver_gin.h), from forked ranks:
  *
- *   perseus_rma_test [-r RANKS] [-b BATCHES]   (PERSEUS_ORDERING picks the strategy)
+ *   perseus_rma_test [-a ABI] [-p PLUGIN] [-s SCENARIO] [-r RANKS] [-b BATCHES] [-R]
  *
- * Every rank puts a random number of random-size tiles to every peer, then
- * one put+signal (ADD of the batch's tile count, sometimes with a tile of its
- * own, sometimes signal-only). Receivers poll their signal words while
- * progressing; the moment a value is observed, every tile of every batch it
- * covers must already be in memory, byte for byte. */
+ * ABI: gin11 (default), gin12, gin13, rma13, rma14. PERSEUS_ORDERING picks
+ * the strategy. Scenarios:
+ *   invariant  (default) every rank puts a random number of random-size tiles
+ *              to every peer, then one put+signal (ADD of the batch's tile
+ *              count, sometimes with a tile of its own, sometimes signal-only).
+ *              Receivers poll their signal words while progressing; the moment
+ *              a value is observed, every tile of every batch it covers must
+ *              already be in memory, byte for byte. -R: the plugin must refuse
+ *              the strategy at connect (ncclInvalidUsage) instead.
+ *   props      the table loads and inits, reports devices and netDeviceType
+ *              GIN_PROXY (2), and the perseus extensions resolve.
+ *   api        a put to oneself (NCCL 2.30 flushes that way), a second
+ *              connection/context index, iget and iflush where the table has
+ *              them, the stats export, and bad arguments refused. */
 #include <getopt.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ps_driver.h"
+#include "ps_driver_gin.h"
 #include "ps_gin_abi.h"
-#include "ps_net.h"
-#include "ps_rma.h"
 
 #define SLOT 65536           /* bytes per (source, batch) in the data window */
 #define MAX_TILES 8
 #define TILE_MAX (SLOT / MAX_TILES)
 #define MAX_BATCHES 64
-#define MAX_REQS 4096
+#define MAX_OUT 256          /* outstanding requests per peer, as NCCL's queue (32 x maxRecvs) */
 
 typedef struct {
+  const char *abi, *plugin, *scenario;
   int batches;
-  int expect_refusal; /* -R: the engine must refuse this provider/ordering at connect */
+  int expect_refusal; /* -R */
 } args_t;
 
 /* Batch layout, computable on both sides: tile count and sizes. */
@@ -40,30 +48,19 @@ static size_t tile_size(int src, int dst, int b, int t) {
 }
 static uint64_t tile_id(int src, int dst, int b, int t) { return ((uint64_t)src << 48) | ((uint64_t)dst << 32) | ((uint64_t)b << 8) | (uint64_t)t; }
 
-static int rank_fn(drv_rank_t *r, void *arg) {
-  const args_t *a = arg;
+static int invariant(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
   int P = r->nranks, me = r->rank, B = a->batches;
-  unsigned char (*handles)[NCCL_NET_HANDLE_MAXSIZE] = r->user;
-  void *hp[16], *lc = NULL, *cc = NULL;
-  CHECK(ps_net_init(NULL) == ncclSuccess, "init");
-  CHECK(ps_rma_listen(0, handles[me], &lc) == ncclSuccess, "listen");
-  CHECK(!drv_barrier(r, 60), "barrier");
-  for (int p = 0; p < P; p++) hp[p] = handles[p];
-  ncclResult_t crc = ps_rma_connect(hp, P, me, lc, &cc);
-  if (a->expect_refusal) {
-    CHECK(crc == ncclInvalidUsage, "connect returned %d, expected the refusal ncclInvalidUsage (5)", crc);
-    ps_rma_close_listen(lc);
-    return 0;
-  }
-  CHECK(crc == ncclSuccess, "connect");
+  const char *want = getenv("PERSEUS_ORDERING"), *got = g->ordering ? g->ordering(cc) : NULL;
+  CHECK(got != NULL, "perseus_rma_ordering gave no strategy");
+  CHECK(!want || !strcmp(want, "auto") || !strcmp(want, got), "ordering is %s, PERSEUS_ORDERING=%s", got, want);
   size_t data_bytes = (size_t)P * B * SLOT, src_bytes = (size_t)P * B * SLOT;
   unsigned char *data = calloc(1, data_bytes), *src = malloc(src_bytes);
   uint64_t *sig = calloc((size_t)P, 8);
   void *data_mh, *src_mh, *sig_mh;
   CHECK(data && src && sig, "oom");
-  CHECK(ps_rma_reg_sym(cc, data, data_bytes, NCCL_PTR_HOST, 0, &data_mh) == ncclSuccess, "reg data");
-  CHECK(ps_rma_reg_sym(cc, src, src_bytes, NCCL_PTR_HOST, 0, &src_mh) == ncclSuccess, "reg src");
-  CHECK(ps_rma_reg_sym(cc, sig, (size_t)P * 8, NCCL_PTR_HOST, NCCL_NET_MR_FLAG_FORCE_SO, &sig_mh) == ncclSuccess, "reg sig");
+  CHECK(g->reg_sym(cc, data, data_bytes, NCCL_PTR_HOST, 0, &data_mh) == ncclSuccess, "reg data");
+  CHECK(g->reg_sym(cc, src, src_bytes, NCCL_PTR_HOST, 0, &src_mh) == ncclSuccess, "reg src");
+  CHECK(g->reg_sym(cc, sig, (size_t)P * 8, NCCL_PTR_HOST, NCCL_NET_MR_FLAG_FORCE_SO, &sig_mh) == ncclSuccess, "reg sig");
   /* what each source has been seen to cover so far */
   int verified[16] = {0};
   uint64_t cum[16][MAX_BATCHES + 1];
@@ -71,54 +68,47 @@ static int rank_fn(drv_rank_t *r, void *arg) {
     cum[s][0] = 0;
     for (int b = 0; b < B; b++) cum[s][b + 1] = cum[s][b] + (uint64_t)ntiles(s, me, b);
   }
-  void **reqs = calloc(MAX_REQS, sizeof *reqs);
-  int nreq = 0;
-  CHECK(reqs != NULL, "oom");
+  /* requests in flight, and per peer how many (NCCL's queue bounds them) */
+  void **reqs = calloc((size_t)P * MAX_OUT, sizeof *reqs);
+  int *req_peer = calloc((size_t)P * MAX_OUT, sizeof *req_peer), out[16] = {0}, nreq = 0;
+  CHECK(reqs && req_peer, "oom");
+#define ISSUE(call, what)                                                       \
+  do {                                                                          \
+    void *req_ = NULL;                                                          \
+    CHECK((call) == ncclSuccess && req_ != NULL, what " to %d: no request", q); \
+    reqs[nreq] = req_, req_peer[nreq++] = q, out[q]++;                          \
+  } while (0)
   int b = 0, q = 0, done_sending = 0;
   double end = drv_now() + 120;
   for (;;) {
     CHECK(!drv_peer_failed(r), "stopping: another rank failed");
     CHECK(drv_now() < end, "stalled: batch %d, verified from rank 0..: %d %d", b, verified[0], verified[1 % P]);
     /* send: one (batch, peer) step per loop turn, interleaved with checking */
-    if (!done_sending && nreq < MAX_REQS - MAX_TILES - 1) {
+    if (!done_sending) {
       if (q == me) q++;
       if (q >= P) q = 0, b++;
       if (b >= B) done_sending = 1;
-      else if (q != me) {
+      else if (q != me && out[q] + MAX_TILES + 1 <= MAX_OUT) { /* else: this step next turn */
         int n = ntiles(me, q, b), own = (b % 3 == 0) ? 0 : 1; /* last tile rides with the signal */
         for (int t = 0; t < n; t++) {
           size_t off = ((size_t)(q * B + b)) * SLOT + (size_t)t * TILE_MAX, dst = ((size_t)(me * B + b)) * SLOT + (size_t)t * TILE_MAX;
           size_t sz = tile_size(me, q, b, t);
           drv_fill(src + off, sz, tile_id(me, q, b, t));
-          void *req = NULL;
           if (t == n - 1 && own)
-            while (!req) { /* refused for now: progress, then try again */
-              CHECK(ps_rma_iput_signal(cc, off, src_mh, sz, dst, data_mh, (uint32_t)q, (uint64_t)me * 8, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &req) == ncclSuccess, "iputSignal");
-              if (!req) CHECK(ps_rma_progress(cc) == ncclSuccess, "progress");
-            }
+            ISSUE(g->iput_signal(cc, off, src_mh, sz, dst, data_mh, (uint32_t)q, (uint64_t)me * 8, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &req_), "iputSignal");
           else
-            while (!req) { /* refused for now: progress, then try again */
-              CHECK(ps_rma_iput(cc, off, src_mh, sz, dst, data_mh, (uint32_t)q, &req) == ncclSuccess, "iput");
-              if (!req) CHECK(ps_rma_progress(cc) == ncclSuccess, "progress");
-            }
-          reqs[nreq++] = req;
+            ISSUE(g->iput(cc, off, src_mh, sz, dst, data_mh, (uint32_t)q, &req_), "iput");
         }
-        if (!own) { /* signal-only, after the batch's puts */
-          void *req = NULL;
-          while (!req) { /* refused for now: progress, then try again */
-            CHECK(ps_rma_iput_signal(cc, 0, NULL, 0, 0, NULL, (uint32_t)q, (uint64_t)me * 8, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &req) == ncclSuccess, "signal");
-            if (!req) CHECK(ps_rma_progress(cc) == ncclSuccess, "progress");
-          }
-          reqs[nreq++] = req;
-        }
+        if (!own) /* signal-only, after the batch's puts */
+          ISSUE(g->iput_signal(cc, 0, NULL, 0, 0, NULL, (uint32_t)q, (uint64_t)me * 8, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &req_), "signal");
         q++;
       }
     }
-    CHECK(ps_rma_progress(cc) == ncclSuccess, "progress");
+    CHECK(g->progress(cc) == ncclSuccess, "progress");
     for (int i = 0; i < nreq;) {
       int done = 0;
-      CHECK(ps_rma_test(cc, reqs[i], &done) == ncclSuccess, "test");
-      if (done) reqs[i] = reqs[--nreq];
+      CHECK(g->test(cc, reqs[i], &done) == ncclSuccess, "test");
+      if (done) out[req_peer[i]]--, reqs[i] = reqs[--nreq], req_peer[i] = req_peer[nreq];
       else i++;
     }
     /* receive: what a signal value promises must be there now */
@@ -140,42 +130,175 @@ static int rank_fn(drv_rank_t *r, void *arg) {
     }
     if (all && done_sending && nreq == 0) break;
   }
-  ps_rma_peer_stats_t st;
-  CHECK(ps_rma_peer_stats(cc, (uint32_t)((me + 1) % P), &st) == ncclSuccess, "stats");
+  bool err = true;
+  CHECK(g->last_error(cc, &err) == ncclSuccess && !err, "queryLastError reports an error");
+  /* the stats export: every tile is one put, every batch one signal */
+  int to = (me + 1) % P;
+  uint64_t tiles = 0;
+  for (int bb = 0; bb < B; bb++) tiles += (uint64_t)ntiles(me, to, bb);
+  perseus_rma_peer_stats_t st;
+  CHECK(g->peer_stats && g->peer_stats(cc, (uint32_t)to, &st, sizeof st) == 0, "perseus_rma_peer_stats");
   if (me == 0)
-    printf("rank 0 -> %d: %llu puts, %llu signals, %llu fences posted, %llu avoided, blocked %.3f ms, max in flight %llu\n",
-           (me + 1) % P, (unsigned long long)st.puts, (unsigned long long)st.signals, (unsigned long long)st.fences_posted,
+    printf("%s, rank 0 -> %d: %llu puts, %llu signals, %llu fences posted, %llu avoided, blocked %.3f ms, max in flight %llu\n",
+           got, to, (unsigned long long)st.puts, (unsigned long long)st.signals, (unsigned long long)st.fences_posted,
            (unsigned long long)st.fences_avoided, st.blocked_ns / 1e6, (unsigned long long)st.inflight_max);
-  CHECK(!drv_barrier(r, 60), "final barrier"); /* nobody closes while peers still read */
-  ps_rma_dereg_sym(cc, data_mh), ps_rma_dereg_sym(cc, src_mh), ps_rma_dereg_sym(cc, sig_mh);
-  ps_rma_close_coll(cc);
-  ps_rma_close_listen(lc);
-  free(data), free(src), free(sig), free(reqs);
+  CHECK(st.puts == tiles && st.signals == (uint64_t)B, "stats to %d: %llu puts, %llu signals; sent %llu tiles in %d batches",
+        to, (unsigned long long)st.puts, (unsigned long long)st.signals, (unsigned long long)tiles, B);
+  CHECK(!drv_gin_barrier(r, g, cc, 60), "final barrier"); /* nobody closes while peers still read */
+  CHECK(g->dereg_sym(cc, data_mh) == ncclSuccess && g->dereg_sym(cc, src_mh) == ncclSuccess &&
+        g->dereg_sym(cc, sig_mh) == ncclSuccess, "deregMrSym");
+  free(data), free(src), free(sig), free(reqs), free(req_peer);
   return 0;
 }
 
+/* One operation to completion; the request must exist. */
+#define RUN(call, what)                                                                         \
+  do {                                                                                          \
+    void *req_ = NULL;                                                                          \
+    ncclResult_t rc_;                                                                           \
+    CHECK((call) == ncclSuccess && req_ != NULL, "%s: no request", what);                       \
+    CHECK(!drv_gin_wait(g, cc, req_, 30, &rc_), "%s did not complete (result %d)", what, rc_); \
+  } while (0)
+#define REFUSED(call, what) \
+  CHECK((call) == ncclInvalidArgument, "%s was not refused with ncclInvalidArgument", what)
+
+static int api(drv_rank_t *r, drv_gin_t *g, void *cc) {
+  enum { SZ = 4096 };
+  int P = r->nranks, me = r->rank, next = (me + 1) % P, prev = (me + P - 1) % P;
+  unsigned char *src = malloc((size_t)P * SZ), *dst = calloc((size_t)P, SZ), *got = calloc((size_t)P, SZ);
+  uint64_t *sig = calloc((size_t)P, 8);
+  void *src_mh, *dst_mh, *got_mh, *sig_mh, *req = NULL;
+  CHECK(src && dst && got && sig, "oom");
+  CHECK(g->reg_sym(cc, src, (size_t)P * SZ, NCCL_PTR_HOST, 0, &src_mh) == ncclSuccess, "reg src");
+  CHECK(g->reg_sym(cc, dst, (size_t)P * SZ, NCCL_PTR_HOST, 0, &dst_mh) == ncclSuccess, "reg dst");
+  CHECK(g->reg_sym(cc, got, (size_t)P * SZ, NCCL_PTR_HOST, 0, &got_mh) == ncclSuccess, "reg got");
+  CHECK(g->reg_sym(cc, sig, (size_t)P * 8, NCCL_PTR_HOST, NCCL_NET_MR_FLAG_FORCE_SO, &sig_mh) == ncclSuccess, "reg sig");
+  for (int p = 0; p < P; p++) drv_fill(src + (size_t)p * SZ, SZ, tile_id(me, p, 0, 0));
+  CHECK(!drv_gin_barrier(r, g, cc, 60), "barrier after registration");
+
+  /* a put to oneself */
+  RUN(g->iput(cc, (size_t)me * SZ, src_mh, SZ, (size_t)me * SZ, dst_mh, (uint32_t)me, &req_), "put to self");
+  CHECK(drv_verify(dst + (size_t)me * SZ, SZ, tile_id(me, me, 0, 0)) < 0, "put to self: wrong data");
+
+  /* bad input, refused by name; nothing reaches a peer */
+  unsigned char junk[64] = {0};
+  REFUSED(g->iput_signal(cc, 0, src_mh, 8, 0, dst_mh, (uint32_t)next, 0, sig_mh, 1, 7, &req), "signal op 7");
+  REFUSED(g->iput_signal(cc, 0, src_mh, 8, 0, dst_mh, (uint32_t)next, 0, NULL, 1, NCCL_NET_SIGNAL_OP_INC, &req), "NULL signal handle");
+  REFUSED(g->iput(cc, 0, src_mh, 8, 0, dst_mh, (uint32_t)next, NULL), "NULL request pointer");
+  REFUSED(g->iput(cc, 0, src_mh, 8, 0, dst_mh, (uint32_t)P, &req), "rank out of range");
+  REFUSED(g->iput(cc, (size_t)P * SZ, src_mh, 8, 0, dst_mh, (uint32_t)next, &req), "source beyond its region");
+  REFUSED(g->iput(cc, 0, src_mh, 8, 0, junk, (uint32_t)next, &req), "foreign memory handle");
+  REFUSED(g->iput(junk, 0, src_mh, 8, 0, dst_mh, (uint32_t)next, &req), "foreign comm");
+  REFUSED(g->test(cc, junk, &(int){0}), "test of a foreign request");
+  REFUSED(g->dereg_sym(cc, junk), "deregistering a foreign handle");
+  if (strcmp(g->abi, "gin11")) { /* v11 has no connection/context index */
+    drv_gin_set_index(DRV_GIN_NCONN);
+    REFUSED(g->iput(cc, 0, src_mh, 8, 0, dst_mh, (uint32_t)next, &req), "index past the connections/contexts");
+    drv_gin_set_index(-1);
+    REFUSED(g->iput(cc, 0, src_mh, 8, 0, dst_mh, (uint32_t)next, &req), "negative index");
+  }
+  perseus_rma_peer_stats_t st;
+  CHECK(g->peer_stats && g->ordering, "perseus extensions not exported");
+  CHECK(g->peer_stats(junk, 0, &st, sizeof st) == -1 && g->peer_stats(cc, (uint32_t)P, &st, sizeof st) == -1 &&
+        g->peer_stats(cc, 0, &st, 0) == -1 && g->peer_stats(cc, 0, &st, 4) == -1 && g->ordering(junk) == NULL,
+        "perseus extensions took bad input");
+
+  /* put + signal to the next rank on the last connection/context */
+  drv_gin_set_index(DRV_GIN_NCONN - 1);
+  RUN(g->iput_signal(cc, (size_t)next * SZ, src_mh, SZ, (size_t)me * SZ, dst_mh, (uint32_t)next, (uint64_t)me * 8, sig_mh, 0, NCCL_NET_SIGNAL_OP_INC, &req_), "put+signal");
+  double end = drv_now() + 30;
+  while (__atomic_load_n(&sig[prev], __ATOMIC_ACQUIRE) != 1) {
+    CHECK(drv_now() < end && !drv_peer_failed(r), "no signal from rank %d", prev);
+    CHECK(g->progress(cc) == ncclSuccess, "progress");
+  }
+  CHECK(drv_verify(dst + (size_t)prev * SZ, SZ, tile_id(prev, me, 0, 0)) < 0, "put from %d: wrong data", prev);
+  CHECK(g->peer_stats(cc, (uint32_t)next, &st, sizeof st) == 0 && st.puts == 1 && st.signals == 1,
+        "stats to %d: %llu puts, %llu signals", next, (unsigned long long)st.puts, (unsigned long long)st.signals);
+  uint64_t first = 0;
+  CHECK(g->peer_stats(cc, (uint32_t)next, (perseus_rma_peer_stats_t *)&first, 8) == 0 && first == st.puts,
+        "stats with an older, shorter struct");
+
+  /* v13/v14: read the next rank's slot for us, then flush */
+  if (g->iget) {
+    RUN(g->iget(cc, (size_t)me * SZ, src_mh, SZ, (size_t)next * SZ, got_mh, (uint32_t)next, &req_), "iget");
+    CHECK(drv_verify(got + (size_t)next * SZ, SZ, tile_id(next, me, 0, 0)) < 0, "iget from %d: wrong data", next);
+    req = NULL;
+    CHECK(g->iflush(cc, dst_mh, (uint32_t)next, &req) == ncclSuccess, "iflush");
+    ncclResult_t rc;
+    CHECK(!req || !drv_gin_wait(g, cc, req, 30, &rc), "iflush did not complete");
+  }
+  drv_gin_set_index(0);
+  bool err = true;
+  CHECK(g->last_error(cc, &err) == ncclSuccess && !err, "queryLastError reports an error");
+  CHECK(!drv_gin_barrier(r, g, cc, 60), "final barrier"); /* peers' igets may need our progress */
+  CHECK(g->dereg_sym(cc, src_mh) == ncclSuccess && g->dereg_sym(cc, dst_mh) == ncclSuccess &&
+        g->dereg_sym(cc, got_mh) == ncclSuccess && g->dereg_sym(cc, sig_mh) == ncclSuccess, "deregMrSym");
+  free(src), free(dst), free(got), free(sig);
+  return 0;
+}
+
+static int rank_fn(drv_rank_t *r, void *arg) {
+  const args_t *a = arg;
+  drv_gin_t g;
+  void *cc = NULL;
+  CHECK(!drv_gin_load(a->plugin, a->abi, &g), "loading %s", a->abi);
+  ncclResult_t crc = drv_gin_connect(r, &g, &cc);
+  if (a->expect_refusal) {
+    CHECK(crc == ncclInvalidUsage, "connect returned %d, expected the refusal ncclInvalidUsage (5)", crc);
+    CHECK(drv_gin_close(&g, NULL) == ncclSuccess, "finalize");
+    return 0;
+  }
+  CHECK(crc == ncclSuccess, "connect returned %d", crc);
+  int rc = !strcmp(a->scenario, "api") ? api(r, &g, cc) : invariant(r, &g, cc, a);
+  /* closed even after a failure: shm leaves a dead endpoint's name behind,
+   * and a later process given the same pid cannot open one */
+  ncclResult_t xrc = drv_gin_close(&g, cc);
+  if (rc) return rc;
+  CHECK(xrc == ncclSuccess, "close");
+  return 0;
+}
+
+/* In the parent process: no ranks needed. */
+static int props(const args_t *a) {
+  drv_gin_t g;
+  if (drv_gin_load(a->plugin, a->abi, &g)) return 1;
+  int ok = g.net_device_type == NCCL_NET_DEVICE_GIN_PROXY && g.name && !strcmp(g.name, "Perseus") &&
+           g.peer_stats && g.ordering && (g.iget != NULL) == (strcmp(a->abi, "gin11") && strcmp(a->abi, "gin12"));
+  printf("%s: name %s, netDeviceType %d, extensions %s\n", a->abi, g.name ? g.name : "?",
+         g.net_device_type, g.peer_stats && g.ordering ? "resolved" : "missing");
+  if (drv_gin_close(&g, NULL) != ncclSuccess) ok = 0;
+  return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
-  args_t a = {.batches = 24};
+  args_t a = {.abi = "gin11", .scenario = "invariant", .batches = 24};
   drv_opts_t o = {.nranks = 2, .timeout_s = 180, .no_load = 1, .no_mesh = 1};
   int c;
-  while ((c = getopt(argc, argv, "r:b:Rh")) != -1) {
-    if (c == 'r') o.nranks = atoi(optarg);
+  while ((c = getopt(argc, argv, "a:p:s:r:b:Rh")) != -1) {
+    if (c == 'a') a.abi = optarg;
+    else if (c == 'p') a.plugin = optarg;
+    else if (c == 's') a.scenario = optarg;
+    else if (c == 'r') o.nranks = atoi(optarg);
     else if (c == 'R') a.expect_refusal = 1;
     else if (c == 'b') a.batches = atoi(optarg);
     else {
-      fprintf(stderr, "usage: %s [-r RANKS 2..16] [-b BATCHES 1..%d] [-R: expect the ordering to be refused]\n", argv[0], MAX_BATCHES);
+      fprintf(stderr, "usage: %s [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-s invariant|props|api] "
+              "[-r RANKS 2..16] [-b BATCHES 1..%d] [-R: expect the ordering to be refused]\n", argv[0], MAX_BATCHES);
       return c == 'h' ? 0 : 2;
     }
   }
-  if (o.nranks < 2 || o.nranks > 16 || a.batches < 1 || a.batches > MAX_BATCHES) {
-    fprintf(stderr, "ranks must be 2..16 and batches 1..%d\n", MAX_BATCHES);
+  if (o.nranks < 2 || o.nranks > 16 || a.batches < 1 || a.batches > MAX_BATCHES ||
+      (strcmp(a.scenario, "invariant") && strcmp(a.scenario, "props") && strcmp(a.scenario, "api"))) {
+    fprintf(stderr, "ranks must be 2..16, batches 1..%d, scenario invariant, props or api\n", MAX_BATCHES);
     return 2;
   }
-  o.shared_bytes = (size_t)o.nranks * NCCL_NET_HANDLE_MAXSIZE;
+  if (!strcmp(a.scenario, "props")) return props(&a);
+  o.shared_bytes = drv_gin_shared_bytes(o.nranks);
   double t0 = drv_now();
   int rc = drv_run(&o, rank_fn, &a);
-  printf("rma invariant, %d ranks, %d batches, provider %s, ordering %s: %s (%.2f s)\n", o.nranks,
-         a.batches, getenv("PERSEUS_PROVIDER") ? getenv("PERSEUS_PROVIDER") : "auto",
-         getenv("PERSEUS_ORDERING") ? getenv("PERSEUS_ORDERING") : "auto", rc ? "FAIL" : "ok", drv_now() - t0);
+  printf("rma %s over %s, %d ranks, %d batches, provider %s, ordering %s%s: %s (%.2f s)\n", a.scenario, a.abi,
+         o.nranks, a.batches, getenv("PERSEUS_PROVIDER") ? getenv("PERSEUS_PROVIDER") : "auto",
+         getenv("PERSEUS_ORDERING") ? getenv("PERSEUS_ORDERING") : "auto",
+         a.expect_refusal ? " (must be refused)" : "", rc ? "FAIL" : "ok", drv_now() - t0);
   return rc ? 1 : 0;
 }

@@ -72,6 +72,9 @@ int drv_run(const drv_opts_t *o, drv_rank_fn fn, void *arg);
 
 /* Barrier over all ranks; gives up (returns -1) after timeout_s. */
 int drv_barrier(drv_rank_t *r, int timeout_s);
+/* The same, calling poll(arg) while it waits (a plugin that needs the
+ * target's progress keeps moving); poll's non-zero return fails it. */
+int drv_barrier_poll(drv_rank_t *r, int timeout_s, int (*poll)(void *), void *arg);
 /* Whether another rank already failed (so this one can stop waiting). */
 int drv_peer_failed(drv_rank_t *r);
 /* pid of another rank (for fault tests). */

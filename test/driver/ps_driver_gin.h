@@ -54,6 +54,11 @@ void drv_gin_set_index(int index);
 /* Closes everything drv_gin_connect made, then finalize. */
 ncclResult_t drv_gin_close(drv_gin_t *g, void *coll);
 
+/* drv_barrier that keeps calling progress(coll) while it waits, as NCCL's
+ * proxy thread keeps progressing while the host waits: a peer's iget or
+ * signal may need this rank's progress to complete. */
+int drv_gin_barrier(drv_rank_t *r, drv_gin_t *g, void *coll, int timeout_s);
+
 /* Polls test() (which progresses) until done or timeout_s: 0, or -1 with the
  * plugin's result in *rc (ncclSuccess on a timeout). */
 int drv_gin_wait(drv_gin_t *g, void *coll, void *req, double timeout_s, ncclResult_t *rc);

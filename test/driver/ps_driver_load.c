@@ -9,13 +9,13 @@
 #include <unistd.h>
 
 #include "ps_driver.h"
+#include "ps_driver_int.h"
 
 static void *tbl; /* the loaded ncclNetPlugin_vN */
 static void *ctx; /* v11+ per-communicator context */
 
-/* NCCL's logger signature; prints WARNs (and INFO with NCCL_DEBUG=INFO). */
-static void drv_logger(ncclDebugLogLevel lvl, unsigned long flags, const char *file, int line,
-                       const char *fmt, ...) {
+void drv_logger(ncclDebugLogLevel lvl, unsigned long flags, const char *file, int line,
+                const char *fmt, ...) {
   (void)flags;
   static int level = -1;
   if (level < 0) {
@@ -157,13 +157,17 @@ const char *drv_default_plugin(void) {
   return "libnccl-net-perseus.so";
 }
 
-int drv_load(const char *path, int version, drv_net_t *out) {
+void *drv_open_plugin(const char *path, const char **used) {
   if (!path) path = drv_default_plugin();
+  if (used) *used = path;
   void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    fprintf(stderr, "dlopen(%s): %s\n", path, dlerror());
-    return -1;
-  }
+  if (!lib) fprintf(stderr, "dlopen(%s): %s\n", path, dlerror());
+  return lib;
+}
+
+int drv_load(const char *path, int version, drv_net_t *out) {
+  void *lib = drv_open_plugin(path, &path);
+  if (!lib) return -1;
   char sym[32];
   snprintf(sym, sizeof sym, "ncclNetPlugin_v%d", version);
   tbl = dlsym(lib, sym);

@@ -33,7 +33,9 @@ static void nap(void) {
   nanosleep(&ts, NULL);
 }
 
-int drv_barrier(drv_rank_t *r, int timeout_s) {
+int drv_barrier(drv_rank_t *r, int timeout_s) { return drv_barrier_poll(r, timeout_s, NULL, NULL); }
+
+int drv_barrier_poll(drv_rank_t *r, int timeout_s, int (*poll)(void *), void *arg) {
   drv_shared_t *s = r->sh;
   int gen = atomic_load(&s->generation);
   if (atomic_fetch_add(&s->arrived, 1) == s->nranks - 1) {
@@ -48,7 +50,11 @@ int drv_barrier(drv_rank_t *r, int timeout_s) {
               atomic_load(&s->failed) ? "another rank failed" : "timeout");
       return -1;
     }
-    nap();
+    if (poll && poll(arg)) {
+      fprintf(stderr, "rank %d: barrier abandoned (progress failed)\n", r->rank);
+      return -1;
+    }
+    if (!poll) nap();
   }
   return 0;
 }
