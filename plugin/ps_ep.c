@@ -2,7 +2,9 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "ps_comm.h"
 #include "ps_log.h"
 
 ncclResult_t ps_ep_open(ps_device_t *dev, int eagain_retries, ps_ep_t *e) {
@@ -15,6 +17,15 @@ ncclResult_t ps_ep_open(ps_device_t *dev, int eagain_retries, ps_ep_t *e) {
   if (ava.type == FI_AV_UNSPEC) ava.type = FI_AV_TABLE;
   const char *step = "fi_endpoint";
   if ((rc = fi_endpoint(dev->domain, dev->info, &e->ep, NULL))) goto fail;
+  if (!strcmp(dev->info->fabric_attr->prov_name, "shm")) {
+    /* shm names its segment "<pid>:<uid>:<n>": a process killed before it
+     * closed leaves that file behind, and a later process given the same pid
+     * then fails fi_enable (EBUSY). A random name cannot collide. */
+    char name[64];
+    snprintf(name, sizeof name, "perseus_%d_%016llx", (int)getpid(), (unsigned long long)ps_random64());
+    step = "fi_setname";
+    if ((rc = fi_setname(&e->ep->fid, name, strlen(name) + 1))) goto fail;
+  }
   step = "fi_cq_open";
   if ((rc = fi_cq_open(dev->domain, &cqa, &e->cq, NULL))) goto fail;
   step = "fi_av_open";
@@ -99,10 +110,15 @@ ncclResult_t ps_ep_progress(ps_ep_t *e, int budget, int *handled) {
       break;
     }
     for (ssize_t i = 0; i < n; i++) {
+      /* A peer's write: op_context is not ours (shm puts the origin's
+       * message id there), so dispatch on the flags, before the context. */
+      if (ent[i].flags & FI_REMOTE_WRITE) {
+        if ((ent[i].flags & FI_REMOTE_CQ_DATA) && e->remote_write)
+          e->remote_write(e->remote_owner, ent[i].data);
+        continue;
+      }
       ps_op_t *op = ent[i].op_context;
       if (op) op->cb(op, &ent[i], 0, NULL);
-      else if ((ent[i].flags & FI_REMOTE_CQ_DATA) && e->remote_write)
-        e->remote_write(e->remote_owner, ent[i].data);
     }
     total += (int)n;
   }

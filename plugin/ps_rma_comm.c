@@ -11,6 +11,8 @@
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
+static ncclResult_t dereg_sym_body(void *coll, void *mh);
+
 const char *const ps_ordering_names[] = {"auto", "ordered", "fence", "target",
                                          "deferred", "drain",
 #ifdef PS_REORDER_TEST
@@ -109,6 +111,11 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   ps_rma_comm_t *c = calloc(1, sizeof *c);
   if (!c) return ncclSystemError;
   c->magic = PS_RMA_MAGIC;
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+  pthread_mutex_init(&c->lock, &attr);
+  pthread_mutexattr_destroy(&attr);
   c->rank = rank, c->nranks = nranks;
 #ifdef PS_REORDER_TEST
   c->rng = 0x9e3779b97f4a7c15ULL ^ (uint64_t)rank;
@@ -155,13 +162,14 @@ ncclResult_t ps_rma_close_coll(void *coll) {
   free(c->lanes);
   ps_ep_close(&c->ep); /* first: nothing completes into freed memory */
   for (uint32_t i = 0; i < c->nregions; i++)
-    if (c->regions[i]) ps_rma_dereg_sym(c, c->regions[i]);
+    if (c->regions[i]) dereg_sym_body(c, c->regions[i]);
   for (int p = 0; c->peers && p < c->nranks; p++) free(c->peers[p].done), free(c->peers[p].held), free(c->peers[p].arrived);
   ps_rma_free_held(c);
   ps_rma_free_reqs(c);
   if (c->sig_slots_mr) fi_close(&c->sig_slots_mr->fid);
   free(c->regions), free(c->addr), free(c->peers);
   c->magic = 0;
+  pthread_mutex_destroy(&c->lock);
   free(c);
   return ncclSuccess;
 }
@@ -249,7 +257,7 @@ static ncclResult_t allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
   return rc;
 }
 
-ncclResult_t ps_rma_reg_sym(void *coll, void *data, size_t size, int type, uint64_t mr_flags,
+static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, uint64_t mr_flags,
                             void **mh) {
   ps_rma_comm_t *c = coll;
   if (!c || c->magic != PS_RMA_MAGIC || !mh || (!data && size)) return ncclInvalidArgument;
@@ -276,7 +284,7 @@ ncclResult_t ps_rma_reg_sym(void *coll, void *data, size_t size, int type, uint6
                          .rsize = r->rsize};
   uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
   if (ps_ep_reg(&c->ep, data, size ? size : 1, access, &r->mr) != ncclSuccess) {
-    ps_rma_dereg_sym(c, r);
+    dereg_sym_body(c, r);
     return ncclSystemError;
   }
   r->desc = fi_mr_desc(r->mr);
@@ -286,7 +294,7 @@ ncclResult_t ps_rma_reg_sym(void *coll, void *data, size_t size, int type, uint6
   return ncclSuccess;
 }
 
-ncclResult_t ps_rma_dereg_sym(void *coll, void *mh) {
+static ncclResult_t dereg_sym_body(void *coll, void *mh) {
   ps_rma_comm_t *c = coll;
   ps_rma_region_t *r = mh;
   if (!c || c->magic != PS_RMA_MAGIC || !r || r->magic != PS_RMA_REG_MAGIC || r->comm != c) {
@@ -324,3 +332,9 @@ void ps_rma_print_stats(ps_rma_comm_t *c) {
             (unsigned long long)c->peers[p].arrived_below - 1);
   }
 }
+
+ncclResult_t ps_rma_reg_sym(void *coll, void *data, size_t size, int type, uint64_t mr_flags,
+                            void **mh) {
+  PS_RMA_LOCKED(coll, reg_sym_body(coll, data, size, type, mr_flags, mh));
+}
+ncclResult_t ps_rma_dereg_sym(void *coll, void *mh) { PS_RMA_LOCKED(coll, dereg_sym_body(coll, mh)); }

@@ -103,6 +103,7 @@ typedef struct {
 
 struct ps_rma_comm {
   uint32_t magic;
+  pthread_mutex_t lock; /* recursive; taken by every entry point */
   int rank, nranks;
   ps_ordering_t ordering;
   ps_ep_t ep;
@@ -129,6 +130,27 @@ struct ps_rma_comm {
   ncclResult_t error;
   char error_msg[256];
 };
+
+static inline ps_rma_comm_t *ps_rma_live(void *coll) {
+  ps_rma_comm_t *c = coll;
+  return (c && c->magic == PS_RMA_MAGIC) ? c : NULL;
+}
+
+/* Entry points take the comm's lock: NCCL's progress thread (test,
+ * ginProgress, puts) and the user's thread (window registration) may call at
+ * the same time. Recursive, since drain and registration progress inside. */
+#define PS_RMA_LOCKED(coll, call)                                     \
+  do {                                                                \
+    ps_rma_comm_t *c_ = ps_rma_live(coll);                               \
+    if (!c_) {                                                        \
+      PS_WARN("one-sided call on %p, which is not a live comm", coll); \
+      return ncclInvalidArgument;                                     \
+    }                                                                 \
+    pthread_mutex_lock(&c_->lock);                                    \
+    ncclResult_t rc_ = (call);                                        \
+    pthread_mutex_unlock(&c_->lock);                                  \
+    return rc_;                                                       \
+  } while (0)
 
 /* ps_rma_target.c */
 ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c);

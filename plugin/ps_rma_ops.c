@@ -22,10 +22,7 @@
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
-static ps_rma_comm_t *rma_comm(void *coll) {
-  ps_rma_comm_t *c = coll;
-  return (c && c->magic == PS_RMA_MAGIC) ? c : NULL;
-}
+static ps_rma_comm_t *rma_comm(void *coll) { return ps_rma_live(coll); }
 
 /* --- requests: allocated in registered chunks, recycled through a free list --- */
 
@@ -270,7 +267,7 @@ static ncclResult_t start(ps_rma_comm_t *c, uint32_t rank, ps_rma_req_t **out) {
   return req_get(c, rank, out);
 }
 
-ncclResult_t ps_rma_iput(void *coll, uint64_t src_off, void *src_mh, size_t size,
+static ncclResult_t iput_body(void *coll, uint64_t src_off, void *src_mh, size_t size,
                          uint64_t dst_off, void *dst_mh, uint32_t rank, void **req) {
   ps_rma_comm_t *c = rma_comm(coll);
   ps_rma_req_t *r;
@@ -287,7 +284,7 @@ ncclResult_t ps_rma_iput(void *coll, uint64_t src_off, void *src_mh, size_t size
   return c->error;
 }
 
-ncclResult_t ps_rma_iget(void *coll, uint64_t remote_off, void *remote_mh, size_t size,
+static ncclResult_t iget_body(void *coll, uint64_t remote_off, void *remote_mh, size_t size,
                          uint64_t local_off, void *local_mh, uint32_t rank, void **req) {
   ps_rma_comm_t *c = rma_comm(coll);
   ps_rma_req_t *r;
@@ -306,7 +303,7 @@ ncclResult_t ps_rma_iget(void *coll, uint64_t remote_off, void *remote_mh, size_
 
 /* Host memory needs no flush: a completed get is visible to the CPU and to
  * a GPU reading host memory. NCCL takes a NULL request as already done. */
-ncclResult_t ps_rma_iflush(void *coll, void *mh, uint32_t rank, void **req) {
+static ncclResult_t iflush_body(void *coll, void *mh, uint32_t rank, void **req) {
   ps_rma_comm_t *c = rma_comm(coll);
   if (!c || !req || !ps_rma_region(c, mh) || rank >= (uint32_t)c->nranks) {
     PS_WARN("iflush: bad comm, region %p or rank %u", mh, rank);
@@ -324,7 +321,7 @@ static ncclResult_t drain(ps_rma_comm_t *c, ps_rma_peer_t *p, uint64_t need) {
   return c->error;
 }
 
-ncclResult_t ps_rma_iput_signal(void *coll, uint64_t src_off, void *src_mh, size_t size,
+static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh, size_t size,
                                 uint64_t dst_off, void *dst_mh, uint32_t rank, uint64_t sig_off,
                                 void *sig_mh, uint64_t value, uint32_t op, void **req) {
   ps_rma_comm_t *c = rma_comm(coll);
@@ -388,7 +385,7 @@ static void check_liveness(ps_rma_comm_t *c) {
   }
 }
 
-ncclResult_t ps_rma_progress(void *coll) {
+static ncclResult_t progress_body(void *coll) {
   ps_rma_comm_t *c = rma_comm(coll);
   if (!c) return ncclInvalidArgument;
   if (c->error) return c->error;
@@ -404,7 +401,7 @@ ncclResult_t ps_rma_progress(void *coll) {
   return c->error;
 }
 
-ncclResult_t ps_rma_test(void *coll, void *request, int *done) {
+static ncclResult_t test_body(void *coll, void *request, int *done) {
   ps_rma_comm_t *c = rma_comm(coll);
   ps_rma_req_t *r = request;
   if (!c || !done || !r || r->magic != PS_RMA_REQ_MAGIC || r->comm != c) {
@@ -423,16 +420,46 @@ ncclResult_t ps_rma_test(void *coll, void *request, int *done) {
   return ncclSuccess;
 }
 
-ncclResult_t ps_rma_last_error(void *coll, bool *has_error) {
+static ncclResult_t last_error_body(void *coll, bool *has_error) {
   ps_rma_comm_t *c = rma_comm(coll);
   if (!c || !has_error) return ncclInvalidArgument;
   *has_error = c->error != ncclSuccess;
   return ncclSuccess;
 }
 
-ncclResult_t ps_rma_peer_stats(void *coll, uint32_t rank, ps_rma_peer_stats_t *out) {
+static ncclResult_t peer_stats_body(void *coll, uint32_t rank, ps_rma_peer_stats_t *out) {
   ps_rma_comm_t *c = rma_comm(coll);
   if (!c || !out || rank >= (uint32_t)c->nranks) return ncclInvalidArgument;
   *out = c->peers[rank].st;
   return ncclSuccess;
+}
+
+/* --- entry points (PS_RMA_LOCKED) --- */
+
+ncclResult_t ps_rma_iput(void *coll, uint64_t src_off, void *src_mh, size_t size,
+                         uint64_t dst_off, void *dst_mh, uint32_t rank, void **req) {
+  PS_RMA_LOCKED(coll, iput_body(coll, src_off, src_mh, size, dst_off, dst_mh, rank, req));
+}
+ncclResult_t ps_rma_iget(void *coll, uint64_t remote_off, void *remote_mh, size_t size,
+                         uint64_t local_off, void *local_mh, uint32_t rank, void **req) {
+  PS_RMA_LOCKED(coll, iget_body(coll, remote_off, remote_mh, size, local_off, local_mh, rank, req));
+}
+ncclResult_t ps_rma_iflush(void *coll, void *mh, uint32_t rank, void **req) {
+  PS_RMA_LOCKED(coll, iflush_body(coll, mh, rank, req));
+}
+ncclResult_t ps_rma_iput_signal(void *coll, uint64_t src_off, void *src_mh, size_t size,
+                                uint64_t dst_off, void *dst_mh, uint32_t rank, uint64_t sig_off,
+                                void *sig_mh, uint64_t value, uint32_t op, void **req) {
+  PS_RMA_LOCKED(coll, iput_signal_body(coll, src_off, src_mh, size, dst_off, dst_mh, rank, sig_off,
+                                       sig_mh, value, op, req));
+}
+ncclResult_t ps_rma_progress(void *coll) { PS_RMA_LOCKED(coll, progress_body(coll)); }
+ncclResult_t ps_rma_test(void *coll, void *request, int *done) {
+  PS_RMA_LOCKED(coll, test_body(coll, request, done));
+}
+ncclResult_t ps_rma_last_error(void *coll, bool *has_error) {
+  PS_RMA_LOCKED(coll, last_error_body(coll, has_error));
+}
+ncclResult_t ps_rma_peer_stats(void *coll, uint32_t rank, ps_rma_peer_stats_t *out) {
+  PS_RMA_LOCKED(coll, peer_stats_body(coll, rank, out));
 }
