@@ -85,17 +85,22 @@ static void req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
 static void op_started(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   if (!p->outstanding++) p->active_ns = c->now_ns;
 }
+/* An idle peer gets work: its liveness clock starts now. */
+static void wake(ps_rma_peer_t *p) {
+  if (!p->outstanding && !p->dq_head && !p->sq_head) p->active_ns = ps_now_ns();
+}
 static void op_finished(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   p->outstanding--;
   p->active_ns = c->now_ns;
 }
 
+/* Any error completion fails the comm, cancellation included: we never
+ * cancel (close discards the endpoint unread), so -FI_ECANCELED is the
+ * provider flushing operations to a peer that went away (tcp does this). */
 static int failed(ps_rma_req_t *r, int err, const char *what, const char *errstr) {
   if (!err) return 0;
-  if (err != -FI_ECANCELED) {
-    r->status = ncclRemoteError;
-    ps_rma_fail(r->comm, ncclRemoteError, "%s to rank %u failed: %s", what, r->peer, errstr);
-  }
+  r->status = ncclRemoteError;
+  ps_rma_fail(r->comm, ncclRemoteError, "%s to rank %u failed: %s", what, r->peer, errstr);
   return 1;
 }
 
@@ -251,6 +256,7 @@ static ncclResult_t queue_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, ui
   }
   r->data_stage = PS_STAGE_QUEUED;
   r->next = NULL;
+  wake(p);
   if (p->dq_tail) p->dq_tail->next = r;
   else p->dq_head = r;
   p->dq_tail = r;
@@ -354,6 +360,7 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
                                    .key = sig->rkey[rank]};
   r->sig_stage = PS_STAGE_QUEUED;
   r->next_sig = NULL;
+  wake(p);
   if (p->sq_tail) p->sq_tail->next_sig = r;
   else p->sq_head = r;
   p->sq_tail = r;
@@ -369,14 +376,15 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
   return c->error;
 }
 
-/* A peer that completes nothing of ours for PERSEUS_PEER_TIMEOUT_MS is
- * gone (or wedged): an error instead of a hang. */
+/* A peer that completes nothing of ours for PERSEUS_PEER_TIMEOUT_MS, or
+ * whose queued operations the provider refuses that long, is gone (or
+ * wedged): an error instead of a hang. */
 static void check_liveness(ps_rma_comm_t *c) {
   if (c->now_ns < c->next_check_ns) return;
   c->next_check_ns = c->now_ns + 1000000;
   for (int i = 0; i < c->nranks; i++) {
     ps_rma_peer_t *p = &c->peers[i];
-    if (p->outstanding && c->now_ns - p->active_ns > c->timeout_ns) {
+    if ((p->outstanding || p->dq_head || p->sq_head) && c->now_ns - p->active_ns > c->timeout_ns) {
       ps_rma_fail(c, ncclRemoteError, "rank %d completed none of %llu operations in %llu ms "
                   "(PERSEUS_PEER_TIMEOUT_MS): peer dead or unreachable", i,
                   (unsigned long long)p->outstanding, (unsigned long long)(c->timeout_ns / 1000000));
