@@ -163,23 +163,9 @@ static int run_rank(drv_rank_t *r, void *arg) {
 }
 
 static void print_header(const opts_t *o, int nranks, int version) {
-  struct utsname u;
-  uname(&u);
-  char cpu[256] = "?", line[256];
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  while (f && fgets(line, sizeof line, f))
-    if (!strncmp(line, "model name", 10)) {
-      char *c = strchr(line, ':');
-      snprintf(cpu, sizeof cpu, "%s", c ? c + 2 : line);
-      cpu[strcspn(cpu, "\n")] = 0;
-      break;
-    }
-  if (f) fclose(f);
-  time_t now = time(NULL);
-  char date[64];
-  strftime(date, sizeof date, "%Y-%m-%d %H:%M", localtime(&now));
-  printf("# perseus_net_perf: %d ranks on %s (%ld cores, %s), %s\n", nranks, u.nodename,
-         sysconf(_SC_NPROCESSORS_ONLN), cpu, date);
+  char host[512];
+  drv_describe_host(host, sizeof host);
+  printf("# perseus_net_perf: %d ranks on %s\n", nranks, host);
   printf("# plugin ABI v%d, provider %s, iface %s, chunk %zu B, window %d, iters %d, warmup %d\n",
          version, getenv("PERSEUS_PROVIDER"), getenv("PERSEUS_IFACE"), o->chunk, o->window, o->iters,
          o->warmup);

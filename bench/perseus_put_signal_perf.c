@@ -421,24 +421,10 @@ static void usage(const char *argv0) {
 }
 
 static void print_machine(const char *tag, int nranks) {
-  struct utsname u;
-  uname(&u);
-  char cpu[256] = "?", line[256];
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  while (f && fgets(line, sizeof line, f))
-    if (!strncmp(line, "model name", 10)) {
-      char *c = strchr(line, ':');
-      snprintf(cpu, sizeof cpu, "%s", c ? c + 2 : line);
-      cpu[strcspn(cpu, "\n")] = 0;
-      break;
-    }
-  if (f) fclose(f);
-  time_t now = time(NULL);
-  char date[64];
-  strftime(date, sizeof date, "%Y-%m-%d %H:%M", localtime(&now));
-  printf("# %s: %d ranks on %s (%ld cores, %s), provider %s, iface %s, %s\n", tag, nranks,
-         u.nodename, sysconf(_SC_NPROCESSORS_ONLN), cpu, getenv("PERSEUS_PROVIDER"),
-         getenv("PERSEUS_IFACE"), date);
+  char host[512];
+  drv_describe_host(host, sizeof host);
+  printf("# %s: %d ranks on %s, provider %s, iface %s\n", tag, nranks, host,
+         getenv("PERSEUS_PROVIDER"), getenv("PERSEUS_IFACE"));
 }
 
 static void fmt(char *out, size_t n, double v, const char *f) {

@@ -273,31 +273,16 @@ static ncclResult_t start(ps_rma_comm_t *c, uint32_t rank, ps_rma_req_t **out) {
   return req_get(c, rank, out);
 }
 
-static ncclResult_t iput_body(void *coll, uint64_t src_off, void *src_mh, size_t size,
-                         uint64_t dst_off, void *dst_mh, uint32_t rank, void **req) {
+/* A put (local -> rank) or a get (rank -> local) with no signal. */
+static ncclResult_t data_body(void *coll, int is_get, uint64_t local_off, void *local_mh,
+                              size_t size, uint64_t remote_off, void *remote_mh, uint32_t rank,
+                              void **req) {
   ps_rma_comm_t *c = rma_comm(coll);
   ps_rma_req_t *r;
   if (!c || !req) return ncclInvalidArgument;
   *req = NULL;
   PS_CHECK(start(c, rank, &r));
-  ncclResult_t rc = queue_data(c, r, 0, src_off, src_mh, size, dst_off, dst_mh);
-  if (rc != ncclSuccess) {
-    req_put(c, r);
-    return rc;
-  }
-  pump(c, &c->peers[rank]);
-  *req = r;
-  return c->error;
-}
-
-static ncclResult_t iget_body(void *coll, uint64_t remote_off, void *remote_mh, size_t size,
-                         uint64_t local_off, void *local_mh, uint32_t rank, void **req) {
-  ps_rma_comm_t *c = rma_comm(coll);
-  ps_rma_req_t *r;
-  if (!c || !req) return ncclInvalidArgument;
-  *req = NULL;
-  PS_CHECK(start(c, rank, &r));
-  ncclResult_t rc = queue_data(c, r, 1, local_off, local_mh, size, remote_off, remote_mh);
+  ncclResult_t rc = queue_data(c, r, is_get, local_off, local_mh, size, remote_off, remote_mh);
   if (rc != ncclSuccess) {
     req_put(c, r);
     return rc;
@@ -446,11 +431,11 @@ static ncclResult_t peer_stats_body(void *coll, uint32_t rank, ps_rma_peer_stats
 
 ncclResult_t ps_rma_iput(void *coll, uint64_t src_off, void *src_mh, size_t size,
                          uint64_t dst_off, void *dst_mh, uint32_t rank, void **req) {
-  PS_RMA_LOCKED(coll, iput_body(coll, src_off, src_mh, size, dst_off, dst_mh, rank, req));
+  PS_RMA_LOCKED(coll, data_body(coll, 0, src_off, src_mh, size, dst_off, dst_mh, rank, req));
 }
 ncclResult_t ps_rma_iget(void *coll, uint64_t remote_off, void *remote_mh, size_t size,
                          uint64_t local_off, void *local_mh, uint32_t rank, void **req) {
-  PS_RMA_LOCKED(coll, iget_body(coll, remote_off, remote_mh, size, local_off, local_mh, rank, req));
+  PS_RMA_LOCKED(coll, data_body(coll, 1, local_off, local_mh, size, remote_off, remote_mh, rank, req));
 }
 ncclResult_t ps_rma_iflush(void *coll, void *mh, uint32_t rank, void **req) {
   PS_RMA_LOCKED(coll, iflush_body(coll, mh, rank, req));

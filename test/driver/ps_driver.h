@@ -88,6 +88,8 @@ void drv_close_mesh(drv_rank_t *r);
 int drv_wait(drv_rank_t *r, void *req, int *sizes, double timeout_s, ncclResult_t *rc);
 
 double drv_now(void);
+/* "<host> (<cores> cores, <cpu model>), <date>": the machine line benchmarks print. */
+void drv_describe_host(char *out, size_t n);
 /* Deterministic pattern of message `id` (fill and verify; verify returns the
  * first wrong offset or -1). */
 void drv_fill(void *buf, size_t n, uint64_t id);

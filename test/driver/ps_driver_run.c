@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -244,4 +245,23 @@ long drv_count_wrong(const void *buf, size_t n, uint64_t id) {
   for (size_t i = (size_t)off; i < n; i++) bad += want[i] != ((const unsigned char *)buf)[i];
   free(want);
   return bad;
+}
+
+void drv_describe_host(char *out, size_t n) {
+  struct utsname u;
+  if (uname(&u)) snprintf(u.nodename, sizeof u.nodename, "?");
+  char cpu[256] = "?", line[256];
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, "model name", 10)) {
+      char *c = strchr(line, ':');
+      snprintf(cpu, sizeof cpu, "%s", c ? c + 2 : line);
+      cpu[strcspn(cpu, "\n")] = 0;
+      break;
+    }
+  if (f) fclose(f);
+  time_t now = time(NULL);
+  char date[64];
+  strftime(date, sizeof date, "%Y-%m-%d %H:%M", localtime(&now));
+  snprintf(out, n, "%s (%ld cores, %s), %s", u.nodename, sysconf(_SC_NPROCESSORS_ONLN), cpu, date);
 }
