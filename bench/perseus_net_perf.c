@@ -33,22 +33,6 @@ typedef struct {
   int failed;
 } results_t;
 
-static size_t parse_size(const char *s) {
-  char *end;
-  double v = strtod(s, &end);
-  size_t mul = 1;
-  switch (*end) {
-    case 'K': case 'k': mul = 1ULL << 10; end++; break;
-    case 'M': case 'm': mul = 1ULL << 20; end++; break;
-    case 'G': case 'g': mul = 1ULL << 30; end++; break;
-  }
-  if (*end || v < 0) {
-    fprintf(stderr, "bad size '%s' (expected a number with optional K/M/G)\n", s);
-    exit(2);
-  }
-  return (size_t)(v * (double)mul);
-}
-
 static void *reg(drv_rank_t *r, void *comm, void *buf, size_t n) {
   void *mh = NULL;
   if (r->net.reg_mr(comm, buf, n, NCCL_PTR_HOST, &mh) != ncclSuccess) {
@@ -186,16 +170,16 @@ int main(int argc, char **argv) {
   int c;
   while ((c = getopt(argc, argv, "b:e:f:n:w:c:r:t:C:W:v:P:h")) != -1) {
     switch (c) {
-      case 'b': o.minb = parse_size(optarg); break;
-      case 'e': o.maxb = parse_size(optarg); break;
+      case 'b': o.minb = drv_parse_size("-b", optarg, 0, (size_t)1 << 40); break;
+      case 'e': o.maxb = drv_parse_size("-e", optarg, 0, (size_t)1 << 40); break;
       case 'f': o.factor = atof(optarg); break;
-      case 'n': o.iters = atoi(optarg); break;
-      case 'w': o.warmup = atoi(optarg); break;
-      case 'c': o.check = atoi(optarg); break;
-      case 'r': d.nranks = atoi(optarg); break;
-      case 'C': o.chunk = parse_size(optarg); break;
-      case 'W': o.window = atoi(optarg); break;
-      case 'v': d.version = atoi(optarg); break;
+      case 'n': o.iters = drv_parse_int("-n", optarg, 1, 1 << 24); break;
+      case 'w': o.warmup = drv_parse_int("-w", optarg, 0, 1 << 24); break;
+      case 'c': o.check = drv_parse_int("-c", optarg, 0, 1); break;
+      case 'r': d.nranks = drv_parse_int("-r", optarg, 2, 64); break;
+      case 'C': o.chunk = drv_parse_size("-C", optarg, 1, (size_t)1 << 40); break;
+      case 'W': o.window = drv_parse_int("-W", optarg, 1, 64); break;
+      case 'v': d.version = drv_parse_int("-v", optarg, 8, 12); break;
       case 'P': d.plugin = optarg; break;
       case 't':
         o.mode = !strcmp(optarg, "sendrecv") ? 1 : !strcmp(optarg, "pingpong") ? 2

@@ -344,34 +344,6 @@ static void fit_line(const double *x, const double *y, int n, double *alpha, dou
   *r2 = ss > 0 ? 1 - sr / ss : 1;
 }
 
-static size_t parse_size(const char *flag, const char *s) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  size_t mul = 1;
-  switch (*end) {
-    case 'K': case 'k': mul = 1ULL << 10; end++; break;
-    case 'M': case 'm': mul = 1ULL << 20; end++; break;
-    case 'G': case 'g': mul = 1ULL << 30; end++; break;
-  }
-  if (end == s || *end || errno || v < 1 || v * (double)mul > (double)(1ULL << 32)) {
-    fprintf(stderr, "%s '%s': expected a size from 1 to 4G (number, optional K/M/G)\n", flag, s);
-    exit(2);
-  }
-  return (size_t)(v * (double)mul);
-}
-
-static int parse_int(const char *flag, const char *s, int lo, int hi) {
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (end == s || *end || errno || v < lo || v > hi) {
-    fprintf(stderr, "%s '%s': expected an integer from %d to %d\n", flag, s, lo, hi);
-    exit(2);
-  }
-  return (int)v;
-}
-
 static void parse_strats(opts_t *o, const char *arg) {
   char buf[256];
   snprintf(buf, sizeof buf, "%s", arg);
@@ -440,9 +412,9 @@ int main(int argc, char **argv) {
   int c;
   while ((c = getopt(argc, argv, "b:e:f:n:w:c:t:r:s:m:q:z:a:P:h")) != -1) {
     switch (c) {
-      case 'b': o.minb = parse_size("-b", optarg); break;
-      case 'e': o.maxb = parse_size("-e", optarg); break;
-      case 'z': o.fitb = parse_size("-z", optarg); break;
+      case 'b': o.minb = drv_parse_size("-b", optarg, 1, 1ULL << 32); break;
+      case 'e': o.maxb = drv_parse_size("-e", optarg, 1, 1ULL << 32); break;
+      case 'z': o.fitb = drv_parse_size("-z", optarg, 1, 1ULL << 32); break;
       case 'f': {
         char *end;
         o.factor = strtod(optarg, &end);
@@ -452,12 +424,12 @@ int main(int argc, char **argv) {
         }
         break;
       }
-      case 'n': o.iters = parse_int("-n", optarg, 1, 1000000); break;
-      case 'w': o.warmup = parse_int("-w", optarg, 0, 1000000); break;
-      case 'c': o.check = parse_int("-c", optarg, 0, 1); break;
-      case 't': o.tiles = parse_int("-t", optarg, 1, 4096); break;
-      case 'r': d.nranks = parse_int("-r", optarg, 2, MAX_RANKS); break;
-      case 'q': o.qdepth = parse_int("-q", optarg, 1, MAX_QDEPTH); break;
+      case 'n': o.iters = drv_parse_int("-n", optarg, 1, 1000000); break;
+      case 'w': o.warmup = drv_parse_int("-w", optarg, 0, 1000000); break;
+      case 'c': o.check = drv_parse_int("-c", optarg, 0, 1); break;
+      case 't': o.tiles = drv_parse_int("-t", optarg, 1, 4096); break;
+      case 'r': d.nranks = drv_parse_int("-r", optarg, 2, MAX_RANKS); break;
+      case 'q': o.qdepth = drv_parse_int("-q", optarg, 1, MAX_QDEPTH); break;
       case 's': parse_strats(&o, optarg); break;
       case 'm':
         o.stream = !strcmp(optarg, "stream") ? 1 : !strcmp(optarg, "batch") ? 0 : -1;

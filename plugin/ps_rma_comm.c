@@ -132,10 +132,7 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
     rc = ps_handle_decode(handles[p], NCCL_NET_HANDLE_MAXSIZE, ps_fabric_wire_hash(), &h);
     if (rc == ncclSuccess) rc = ps_ep_insert(&c->ep, h.addr, &c->addr[p]);
     ps_rma_peer_t *pp = &c->peers[p];
-    pp->next_seq = pp->posted_below = pp->done_below = pp->arrived_below = 1;
-    pp->ring = PS_RMA_SEQ_RING0;
-    pp->done = calloc(pp->ring, 1);
-    if (rc == ncclSuccess && !pp->done) rc = ncclSystemError;
+    pp->next_seq = pp->posted_below = pp->done.below = pp->arrived.below = 1;
   }
   if (rc == ncclSuccess && c->ordering == PS_ORD_FENCE) {
     c->lanes = calloc((size_t)nranks, sizeof *c->lanes);
@@ -163,7 +160,7 @@ ncclResult_t ps_rma_close_coll(void *coll) {
   ps_ep_close(&c->ep); /* first: nothing completes into freed memory */
   for (uint32_t i = 0; i < c->nregions; i++)
     if (c->regions[i]) dereg_sym_body(c, c->regions[i]);
-  for (int p = 0; c->peers && p < c->nranks; p++) free(c->peers[p].done), free(c->peers[p].held), free(c->peers[p].arrived);
+  for (int p = 0; c->peers && p < c->nranks; p++) ps_seqwin_free(&c->peers[p].done), ps_seqwin_free(&c->peers[p].arrived), free(c->peers[p].held);
   ps_rma_free_held(c);
   ps_rma_free_reqs(c);
   if (c->sig_slots_mr) fi_close(&c->sig_slots_mr->fid);
@@ -329,7 +326,7 @@ void ps_rma_print_stats(ps_rma_comm_t *c) {
             (unsigned long long)s->puts, (unsigned long long)s->signals,
             (unsigned long long)s->fences_posted, (unsigned long long)s->fences_avoided,
             (double)s->blocked_ns / 1e6, (unsigned long long)s->inflight_max,
-            (unsigned long long)c->peers[p].arrived_below - 1);
+            (unsigned long long)c->peers[p].arrived.below - 1);
   }
 }
 

@@ -11,11 +11,11 @@
 #include "ps_ep.h"
 #include "ps_gin_abi.h"
 #include "ps_rma.h"
+#include "ps_seqwin.h"
 
 #define PS_RMA_MAGIC 0x524d4143u     /* "RMAC" */
 #define PS_RMA_REQ_MAGIC 0x524d5251u /* "RMRQ" */
 #define PS_RMA_REG_MAGIC 0x524d4752u /* "RMGR" */
-#define PS_RMA_SEQ_RING0 1024        /* completion ring per peer; grows with the in-flight depth */
 #define PS_RMA_SIG_SLOTS 64          /* signal receives kept posted */
 #define PS_RMA_REQ_CHUNK 1024        /* requests are allocated (and registered) this many at a time */
 #define PS_RMA_MAX_REQS (1u << 20)   /* more outstanding than this is a caller bug */
@@ -78,9 +78,7 @@ typedef struct {
   /* origin side: operations to this peer */
   uint64_t next_seq;     /* sequence of the next put (from 1) */
   uint64_t posted_below; /* every put with seq < posted_below has been posted */
-  uint64_t done_below;   /* every put with seq < done_below has completed */
-  uint8_t *done;         /* completion flags for seq in [done_below, done_below + ring) */
-  uint64_t ring;         /* power of two */
+  ps_seqwin_t done;      /* puts completed: every seq < done.below */
   ps_rma_req_t *dq_head, *dq_tail; /* puts/gets not posted yet, in call order */
   ps_rma_req_t *sq_head, *sq_tail; /* signals not posted yet, in call order */
   uint64_t outstanding;  /* posted operations not completed yet */
@@ -88,9 +86,7 @@ typedef struct {
   ps_rma_peer_stats_t st;
   /* target side: what this peer sent us. Its writes carry their sequence
    * number (remote CQ data) and arrive in any order on an unordered NIC. */
-  uint64_t arrived_below; /* every write of its with seq < arrived_below has arrived */
-  uint8_t *arrived;       /* arrival flags for seq in [arrived_below, + arrived_ring) */
-  uint64_t arrived_ring;  /* power of two; 0 until its first write */
+  ps_seqwin_t arrived;    /* its writes that arrived: every seq < arrived.below */
   ps_rma_held_sig_t *held;
   uint32_t nheld, cap_held;
 } ps_rma_peer_t;

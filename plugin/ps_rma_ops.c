@@ -112,11 +112,10 @@ static void data_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, 
   op_finished(c, p);
   r->data_stage = PS_STAGE_DONE;
   if (failed(r, err, r->is_get ? "get" : "put", errstr) || r->is_get) return;
-  /* Completions come in any order: done_below only moves over a gap-free run. */
-  p->done[r->seq & (p->ring - 1)] = 1;
-  while (p->done_below < p->posted_below && p->done[p->done_below & (p->ring - 1)]) {
-    p->done[p->done_below & (p->ring - 1)] = 0;
-    p->done_below++;
+  /* Completions come in any order; done.below only moves over a gap-free run. */
+  if (ps_seqwin_mark(&p->done, r->seq, UINT64_MAX)) {
+    ps_rma_fail(c, ncclSystemError, "no memory to track puts to rank %u", r->peer);
+    return;
   }
   if (p->sq_head) c->backlog = 1; /* a deferred signal may be free to go */
 }
@@ -157,21 +156,15 @@ static ncclResult_t post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
   struct fi_msg_atomic m = {.msg_iov = &ioc, .desc = &r->chunk_desc, .iov_count = 1,
                             .addr = c->addr[r->peer], .rma_iov = &r->sig_rma, .rma_iov_count = 1,
                             .datatype = FI_UINT64, .op = FI_SUM, .context = &r->sig_op};
-  /* No put ahead of it: nothing to fence. */
-  uint64_t fence = r->need > 1 ? FI_FENCE : 0;
-  /* on the peer's lane, behind that peer's puts only */
-  ncclResult_t rc = ps_ep_atomicmsg(&c->ep, c->lanes[r->peer], &m, FI_COMPLETION | fence, posted);
-  if (rc == ncclSuccess && *posted) {
-    if (fence) c->peers[r->peer].st.fences_posted++;
-    else c->peers[r->peer].st.fences_avoided++;
-  }
-  return rc;
+  /* on the peer's lane, behind that peer's puts only; none ahead: no fence */
+  return ps_ep_atomicmsg(&c->ep, c->lanes[r->peer], &m,
+                         FI_COMPLETION | (r->need > 1 ? FI_FENCE : 0), posted);
 }
 
 static int sig_ready(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r) {
   if (c->ordering == PS_ORD_UNSAFE) return 1; /* test builds: the deliberately broken one */
   if (p->posted_below < r->need) return 0;    /* its puts are not even posted */
-  if (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN) return p->done_below >= r->need;
+  if (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN) return p->done.below >= r->need;
   return 1;
 }
 
@@ -193,8 +186,8 @@ static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
     if (!r->is_get) {
       p->posted_below = r->seq + 1;
       p->st.puts++;
-      if (p->posted_below - p->done_below > p->st.inflight_max)
-        p->st.inflight_max = p->posted_below - p->done_below;
+      if (p->posted_below - p->done.below > p->st.inflight_max)
+        p->st.inflight_max = p->posted_below - p->done.below;
     }
     p->dq_head = r->next;
     if (!p->dq_head) p->dq_tail = NULL;
@@ -219,18 +212,6 @@ refused:
   c->backlog = 1; /* the provider's queues are full: progress retries */
 }
 
-/* Room in the completion ring for one more put in flight. */
-static ncclResult_t ring_reserve(ps_rma_peer_t *p) {
-  if (p->next_seq - p->done_below < p->ring) return ncclSuccess;
-  uint64_t ring = p->ring * 2;
-  uint8_t *n = calloc(ring, 1);
-  if (!n) return ncclSystemError;
-  for (uint64_t s = p->done_below; s < p->next_seq; s++) n[s & (ring - 1)] = p->done[s & (p->ring - 1)];
-  free(p->done);
-  p->done = n, p->ring = ring;
-  return ncclSuccess;
-}
-
 /* Checks the regions and queues the put (or get) part of a request. */
 static ncclResult_t queue_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, uint64_t local_off,
                                void *local_mh, size_t size, uint64_t remote_off, void *remote_mh) {
@@ -250,10 +231,7 @@ static ncclResult_t queue_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, ui
   r->rma = (struct fi_rma_iov){.addr = rem->raddr[peer] + remote_off, .len = size,
                                .key = rem->rkey[peer]};
   r->desc = loc->desc;
-  if (!is_get) {
-    PS_CHECK(ring_reserve(p));
-    r->seq = p->next_seq++;
-  }
+  if (!is_get) r->seq = p->next_seq++;
   r->data_stage = PS_STAGE_QUEUED;
   r->next = NULL;
   wake(p);
@@ -307,7 +285,7 @@ static ncclResult_t iflush_body(void *coll, void *mh, uint32_t rank, void **req)
 /* drain, the baseline: block until the puts the signal covers completed. */
 static ncclResult_t drain(ps_rma_comm_t *c, ps_rma_peer_t *p, uint64_t need) {
   uint64_t t0 = ps_now_ns();
-  while (p->done_below < need && ps_rma_progress(c) == ncclSuccess) continue;
+  while (p->done.below < need && ps_rma_progress(c) == ncclSuccess) continue;
   p->st.blocked_ns += ps_now_ns() - t0;
   return c->error;
 }
@@ -350,13 +328,13 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
   else p->sq_head = r;
   p->sq_tail = r;
   pump(c, p);
-  if (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN) {
-    if (p->done_below < r->need) p->st.fences_posted++; /* a wait for delivery, parked or blocking */
-    else p->st.fences_avoided++;
-    if (c->ordering == PS_ORD_DRAIN && p->done_below < r->need) PS_CHECK(drain(c, p, r->need));
-  } else if (c->ordering != PS_ORD_FENCE) {
-    p->st.fences_avoided++; /* ordered, target: ordering without any wait or flag */
-  }
+  /* A fence: a wait for delivery (deferred parks, drain blocks) or an
+   * FI_FENCE flag. ordered and target get their ordering for nothing. */
+  int waits = (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN) && p->done.below < r->need;
+  int fenced = waits || (c->ordering == PS_ORD_FENCE && r->need > 1);
+  if (fenced) p->st.fences_posted++;
+  else p->st.fences_avoided++;
+  if (waits && c->ordering == PS_ORD_DRAIN) PS_CHECK(drain(c, p, r->need));
   *req = r;
   return c->error;
 }

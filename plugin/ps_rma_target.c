@@ -26,7 +26,7 @@ static void apply_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m) {
  * commute (adds), so the order among them does not matter. */
 static void apply_ready(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   for (uint32_t i = 0; i < p->nheld;) {
-    if (p->held[i].msg.covers < p->arrived_below) {
+    if (p->held[i].msg.covers < p->arrived.below) {
       ps_sig_msg_t m = p->held[i].msg;
       p->held[i] = p->held[--p->nheld];
       apply_signal(c, &m);
@@ -34,20 +34,6 @@ static void apply_ready(ps_rma_comm_t *c, ps_rma_peer_t *p) {
       i++;
     }
   }
-}
-
-/* Room for arrival flags up to seq `s`. */
-static int arrival_window(ps_rma_peer_t *p, uint64_t s) {
-  uint64_t need = s - p->arrived_below + 1, ring = p->arrived_ring ? p->arrived_ring : 1024;
-  while (ring < need) ring *= 2;
-  if (ring == p->arrived_ring) return 0;
-  uint8_t *n = calloc(ring, 1);
-  if (!n) return -1;
-  for (uint64_t q = 0; q < p->arrived_ring; q++) /* every flag set is for seq >= arrived_below */
-    if (p->arrived[q]) n[(p->arrived_below + ((q - p->arrived_below) & (p->arrived_ring - 1))) & (ring - 1)] = 1;
-  free(p->arrived);
-  p->arrived = n, p->arrived_ring = ring;
-  return 0;
 }
 
 /* Remote CQ data of a peer's write: source rank (high 32 bits) and the low
@@ -61,18 +47,12 @@ void ps_rma_remote_write(void *comm, uint64_t data) {
     return;
   }
   ps_rma_peer_t *p = &c->peers[src];
-  uint64_t s = p->arrived_below + (uint32_t)((uint32_t)data - (uint32_t)p->arrived_below);
-  if (s - p->arrived_below >= PS_RMA_MAX_WINDOW || arrival_window(p, s) ||
-      p->arrived[s & (p->arrived_ring - 1)]) {
+  uint64_t s = p->arrived.below + (uint32_t)((uint32_t)data - (uint32_t)p->arrived.below);
+  if (ps_seqwin_mark(&p->arrived, s, PS_RMA_MAX_WINDOW)) {
     ps_rma_fail(c, ncclRemoteError, "rank %llu sent write %llu, a duplicate or over %u ahead of "
                 "its oldest missing one (%llu)", (unsigned long long)src, (unsigned long long)s,
-                PS_RMA_MAX_WINDOW, (unsigned long long)p->arrived_below);
+                PS_RMA_MAX_WINDOW, (unsigned long long)p->arrived.below);
     return;
-  }
-  p->arrived[s & (p->arrived_ring - 1)] = 1;
-  while (p->arrived[p->arrived_below & (p->arrived_ring - 1)]) {
-    p->arrived[p->arrived_below & (p->arrived_ring - 1)] = 0;
-    p->arrived_below++;
   }
   if (p->nheld) apply_ready(c, p);
 }
@@ -84,7 +64,7 @@ static void on_signal(ps_rma_comm_t *c, const ps_rma_sig_slot_t *s, size_t len) 
     return;
   }
   ps_rma_peer_t *p = &c->peers[m.src_rank];
-  if (m.covers < p->arrived_below) {
+  if (m.covers < p->arrived.below) {
     apply_signal(c, &m);
     return;
   }

@@ -88,6 +88,11 @@ void drv_close_mesh(drv_rank_t *r);
 int drv_wait(drv_rank_t *r, void *req, int *sizes, double timeout_s, ncclResult_t *rc);
 
 double drv_now(void);
+/* Command-line values for the benchmarks: a size with optional K/M/G suffix,
+ * or an integer, within [lo, hi]; otherwise print what `flag` expected and
+ * exit(2). */
+size_t drv_parse_size(const char *flag, const char *s, size_t lo, size_t hi);
+int drv_parse_int(const char *flag, const char *s, int lo, int hi);
 /* "<host> (<cores> cores, <cpu model>), <date>": the machine line benchmarks print. */
 void drv_describe_host(char *out, size_t n);
 /* Deterministic pattern of message `id` (fill and verify; verify returns the

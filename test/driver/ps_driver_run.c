@@ -265,3 +265,32 @@ void drv_describe_host(char *out, size_t n) {
   strftime(date, sizeof date, "%Y-%m-%d %H:%M", localtime(&now));
   snprintf(out, n, "%s (%ld cores, %s), %s", u.nodename, sysconf(_SC_NPROCESSORS_ONLN), cpu, date);
 }
+
+size_t drv_parse_size(const char *flag, const char *s, size_t lo, size_t hi) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  double mul = 1;
+  switch (*end) {
+    case 'K': case 'k': mul = 0x1p10; end++; break;
+    case 'M': case 'm': mul = 0x1p20; end++; break;
+    case 'G': case 'g': mul = 0x1p30; end++; break;
+  }
+  if (end == s || *end || errno || v * mul < (double)lo || v * mul > (double)hi) {
+    fprintf(stderr, "%s '%s': expected a size from %zu to %zu (a number, optional K/M/G)\n", flag,
+            s, lo, hi);
+    exit(2);
+  }
+  return (size_t)(v * mul);
+}
+
+int drv_parse_int(const char *flag, const char *s, int lo, int hi) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (end == s || *end || errno || v < lo || v > hi) {
+    fprintf(stderr, "%s '%s': expected an integer from %d to %d\n", flag, s, lo, hi);
+    exit(2);
+  }
+  return (int)v;
+}
