@@ -16,7 +16,6 @@
 #include <getopt.h>
 #include <math.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,7 +52,6 @@ typedef struct {
 
 /* Shared by the ranks, after the adapter's part of the scratch area. */
 typedef struct {
-  atomic_int bar_arrived, bar_gen;
   int status[NSTRAT];
   ncclResult_t conn_rc[NSTRAT][MAX_RANKS];
   meas_t rows[NSTRAT][MAX_SIZES][MAX_RANKS];
@@ -111,24 +109,10 @@ static int reap(bench_t *b) {
   return n;
 }
 
-/* Barrier over the shared area that keeps progressing the engine meanwhile:
- * a peer may still need this rank's progress to finish its transfers. */
+/* A barrier that keeps progressing: a peer may still need this rank's
+ * progress to finish its transfers. */
 static int pbarrier(bench_t *b) {
-  results_t *s = b->res;
-  int gen = atomic_load(&s->bar_gen);
-  if (atomic_fetch_add(&s->bar_arrived, 1) == b->r->nranks - 1) {
-    atomic_store(&s->bar_arrived, 0);
-    atomic_fetch_add(&s->bar_gen, 1);
-    return 0;
-  }
-  double end = drv_now() + 60;
-  while (atomic_load(&s->bar_gen) == gen) {
-    if (drv_peer_failed(b->r)) return fail(b, "barrier abandoned: another rank failed");
-    if (drv_now() > end) return fail(b, "barrier: peers missing after 60 s");
-    if (b->g->progress(b->coll) != ncclSuccess) return fail(b, "progress failed in barrier");
-    sched_yield();
-  }
-  return 0;
+  return drv_gin_barrier(b->r, b->g, b->coll, 60) ? fail(b, "barrier abandoned") : 0;
 }
 
 /* Completes every outstanding request (untimed, before barriers and stats). */
