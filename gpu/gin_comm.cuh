@@ -1,0 +1,220 @@
+/* gin_comm.cuh: the NCCL side shared by perseus_gin_test and perseus_gin_perf,
+ * run in the forked rank processes: error checks that name the call and its
+ * values, communicator and symmetric-window setup, the device communicator
+ * with GIN signals, counters and a GIN barrier over the world team, and a
+ * stream wait that notices NCCL async errors and aborted peers. CUDA C++ only
+ * because ncclDevComm, ncclGinBarrierHandle and the kernels are. */
+#ifndef PERSEUS_GIN_COMM_CUH
+#define PERSEUS_GIN_COMM_CUH
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include "gin_proc.h"
+
+static ncclComm_t gc_comm_for_errors; /* for ncclGetLastError in messages */
+
+__attribute__((format(printf, 3, 4), noreturn))
+static inline void gc_die(const char *file, int line, const char *fmt, ...)
+{
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  if (gp_rank < 0)
+    fprintf(stderr, "%s: GPU probe: %s (%s:%d)\n", gp_prog, msg, file, line);
+  else
+    fprintf(stderr, "%s: rank %d (GPU %d): %s (%s:%d)\n", gp_prog, gp_rank, gp_rank, msg, file,
+            line);
+  gp_raise_abort();
+  fflush(NULL);
+  _exit(1);
+}
+
+/* GC_CUDA(call, "fmt", values...): the call, its values, CUDA's verdict. */
+#define GC_CUDA(call, fmt, ...) do {                                              \
+    cudaError_t e_ = (call);                                                      \
+    if (e_ != cudaSuccess)                                                        \
+      gc_die(__FILE__, __LINE__, "%s (" fmt ") failed: %s: %s", #call,            \
+             ##__VA_ARGS__, cudaGetErrorName(e_), cudaGetErrorString(e_));        \
+  } while (0)
+
+#define GC_NCCL(call, fmt, ...) do {                                              \
+    ncclResult_t r_ = (call);                                                     \
+    if (r_ != ncclSuccess)                                                        \
+      gc_die(__FILE__, __LINE__, "%s (" fmt ") failed: %s (last error: %s)", #call, \
+             ##__VA_ARGS__, ncclGetErrorString(r_), ncclGetLastError(gc_comm_for_errors)); \
+  } while (0)
+
+struct gc_world {
+  int rank, nranks;
+  ncclComm_t comm;
+  cudaStream_t stream;
+  ncclDevComm dev;
+  ncclGinBarrierHandle world_bar; /* one GIN barrier over every rank */
+  int have_dev;
+};
+
+struct gc_window {
+  void *ptr;
+  size_t bytes;
+  ncclWindow_t win;
+};
+
+/* cudaSetDevice, the unique id through the shared area, ncclCommInitRank.
+ * Returns NCCL's result so a caller can report a refusal; CUDA errors die. */
+static inline ncclResult_t gc_world_init(gc_world *w, int rank, int nranks)
+{
+  memset(w, 0, sizeof(*w));
+  w->rank = rank;
+  w->nranks = nranks;
+  gp_progress(NULL, -1, "cudaSetDevice(%d)", rank);
+  GC_CUDA(cudaSetDevice(rank), "device %d", rank);
+  GC_CUDA(cudaStreamCreateWithFlags(&w->stream, cudaStreamNonBlocking), "device %d", rank);
+  ncclUniqueId id;
+  if (rank == 0) {
+    GC_NCCL(ncclGetUniqueId(&id), "rank %d", rank);
+    gp_publish_id(&id, sizeof(id));
+  } else {
+    gp_progress(NULL, -1, "waiting for rank 0's ncclUniqueId");
+    if (gp_wait_id(&id, sizeof(id))) _exit(1);
+  }
+  gp_progress(NULL, -1, "ncclCommInitRank(%d ranks, rank %d)", nranks, rank);
+  ncclResult_t r = ncclCommInitRank(&w->comm, nranks, id, rank);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "%s: rank %d: ncclCommInitRank(%d ranks, rank %d, NCCL_NET_PLUGIN=%s) "
+            "failed: %s (last error: %s); NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET shows why\n",
+            gp_prog, rank, nranks, rank, getenv("NCCL_NET_PLUGIN"), ncclGetErrorString(r),
+            ncclGetLastError(NULL));
+    w->comm = NULL;
+    return r;
+  }
+  gc_comm_for_errors = w->comm;
+  return ncclSuccess;
+}
+
+/* ncclMemAlloc + ncclCommWindowRegister (collective: every rank, same order). */
+static inline void gc_window_create(gc_world *w, size_t bytes, gc_window *out, const char *what)
+{
+  out->bytes = bytes;
+  gp_progress(NULL, -1, "ncclMemAlloc + ncclCommWindowRegister(%s, %zu bytes)", what, bytes);
+  GC_NCCL(ncclMemAlloc(&out->ptr, bytes), "%s window, %zu bytes", what, bytes);
+  out->win = NULL;
+  GC_NCCL(ncclCommWindowRegister(w->comm, out->ptr, bytes, &out->win, NCCL_WIN_COLL_SYMMETRIC),
+          "%s window, ptr %p, %zu bytes, NCCL_WIN_COLL_SYMMETRIC", what, out->ptr, bytes);
+  /* NCCL 2.28 returns success without a window when the communicator has no
+   * symmetric memory support (CUDA P2P between all local GPUs, cuMem) */
+  if (!out->win)
+    gc_die(__FILE__, __LINE__, "ncclCommWindowRegister(%s window, %zu bytes) gave no window: no "
+           "symmetric memory support (needs CUDA P2P between every pair of local GPUs and "
+           "NCCL_CUMEM_ENABLE; NCCL_DEBUG=INFO says 'isAllCudaP2p')", what, bytes);
+}
+
+static inline void gc_window_destroy(gc_world *w, gc_window *win)
+{
+  GC_NCCL(ncclCommWindowDeregister(w->comm, win->win), "ptr %p, %zu bytes", win->ptr, win->bytes);
+  GC_NCCL(ncclMemFree(win->ptr), "ptr %p", win->ptr);
+}
+
+/* The device communicator. Asking for GIN signals is what makes NCCL connect
+ * GIN (ncclGinConnectOnce: the plugin's listen/connect and, for the proxy,
+ * createContext per GIN context) and register every existing window with it;
+ * ginForceEnable says so explicitly. The world GIN barrier is a resource
+ * requirement: its signals and epochs come from the devcomm's resources, and
+ * its handle is filled in during ncclDevCommCreate. Returns NCCL's result so
+ * a refused strategy can be reported as such. */
+static inline ncclResult_t gc_devcomm_create(gc_world *w, int nsignals, int ncounters)
+{
+  ncclDevCommRequirements reqs;
+  ncclDevResourceRequirements bar_req;
+  memset(&reqs, 0, sizeof(reqs));
+  GC_NCCL(ncclGinBarrierCreateRequirement(w->comm, ncclTeamWorld(w->comm), 1, &w->world_bar,
+                                          &bar_req), "world team of %d ranks, 1 barrier",
+          w->nranks);
+  reqs.resourceRequirementsList = &bar_req;
+  reqs.ginForceEnable = true;
+  reqs.ginContextCount = NCCL_GIN_MAX_CONTEXTS; /* a hint; dev.ginContextCount says */
+  reqs.ginSignalCount = nsignals;
+  reqs.ginCounterCount = ncounters;
+  gp_progress(NULL, -1, "ncclDevCommCreate(%d GIN signals, %d counters): GIN connect", nsignals,
+              ncounters);
+  ncclResult_t r = ncclDevCommCreate(w->comm, &reqs, &w->dev);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "%s: rank %d: ncclDevCommCreate(ginSignalCount %d, ginCounterCount %d, "
+            "ginForceEnable) failed: %s (last error: %s)\n", gp_prog, w->rank, nsignals,
+            ncounters, ncclGetErrorString(r), ncclGetLastError(w->comm));
+    return r;
+  }
+  w->have_dev = 1;
+  if (w->dev.ginContextCount < 1)
+    gc_die(__FILE__, __LINE__, "ncclDevCommCreate gave no GIN context (ginContextCount 0)");
+  if (w->dev.ginTypes[0] != NCCL_NET_DEVICE_GIN_PROXY)
+    fprintf(stderr, "%s: rank %d: warning: GIN backend type %d, not the proxy (%d)\n", gp_prog,
+            w->rank, (int)w->dev.ginTypes[0], (int)NCCL_NET_DEVICE_GIN_PROXY);
+  return ncclSuccess;
+}
+
+/* Waits for the stream without blocking in CUDA, so NCCL's async errors (a
+ * failed GIN proxy, a dead peer) and an aborting set are seen; poll(arg) runs
+ * every lap (progress reports). */
+static inline void gc_wait_stream(gc_world *w, const char *what, void (*poll)(void *), void *arg)
+{
+  for (unsigned lap = 0;; lap++) {
+    cudaError_t e = cudaStreamQuery(w->stream);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady)
+      gc_die(__FILE__, __LINE__, "%s: cudaStreamQuery failed: %s: %s", what, cudaGetErrorName(e),
+             cudaGetErrorString(e));
+    ncclResult_t ae = ncclSuccess;
+    GC_NCCL(ncclCommGetAsyncError(w->comm, &ae), "%s", what);
+    if (ae != ncclSuccess && ae != ncclInProgress)
+      gc_die(__FILE__, __LINE__, "%s: NCCL async error: %s (last error: %s)", what,
+             ncclGetErrorString(ae), ncclGetLastError(w->comm));
+    if (gp_aborted()) _exit(1);
+    if (poll) poll(arg);
+    usleep(lap < 100 ? 20 : 500);
+  }
+}
+
+static inline void gc_world_destroy(gc_world *w)
+{
+  if (w->have_dev) GC_NCCL(ncclDevCommDestroy(w->comm, &w->dev), "rank %d", w->rank);
+  GC_NCCL(ncclCommFinalize(w->comm), "rank %d", w->rank);
+  GC_NCCL(ncclCommDestroy(w->comm), "rank %d", w->rank);
+  GC_CUDA(cudaStreamDestroy(w->stream), "rank %d", w->rank);
+}
+
+/* Every rank, over GIN (context 0, so through the plugin): signals to every
+ * peer, then waits for theirs. acq_rel: what this rank wrote before (a
+ * resetSignal, a verified buffer) is visible before any peer passes. */
+__device__ __forceinline__ void gc_world_barrier(ncclDevComm const &dc, ncclGinBarrierHandle bar)
+{
+  ncclGin gin{dc, 0};
+  ncclGinBarrierSession<ncclCoopCta> b{ncclCoopCta(), gin, ncclTeamWorld(dc), bar, 0};
+  b.sync(ncclCoopCta(), cuda::memory_order_acq_rel, ncclGinFenceLevel::Relaxed);
+}
+
+__global__ void gc_barrier_kernel(ncclDevComm dc, ncclGinBarrierHandle bar)
+{
+  gc_world_barrier(dc, bar);
+}
+
+/* Zeroes the first nsignals signals and ncounters counters in every GIN
+ * context. Only safe when no put that adds to them is in flight. */
+__global__ void gc_reset_kernel(ncclDevComm dc, int nsignals, int ncounters)
+{
+  for (int ctx = 0; ctx < dc.ginContextCount; ctx++) {
+    ncclGin gin{dc, ctx};
+    for (int s = threadIdx.x; s < nsignals; s += blockDim.x) gin.resetSignal(s);
+    for (int c = threadIdx.x; c < ncounters; c += blockDim.x) gin.resetCounter(c);
+  }
+}
+
+#endif

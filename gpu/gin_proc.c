@@ -1,0 +1,380 @@
+/* gin_proc.c: process management, host barrier, watchdog, option parsing,
+ * environment and plugin statistics for the GIN programs (see gin_proc.h).
+ * Nothing here calls CUDA or NCCL. */
+#include <ctype.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <link.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gin_proc.h"
+
+#ifndef PS_INSTALLED_PLUGIN_PATH
+#define PS_INSTALLED_PLUGIN_PATH "/usr/local/lib/libnccl-net-perseus.so"
+#endif
+#define GP_PLUGIN_BASENAME "libnccl-net-perseus.so"
+#define GP_KILL_WAIT_S 30.0
+
+struct gp_shared *gp_sh;
+int gp_rank = -1;
+const char *gp_prog = "perseus_gin";
+static volatile sig_atomic_t gp_signal;
+
+static void on_signal(int sig) { gp_signal = sig; }
+
+double gp_now(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int gp_init(const char *prog)
+{
+  gp_prog = prog;
+  gp_sh = mmap(NULL, sizeof(*gp_sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (gp_sh == MAP_FAILED) {
+    fprintf(stderr, "%s: mmap(%zu bytes, MAP_SHARED|MAP_ANONYMOUS): %s\n", prog, sizeof(*gp_sh),
+            strerror(errno));
+    return -1;
+  }
+  memset(gp_sh, 0, sizeof(*gp_sh));
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  return 0;
+}
+
+static struct gp_slot *my_slot(void) { return &gp_sh->slot[gp_rank < 0 ? 0 : gp_rank]; }
+
+void gp_beat(void)
+{
+  double t = gp_now();
+  __atomic_store(&my_slot()->beat, &t, __ATOMIC_RELEASE);
+}
+
+void gp_progress(const char *mode, int iter, const char *fmt, ...)
+{
+  struct gp_slot *s = my_slot();
+  if (mode) snprintf(s->mode, sizeof(s->mode), "%s", mode);
+  s->iter = iter;
+  if (fmt) {
+    char buf[GP_STAGE_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    memcpy(s->stage, buf, sizeof(buf)); /* display only: a torn read is harmless */
+  }
+  gp_beat();
+}
+
+int gp_aborted(void) { return __atomic_load_n(&gp_sh->abort_flag, __ATOMIC_ACQUIRE); }
+void gp_raise_abort(void) { __atomic_store_n(&gp_sh->abort_flag, 1, __ATOMIC_RELEASE); }
+
+int gp_barrier(int n)
+{
+  unsigned gen = __atomic_load_n(&gp_sh->bar_gen, __ATOMIC_ACQUIRE);
+  if (__atomic_add_fetch(&gp_sh->bar_count, 1, __ATOMIC_ACQ_REL) == (unsigned)n) {
+    __atomic_store_n(&gp_sh->bar_count, 0, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gp_sh->bar_gen, 1, __ATOMIC_RELEASE);
+    return 0;
+  }
+  /* waiting for a slower rank is not a hang of ours: the watchdog goes by
+   * the rank that stopped, whose beat is the one that ages */
+  for (unsigned lap = 0; __atomic_load_n(&gp_sh->bar_gen, __ATOMIC_ACQUIRE) == gen; lap++) {
+    if (gp_aborted()) return -1;
+    if (lap % 1024 == 0) gp_beat();
+    sched_yield();
+  }
+  return 0;
+}
+
+void gp_publish_id(const void *id, size_t len)
+{
+  memcpy(gp_sh->unique_id, id, len < GP_ID_BYTES ? len : GP_ID_BYTES);
+  __atomic_store_n(&gp_sh->id_ready, 1, __ATOMIC_RELEASE);
+}
+
+int gp_wait_id(void *id, size_t len)
+{
+  while (!__atomic_load_n(&gp_sh->id_ready, __ATOMIC_ACQUIRE)) {
+    if (gp_aborted()) return -1;
+    usleep(1000);
+  }
+  memcpy(id, gp_sh->unique_id, len < GP_ID_BYTES ? len : GP_ID_BYTES);
+  return 0;
+}
+
+/* ---- parent side ---------------------------------------------------------- */
+
+static void describe_rank(FILE *f, int r, int pid, double now, int probe, double stall_s)
+{
+  struct gp_slot *s = &gp_sh->slot[r];
+  double beat;
+  __atomic_load(&s->beat, &beat, __ATOMIC_ACQUIRE);
+  char who[32];
+  if (probe) snprintf(who, sizeof(who), "GPU probe");
+  else snprintf(who, sizeof(who), "rank %d", r);
+  fprintf(f, "%s:   %s (pid %d): mode %s, iteration %d: %.*s (last progress %.1f s ago)%s\n",
+          gp_prog, who, pid, s->mode[0] ? s->mode : "-", s->iter, GP_STAGE_LEN, s->stage,
+          now - beat, stall_s > 0 && now - beat > stall_s ? "  <-- HUNG" : "");
+}
+
+static void kill_all(const pid_t *pids, int n)
+{
+  for (int i = 0; i < n; i++)
+    if (pids[i] > 0) kill(pids[i], SIGKILL);
+}
+
+int gp_run(int nproc, int probe, gp_child_fn fn, void *arg, double stall_s, const char *what,
+           gp_tick_fn tick, void *tick_arg, int *codes)
+{
+  pid_t pids[GP_MAX_RANKS], parent = getpid();
+  int spids[GP_MAX_RANKS];
+  if (nproc < 1 || nproc > GP_MAX_RANKS) return -1;
+  gp_sh->id_ready = gp_sh->abort_flag = 0;
+  gp_sh->bar_count = gp_sh->bar_gen = 0;
+  double t0 = gp_now();
+  for (int r = 0; r < nproc; r++) {
+    memset(&gp_sh->slot[r], 0, sizeof(gp_sh->slot[r]));
+    gp_sh->slot[r].iter = -1;
+    snprintf(gp_sh->slot[r].stage, GP_STAGE_LEN, "starting");
+    gp_sh->slot[r].beat = t0;
+    codes[r] = -1;
+  }
+  fflush(NULL);
+  for (int r = 0; r < nproc; r++) {
+    pid_t p = fork();
+    if (p == 0) {
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      /* the parent's death (even SIGKILL) takes the ranks with it */
+      if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(1);
+      gp_rank = probe ? -1 : r;
+      gp_sh->slot[r].pid = (int)getpid();
+      int code = fn(r, arg);
+      fflush(NULL);
+      _exit(code);
+    }
+    if (p < 0) {
+      fprintf(stderr, "%s: %s: fork: %s\n", gp_prog, what, strerror(errno));
+      kill_all(pids, r);
+      for (int i = 0; i < r; i++) waitpid(pids[i], NULL, 0);
+      return -1;
+    }
+    pids[r] = p;
+    spids[r] = (int)p;
+  }
+
+  int alive = nproc, failed = 0;
+  double killed_at = 0.0;
+  while (alive > 0) {
+    int status;
+    pid_t p = waitpid(-1, &status, WNOHANG);
+    if (p > 0) {
+      int r = -1;
+      for (int i = 0; i < nproc; i++)
+        if (pids[i] == p) r = i;
+      if (r < 0) continue;
+      pids[r] = 0;
+      alive--;
+      if (codes[r] < 0)
+        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (codes[r] == 0 || failed) continue;
+      failed = 1;
+      if (WIFSIGNALED(status))
+        fprintf(stderr, "%s: %s: %s %d (pid %d) killed by signal %d (%s)\n", gp_prog, what,
+                probe ? "GPU probe" : "rank", r, (int)p, WTERMSIG(status),
+                strsignal(WTERMSIG(status)));
+      else if (codes[r] != GP_EXIT_REFUSED && codes[r] != GP_EXIT_SKIP)
+        fprintf(stderr, "%s: %s: %s %d (pid %d) exited with status %d\n", gp_prog, what,
+                probe ? "GPU probe" : "rank", r, (int)p, codes[r]);
+      if (alive > 0) {
+        fprintf(stderr, "%s: %s: stopping the other %d rank(s), which were at:\n", gp_prog, what,
+                alive);
+        for (int i = 0; i < nproc; i++)
+          if (pids[i] > 0) describe_rank(stderr, i, spids[i], gp_now(), probe, stall_s);
+      }
+    } else if (p < 0 && errno != EINTR) {
+      break; /* ECHILD: nothing left */
+    }
+    if (tick) tick(tick_arg);
+    double now = gp_now();
+    if (!failed && gp_signal) {
+      fprintf(stderr, "%s: %s: interrupted by signal %d\n", gp_prog, what, (int)gp_signal);
+      failed = 1;
+    }
+    if (!failed && stall_s > 0) {
+      int stalled = 0;
+      for (int i = 0; i < nproc; i++) {
+        double beat;
+        __atomic_load(&gp_sh->slot[i].beat, &beat, __ATOMIC_ACQUIRE);
+        if (pids[i] > 0 && now - beat > stall_s) stalled = 1;
+      }
+      if (stalled) {
+        failed = 1;
+        fprintf(stderr, "%s: %s: watchdog: no progress for %.0f s (-w); a hang, killing the "
+                "run. Where each rank was:\n", gp_prog, what, stall_s);
+        for (int i = 0; i < nproc; i++) {
+          if (pids[i] <= 0) continue;
+          describe_rank(stderr, i, spids[i], now, probe, stall_s);
+          codes[i] = GP_EXIT_WATCHDOG;
+        }
+      }
+    }
+    if (failed) {
+      if (killed_at == 0.0) {
+        gp_raise_abort();
+        kill_all(pids, nproc);
+        killed_at = now;
+      } else if (now - killed_at > GP_KILL_WAIT_S) {
+        fprintf(stderr, "%s: %s: %d process(es) did not die after SIGKILL\n", gp_prog, what,
+                alive);
+        break;
+      }
+    }
+    if (p <= 0) {
+      struct timespec ts = {0, 20 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  if (tick) tick(tick_arg);
+  for (int r = 0; r < nproc; r++)
+    if (codes[r] != 0) return -1;
+  return 0;
+}
+
+/* ---- options -------------------------------------------------------------- */
+
+int gp_parse_size(const char *s, size_t *out)
+{
+  char *end;
+  if (!isdigit((unsigned char)s[0])) return -1;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10), mul = 1;
+  if (errno) return -1;
+  switch (toupper((unsigned char)*end)) {
+  case 'K': mul = 1ULL << 10; end++; break;
+  case 'M': mul = 1ULL << 20; end++; break;
+  case 'G': mul = 1ULL << 30; end++; break;
+  default: break;
+  }
+  if (*end == 'B' || *end == 'b') end++;
+  if (*end || v > SIZE_MAX / mul) return -1;
+  *out = (size_t)(v * mul);
+  return 0;
+}
+
+int gp_parse_int(const char *s, long lo, long hi, int *out)
+{
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi) return -1;
+  *out = (int)v;
+  return 0;
+}
+
+int gp_parse_int_list(const char *s, long lo, long hi, int *out, int max)
+{
+  char buf[256], *save = NULL;
+  int n = 0;
+  if (snprintf(buf, sizeof(buf), "%s", s) >= (int)sizeof(buf)) return -1;
+  for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    if (n == max || gp_parse_int(t, lo, hi, &out[n])) return -1;
+    n++;
+  }
+  return n > 0 ? n : -1;
+}
+
+/* ---- environment ---------------------------------------------------------- */
+
+static void default_plugin(void)
+{
+  if (getenv("NCCL_NET_PLUGIN")) return;
+  char exe[PATH_MAX], cand[PATH_MAX + 64], real[PATH_MAX];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (len > 0) {
+    exe[len] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = '\0';
+    /* the build tree: build/gpu/<program> next to build/plugin/<plugin> */
+    snprintf(cand, sizeof(cand), "%s/../plugin/%s", exe, GP_PLUGIN_BASENAME);
+    if (access(cand, R_OK) == 0 && realpath(cand, real)) {
+      setenv("NCCL_NET_PLUGIN", real, 0);
+      return;
+    }
+  }
+  if (access(PS_INSTALLED_PLUGIN_PATH, R_OK) == 0) {
+    setenv("NCCL_NET_PLUGIN", PS_INSTALLED_PLUGIN_PATH, 0);
+    return;
+  }
+  setenv("NCCL_NET_PLUGIN", "perseus", 0); /* libnccl-net-perseus.so via LD_LIBRARY_PATH */
+}
+
+void gp_default_env(FILE *f)
+{
+  /* every peer over the network, hence over GIN and the plugin */
+  setenv("NCCL_P2P_DISABLE", "1", 0);
+  setenv("NCCL_SHM_DISABLE", "1", 0);
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  setenv("NCCL_GIN_TYPE", "2", 0); /* NCCL_NET_DEVICE_GIN_PROXY */
+  default_plugin();
+  static const char *const names[] = {
+    "NCCL_NET_PLUGIN", "NCCL_GIN_TYPE", "PERSEUS_ORDERING", "PERSEUS_PROVIDER", "PERSEUS_IFACE",
+    "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NVLS_ENABLE", "NCCL_SOCKET_IFNAME",
+    "NCCL_GIN_NCONTEXTS", "NCCL_GIN_PROXY_QUEUE_SIZE", "CUDA_VISIBLE_DEVICES"};
+  fprintf(f, "# env:");
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+    const char *v = getenv(names[i]);
+    fprintf(f, " %s=%s", names[i], v ? v : "(unset)");
+  }
+  fprintf(f, "\n");
+}
+
+/* ---- plugin statistics ---------------------------------------------------- */
+
+static int find_plugin_path(struct dl_phdr_info *info, size_t size, void *out)
+{
+  (void)size;
+  if (info->dlpi_name && strstr(info->dlpi_name, "libnccl-net-perseus")) {
+    snprintf(out, PATH_MAX, "%s", info->dlpi_name);
+    return 1;
+  }
+  return 0;
+}
+
+typedef int (*gp_process_stats_fn)(perseus_rma_peer_stats_t *, size_t);
+
+int gp_rma_stats(perseus_rma_peer_stats_t *out)
+{
+  static gp_process_stats_fn fn;
+  static int looked;
+  if (!looked) {
+    looked = 1;
+    void *h = dlopen(GP_PLUGIN_BASENAME, RTLD_NOW | RTLD_NOLOAD);
+    if (!h) { /* NCCL_NET_PLUGIN named a path: find the loaded copy by name */
+      char path[PATH_MAX] = "";
+      if (dl_iterate_phdr(find_plugin_path, path) && path[0])
+        h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    }
+    if (h) *(void **)&fn = dlsym(h, "perseus_rma_process_stats"); /* h stays open */
+  }
+  memset(out, 0, sizeof(*out));
+  if (!fn || fn(out, sizeof(*out)) != 0) return -1;
+  return 0;
+}
