@@ -492,24 +492,35 @@ PS_EXPORT const ncclRma_v14_t ncclRmaPlugin_v14 = {
 
 /* --- perseus extensions (include/perseus/perseus_rma.h) --- */
 
+/* An older caller's struct gets the fields it knows, a newer one zeros. */
+static int give_stats(const char *fn, const perseus_rma_peer_stats_t *st, perseus_rma_peer_stats_t *out,
+                      size_t size) {
+  if (!out || size < sizeof(uint64_t) || size % sizeof(uint64_t)) {
+    PS_WARN("%s: output %p of %zu bytes", fn, (void *)out, size);
+    return -1;
+  }
+  size_t n = size < sizeof *st ? size : sizeof *st;
+  memcpy(out, st, n);
+  memset((char *)out + n, 0, size - n);
+  return 0;
+}
+
 PS_EXPORT int perseus_rma_peer_stats(void *comm, uint32_t rank, perseus_rma_peer_stats_t *out,
                                      size_t size) {
   gin_coll_t *c = any_coll(comm, "perseus_rma_peer_stats");
   if (!c) return -1;
-  /* an older caller's struct gets the fields it knows, a newer one zeros */
-  if (!out || size < sizeof(uint64_t) || size % sizeof(uint64_t)) {
-    PS_WARN("perseus_rma_peer_stats: output %p of %zu bytes", (void *)out, size);
-    return -1;
-  }
   perseus_rma_peer_stats_t st;
   if (ps_rma_peer_stats(c->eng, rank, &st) != ncclSuccess) {
     PS_WARN("perseus_rma_peer_stats: no rank %u in this comm", rank);
     return -1;
   }
-  size_t n = size < sizeof st ? size : sizeof st;
-  memcpy(out, &st, n);
-  memset((char *)out + n, 0, size - n);
-  return 0;
+  return give_stats("perseus_rma_peer_stats", &st, out, size);
+}
+
+PS_EXPORT int perseus_rma_process_stats(perseus_rma_peer_stats_t *out, size_t size) {
+  perseus_rma_peer_stats_t st;
+  ps_rma_process_stats(&st);
+  return give_stats("perseus_rma_process_stats", &st, out, size);
 }
 
 PS_EXPORT const char *perseus_rma_ordering(void *comm) {

@@ -44,7 +44,6 @@ static struct {
   CUresult (*ctx_push)(CUcontext);
   CUresult (*ctx_pop)(CUcontext *);
   CUresult (*pointer_get_attribute)(void *, int, CUdeviceptr);
-  CUresult (*mem_get_address_range)(CUdeviceptr *, size_t *, CUdeviceptr);
   CUresult (*mem_host_alloc)(void **, size_t, unsigned int);
   CUresult (*mem_free_host)(void *);
   CUresult (*stream_create)(CUstream *, unsigned int);
@@ -112,7 +111,6 @@ static void cu_load(void) {
       cu_sym(lib, "cuDevicePrimaryCtxRelease_v2", &cu.primary_ctx_release) ||
       cu_sym(lib, "cuCtxPushCurrent_v2", &cu.ctx_push) || cu_sym(lib, "cuCtxPopCurrent_v2", &cu.ctx_pop) ||
       cu_sym(lib, "cuPointerGetAttribute", &cu.pointer_get_attribute) ||
-      cu_sym(lib, "cuMemGetAddressRange_v2", &cu.mem_get_address_range) ||
       cu_sym(lib, "cuMemHostAlloc", &cu.mem_host_alloc) || cu_sym(lib, "cuMemFreeHost", &cu.mem_free_host) ||
       cu_sym(lib, "cuStreamCreate", &cu.stream_create) ||
       cu_sym(lib, "cuStreamSynchronize", &cu.stream_synchronize) ||
@@ -285,19 +283,25 @@ void ps_cuda_close(ps_cuda_dev_t *d) {
 
 int ps_cuda_ordinal(const ps_cuda_dev_t *d) { return d ? d->ordinal : -1; }
 
-int ps_cuda_owns(ps_cuda_dev_t *d, const void *ptr, size_t size) {
-  if (!d || !ptr || ctx_push(d, "ps_cuda_owns") != ncclSuccess) return 0;
+/* One byte is device memory of d's GPU. */
+static int byte_owned(ps_cuda_dev_t *d, CUdeviceptr p) {
   unsigned int mtype = 0;
   int ordinal = -1;
-  CUdeviceptr p = dptr(ptr), base = 0;
-  size_t len = 0;
+  return cu.pointer_get_attribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) == CUDA_SUCCESS &&
+         mtype == CU_MEMORYTYPE_DEVICE &&
+         cu.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p) == CUDA_SUCCESS &&
+         ordinal == d->ordinal;
+}
+
+/* First and last byte: a window NCCL maps from several cuMem chunks spans
+ * allocations, so one allocation's range would refuse it. */
+int ps_cuda_owns(ps_cuda_dev_t *d, const void *ptr, size_t size) {
+  if (!d || !ptr || !size || ctx_push(d, "ps_cuda_owns") != ncclSuccess) return 0;
+  CUdeviceptr p = dptr(ptr);
   /* Failures just mean "not ours" (a host pointer fails the first query). */
-  int ok = cu.pointer_get_attribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) == CUDA_SUCCESS &&
-           mtype == CU_MEMORYTYPE_DEVICE &&
-           cu.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p) == CUDA_SUCCESS &&
-           ordinal == d->ordinal && cu.mem_get_address_range(&base, &len, p) == CUDA_SUCCESS;
+  int ok = p + size > p && byte_owned(d, p) && byte_owned(d, p + size - 1);
   ctx_pop("ps_cuda_owns");
-  return ok && p >= base && size <= len && p - base <= len - size;
+  return ok;
 }
 
 ncclResult_t ps_cuda_host_alloc(ps_cuda_dev_t *d, size_t size, void **out) {

@@ -70,5 +70,7 @@ ncclResult_t ps_config_load(ps_config_t *cfg) {
   PS_CHECK(ps_env_int("PERSEUS_EAGAIN_RETRIES", 64, 0, 1000000, &cfg->eagain_retries));
   PS_CHECK(ps_env_bool("PERSEUS_TCP_PASSTHRU", 1, &cfg->tcp_passthru));
   PS_CHECK(ps_env_bool("PERSEUS_STATS", 0, &cfg->stats));
+  PS_CHECK(ps_env_int("PERSEUS_STAGING_BYTES", 64 << 20, 64 << 10, 1LL << 36, &cfg->staging_bytes));
+  PS_CHECK(ps_env_int("PERSEUS_STAGING_CHUNK", 512 << 10, 4096, 64 << 20, &cfg->staging_chunk));
   return ncclSuccess;
 }

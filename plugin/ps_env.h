@@ -27,6 +27,8 @@ typedef struct {
   int64_t eagain_retries;  /* PERSEUS_EAGAIN_RETRIES: progress+retry before backpressure */
   int tcp_passthru;        /* PERSEUS_TCP_PASSTHRU: rxm hands tagged calls straight to tcp */
   int stats;               /* PERSEUS_STATS: one-sided per-peer statistics at close */
+  int64_t staging_bytes;   /* PERSEUS_STAGING_BYTES: pinned memory per comm for GPU windows */
+  int64_t staging_chunk;   /* PERSEUS_STAGING_CHUNK: bytes a staged write carries at most */
 } ps_config_t;
 
 ncclResult_t ps_config_load(ps_config_t *cfg);

@@ -55,5 +55,7 @@ ncclResult_t ps_rma_close_coll(void *coll);
 ncclResult_t ps_rma_close_listen(void *listen_comm);
 ps_ordering_t ps_rma_ordering(void *coll);
 ncclResult_t ps_rma_peer_stats(void *coll, uint32_t rank, ps_rma_peer_stats_t *out);
+/* Totals over every comm of the process, closed ones included. */
+void ps_rma_process_stats(ps_rma_peer_stats_t *out);
 
 #endif

@@ -11,7 +11,6 @@
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
-static ncclResult_t dereg_sym_body(void *coll, void *mh);
 
 const char *const ps_ordering_names[] = {"auto", "ordered", "fence", "target",
                                          "deferred", "drain",
@@ -67,6 +66,61 @@ static ncclResult_t choose_ordering(const ps_device_t *d, ps_ordering_t *out) {
   }
   *out = (ps_ordering_t)v;
   return ncclSuccess;
+}
+
+/* Process-wide totals (perseus_rma_process_stats): live comms are summed
+ * on demand, closed ones were folded in when they closed. */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static ps_rma_comm_t **live;
+static int nlive, cap_live;
+static ps_rma_peer_stats_t closed_total;
+
+static void add_stats(ps_rma_peer_stats_t *sum, const ps_rma_comm_t *c) {
+  for (int p = 0; c->peers && p < c->nranks; p++) {
+    const ps_rma_peer_stats_t *s = &c->peers[p].st;
+    sum->puts += s->puts, sum->signals += s->signals;
+    sum->fences_posted += s->fences_posted, sum->fences_avoided += s->fences_avoided;
+    sum->blocked_ns += s->blocked_ns;
+    if (s->inflight_max > sum->inflight_max) sum->inflight_max = s->inflight_max;
+  }
+}
+
+static ncclResult_t live_add(ps_rma_comm_t *c) {
+  pthread_mutex_lock(&live_lock);
+  if (nlive == cap_live) {
+    int cap = cap_live ? 2 * cap_live : 8;
+    ps_rma_comm_t **n = realloc(live, (size_t)cap * sizeof *n);
+    if (!n) {
+      pthread_mutex_unlock(&live_lock);
+      return ncclSystemError;
+    }
+    live = n, cap_live = cap;
+  }
+  live[nlive++] = c;
+  pthread_mutex_unlock(&live_lock);
+  return ncclSuccess;
+}
+
+static void live_remove(ps_rma_comm_t *c) {
+  pthread_mutex_lock(&live_lock);
+  for (int i = 0; i < nlive; i++) {
+    if (live[i] != c) continue;
+    live[i] = live[--nlive];
+    add_stats(&closed_total, c);
+    break;
+  }
+  pthread_mutex_unlock(&live_lock);
+}
+
+void ps_rma_process_stats(ps_rma_peer_stats_t *out) {
+  pthread_mutex_lock(&live_lock);
+  *out = closed_total;
+  for (int i = 0; i < nlive; i++) {
+    pthread_mutex_lock(&live[i]->lock);
+    add_stats(out, live[i]);
+    pthread_mutex_unlock(&live[i]->lock);
+  }
+  pthread_mutex_unlock(&live_lock);
 }
 
 ncclResult_t ps_rma_listen(int dev, void *handle, void **listen_comm) {
@@ -133,6 +187,8 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
     if (rc == ncclSuccess) rc = ps_ep_insert(&c->ep, h.addr, &c->addr[p]);
     ps_rma_peer_t *pp = &c->peers[p];
     pp->next_seq = pp->posted_below = pp->done.below = pp->arrived.below = 1;
+    pp->stage_queued = pp->stage_sent = pp->stage_freed = 1;
+    pp->stage_in.below = pp->stage_done.below = pp->credit_sent = 1;
   }
   if (rc == ncclSuccess && c->ordering == PS_ORD_FENCE) {
     c->lanes = calloc((size_t)nranks, sizeof *c->lanes);
@@ -140,6 +196,7 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
     for (int p = 0; rc == ncclSuccess && p < nranks; p++) rc = ps_ep_open_lane(&c->ep, &c->lanes[p]);
   }
   if (rc == ncclSuccess) rc = ps_rma_post_sig_slots(c);
+  if (rc == ncclSuccess) rc = live_add(c);
   if (rc != ncclSuccess) {
     ps_rma_close_coll(c);
     return rc;
@@ -154,13 +211,20 @@ ncclResult_t ps_rma_close_coll(void *coll) {
   ps_rma_comm_t *c = coll;
   if (!c || c->magic != PS_RMA_MAGIC) return ncclInvalidArgument;
   if (ps_fabric_config()->stats && c->peers) ps_rma_print_stats(c);
+  live_remove(c);
   for (int p = 0; c->lanes && p < c->nranks; p++) /* lanes first: they use ep's CQ and AV */
     if (c->lanes[p]) fi_close(&c->lanes[p]->fid);
   free(c->lanes);
   ps_ep_close(&c->ep); /* first: nothing completes into freed memory */
   for (uint32_t i = 0; i < c->nregions; i++)
-    if (c->regions[i]) dereg_sym_body(c, c->regions[i]);
-  for (int p = 0; c->peers && p < c->nranks; p++) ps_seqwin_free(&c->peers[p].done), ps_seqwin_free(&c->peers[p].arrived), free(c->peers[p].held);
+    if (c->regions[i]) ps_rma_dereg_region(c, c->regions[i]);
+  ps_stage_free(c); /* after the endpoint: nothing lands in its slots any more */
+  for (int p = 0; c->peers && p < c->nranks; p++) {
+    ps_rma_peer_t *pp = &c->peers[p];
+    ps_seqwin_free(&pp->done), ps_seqwin_free(&pp->arrived);
+    ps_seqwin_free(&pp->stage_in), ps_seqwin_free(&pp->stage_done);
+    free(pp->held);
+  }
   ps_rma_free_held(c);
   ps_rma_free_reqs(c);
   if (c->sig_slots_mr) fi_close(&c->sig_slots_mr->fid);
@@ -187,6 +251,7 @@ typedef struct {
   ps_reg_msg_t msg;
   ps_op_t op;
   int done;
+  int seen; /* a part naming this slot's rank was taken */
   size_t len;
 } ag_slot_t;
 
@@ -201,8 +266,9 @@ static ncclResult_t allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
   int P = c->nranks;
   ag_slot_t *rx = calloc((size_t)P, sizeof *rx), *tx = calloc((size_t)P, sizeof *tx);
   ncclResult_t rc = (rx && tx) ? ncclSuccess : ncclSystemError;
-  ps_reg_msg_t mine = {.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION, .rank = (uint32_t)c->rank,
-                       .region_id = r->id, .size = r->size, .key = fi_mr_key(r->mr),
+  ps_reg_msg_t mine = {.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
+                       .flags = r->staged ? PS_REG_STAGED : 0, .rank = (uint32_t)c->rank,
+                       .region_id = r->id, .size = r->size, .key = r->mr ? fi_mr_key(r->mr) : 0,
                        .addr = c->ep.dev->mr_virt_addr ? (uint64_t)(uintptr_t)r->base : 0};
   for (int p = 0; rc == ncclSuccess && p < P; p++) {
     if (p == c->rank) continue;
@@ -240,9 +306,14 @@ static ncclResult_t allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
     if (p == c->rank) continue;
     ps_reg_msg_t m;
     rc = ps_reg_decode(&rx[p].msg, rx[p].len, (uint32_t)P, r->id, &m);
-    if (rc == ncclSuccess && (m.rank == (uint32_t)c->rank || r->rkey[m.rank] || r->rsize[m.rank])) {
+    if (rc == ncclSuccess && (m.rank == (uint32_t)c->rank || rx[m.rank].seen++)) {
       PS_WARN("symmetric registration %u: duplicate part for rank %u", r->id, m.rank);
       rc = ncclRemoteError;
+    }
+    if (rc == ncclSuccess && !(m.flags & PS_REG_STAGED) != !r->staged) {
+      PS_WARN("symmetric registration %u: rank %u registered %s memory, this rank %s memory",
+              r->id, m.rank, (m.flags & PS_REG_STAGED) ? "GPU" : "host", r->staged ? "GPU" : "host");
+      rc = ncclInvalidUsage;
     }
     if (rc == ncclSuccess) r->raddr[m.rank] = m.addr, r->rsize[m.rank] = m.size, r->rkey[m.rank] = m.key;
   }
@@ -254,15 +325,10 @@ static ncclResult_t allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
   return rc;
 }
 
-static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, uint64_t mr_flags,
-                            void **mh) {
-  ps_rma_comm_t *c = coll;
-  if (!c || c->magic != PS_RMA_MAGIC || !mh || (!data && size)) return ncclInvalidArgument;
-  (void)mr_flags; /* FORCE_SO matters for GPU signal windows (issue 4), not host memory */
-  if (type != NCCL_PTR_HOST) {
-    PS_WARN("regMrSym: pointer type %d not supported yet (host memory only)", type);
-    return ncclInvalidArgument;
-  }
+/* Collective: registers this rank's part (host memory with the provider;
+ * staged GPU memory needs no provider registration) and allgathers it. */
+ncclResult_t ps_rma_reg_region(ps_rma_comm_t *c, void *data, size_t size, int staged,
+                               ps_rma_region_t **out) {
   if (c->nregions == c->cap_regions) {
     uint32_t cap = c->cap_regions ? 2 * c->cap_regions : 16;
     ps_rma_region_t **n = realloc(c->regions, cap * sizeof *n);
@@ -278,17 +344,50 @@ static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, 
   }
   *r = (ps_rma_region_t){.magic = PS_RMA_REG_MAGIC, .id = c->nregions, .comm = c, .base = data,
                          .size = size, .raddr = r->raddr, .rkey = r->rkey,
-                         .rsize = r->rsize};
+                         .rsize = r->rsize, .staged = staged};
   uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
-  if (ps_ep_reg(&c->ep, data, size ? size : 1, access, &r->mr) != ncclSuccess) {
-    dereg_sym_body(c, r);
+  if (!staged && ps_ep_reg(&c->ep, data, size ? size : 1, access, &r->mr) != ncclSuccess) {
+    ps_rma_dereg_region(c, r);
     return ncclSystemError;
   }
-  r->desc = fi_mr_desc(r->mr);
+  r->desc = r->mr ? fi_mr_desc(r->mr) : NULL;
   c->regions[c->nregions++] = r;
   PS_CHECK(allgather_region(c, r));
+  *out = r;
+  return ncclSuccess;
+}
+
+static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, uint64_t mr_flags,
+                            void **mh) {
+  ps_rma_comm_t *c = coll;
+  if (!c || c->magic != PS_RMA_MAGIC || !mh || (!data && size)) return ncclInvalidArgument;
+  /* FORCE_SO marks signal words: host ones take CPU atomics; staged GPU
+   * ones are written in copy-stream order behind their data anyway. */
+  (void)mr_flags;
+  if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
+    PS_WARN("regMrSym: pointer type %d is not supported (expected %d host or %d CUDA)", type,
+            NCCL_PTR_HOST, NCCL_PTR_CUDA);
+    return ncclInvalidArgument;
+  }
+  int staged = type == NCCL_PTR_CUDA;
+  if (staged && !c->stage) PS_CHECK(ps_stage_init(c, data));
+  if (staged && size && !ps_cuda_owns(c->stage->cu, data, size)) {
+    PS_WARN("regMrSym: %p + %zu B is not device memory of the GPU this comm stages for (GPU %d)",
+            data, size, ps_cuda_ordinal(c->stage->cu));
+    return ncclInvalidArgument;
+  }
+  ps_rma_region_t *r;
+  PS_CHECK(ps_rma_reg_region(c, data, size, staged, &r));
   *mh = r;
   return ncclSuccess;
+}
+
+void ps_rma_dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
+  if (r->id < c->nregions && c->regions[r->id] == r) c->regions[r->id] = NULL;
+  if (r->mr) fi_close(&r->mr->fid);
+  free(r->raddr), free(r->rkey), free(r->rsize);
+  r->magic = 0;
+  free(r);
 }
 
 static ncclResult_t dereg_sym_body(void *coll, void *mh) {
@@ -298,11 +397,7 @@ static ncclResult_t dereg_sym_body(void *coll, void *mh) {
     PS_WARN("deregMrSym: %p is not a region of this comm", mh);
     return ncclInvalidArgument;
   }
-  if (r->id < c->nregions && c->regions[r->id] == r) c->regions[r->id] = NULL;
-  if (r->mr) fi_close(&r->mr->fid);
-  free(r->raddr), free(r->rkey), free(r->rsize);
-  r->magic = 0;
-  free(r);
+  ps_rma_dereg_region(c, r);
   return ncclSuccess;
 }
 

@@ -8,6 +8,7 @@
 #include <rdma/fi_atomic.h>
 #include <rdma/fi_rma.h>
 
+#include "ps_cuda.h"
 #include "ps_ep.h"
 #include "ps_gin_abi.h"
 #include "ps_rma.h"
@@ -20,6 +21,11 @@
 #define PS_RMA_REQ_CHUNK 1024        /* requests are allocated (and registered) this many at a time */
 #define PS_RMA_MAX_REQS (1u << 20)   /* more outstanding than this is a caller bug */
 #define PS_RMA_MAX_WINDOW (1u << 22) /* a peer's writes can be this far ahead of its oldest missing one */
+
+/* Remote CQ data of a staged write: this bit, the source rank in bits
+ * 62..32 and the receive slot in the low 32 (a plain write under the target
+ * strategy carries rank << 32 | seq32). */
+#define PS_STAGED_DATA (1ULL << 63)
 
 /* Tags of the engine's own messages (bit 63: control, as in ps_wire.h). */
 #define PS_TAG_RMA_SIG (PS_TAG_CTRL | 0x20)
@@ -36,6 +42,7 @@ typedef struct {
   struct fid_mr *mr;
   void *desc;
   uint64_t *raddr, *rkey, *rsize; /* per rank: target address (or 0), key, size */
+  int staged; /* GPU memory the provider cannot reach: staged (same on every rank) */
 } ps_rma_region_t;
 
 enum { PS_STAGE_NONE = 0, PS_STAGE_QUEUED, PS_STAGE_POSTED, PS_STAGE_DONE };
@@ -46,7 +53,7 @@ typedef struct ps_rma_req {
   uint8_t data_stage, sig_stage; /* PS_STAGE_*: the put/get, and the signal */
   ncclResult_t status;
   uint32_t peer;
-  uint64_t seq;  /* of its put, from 1 per peer (0: no put) */
+  uint64_t seq;  /* of its put's first chunk, from 1 per peer (0: no put) */
   uint64_t need; /* its signal covers every put to the peer with seq < need */
   /* the data operation, kept until posted */
   struct iovec iov;
@@ -57,6 +64,14 @@ typedef struct ps_rma_req {
   uint64_t operand;     /* atomic add operand */
   struct fi_rma_ioc sig_rma;
   void *chunk_desc;     /* local registration of this request's memory, or NULL */
+  /* staging: a put with GPU memory on either side moves in chunks through
+   * send slots; chunk i has put sequence seq + i */
+  uint8_t staged, src_gpu, dst_staged;
+  uint32_t nchunks, prepared, posted_chunks, done_chunks;
+  const char *src;          /* source bytes (device or host address) */
+  uint32_t dst_region;      /* destination window id, and offset in it */
+  uint64_t dst_off;
+  uint64_t stage_first;     /* staged-write sequence of its first chunk (dst_staged) */
   ps_op_t data_op, sig_op;
   ps_rma_comm_t *comm;
   struct ps_rma_req *next;      /* free list / the peer's data queue */
@@ -68,6 +83,62 @@ typedef struct ps_rma_req_chunk {
   struct fid_mr *mr;
   ps_rma_req_t reqs[PS_RMA_REQ_CHUNK];
 } ps_rma_req_chunk_t;
+
+/* A send slot: a staged chunk's header and payload in pinned memory. */
+typedef struct ps_stage_slot {
+  ps_stage_hdr_t *hdr;        /* the payload follows it */
+  ps_cuda_event_t *ev;        /* its copy out of the GPU, until done */
+  struct ps_rma_req *req;
+  uint32_t chunk;
+  ps_op_t op;
+  struct ps_stage_slot *next; /* free list, or the peer's list of prepared slots */
+} ps_stage_slot_t;
+
+/* A receive slot's copy into the GPU, in flight on the copy stream. */
+typedef struct {
+  ps_cuda_event_t *ev;
+  uint32_t src;
+  uint64_t stage_seq;
+} ps_stage_copy_t;
+
+/* A signal word in GPU memory with adds in flight: its value is read (on the
+ * read stream), then value + adds written on the copy stream behind every
+ * payload copy enqueued so far; while our write is in flight further adds
+ * write on top of it. The GPU may reset the word only while no add is in
+ * flight (NCCL's contract for resetSignal), so a fresh read sees the reset. */
+typedef struct {
+  char *addr;
+  uint64_t accum, last;
+  uint64_t *cell;             /* pinned: where the read lands */
+  ps_cuda_event_t *ev;
+  int writing;
+} ps_stage_word_t;
+
+/* Staging for GPU windows (ps_rma_stage*.c), set up by the first one. */
+typedef struct {
+  ps_cuda_dev_t *cu;
+  size_t chunk, slot_bytes;   /* payload per slot; header + payload */
+  uint32_t nsend, per_peer;   /* send slots; receive slots per origin */
+  char *send_pool;
+  struct fid_mr *send_mr;
+  void *send_desc;
+  ps_stage_slot_t *slots, *free_slots;
+  char *rx_pool;              /* per origin rank, per_peer slots */
+  size_t rx_bytes;
+  ps_rma_region_t *rx;        /* the receive pools, as a symmetric region */
+  ps_stage_copy_t *copies;    /* ring, nranks * per_peer */
+  uint32_t copy_head, ncopies;
+  ps_stage_word_t *words;
+  uint32_t nwords, max_words;
+  uint64_t *cells, **free_cells;
+  uint32_t nfree_cells;
+  ps_sig_msg_t *credit;       /* per peer: the credit message in flight */
+  ps_op_t *credit_op;
+  struct fid_mr *credit_mr;
+  void *credit_desc;
+  int changed;                /* arrivals, copies or words moved: recheck held signals */
+  int rr;                     /* where the round-robin of free send slots starts */
+} ps_stage_t;
 
 /* A signal that arrived before the writes it covers (target strategy). */
 typedef struct {
@@ -89,6 +160,17 @@ typedef struct {
   ps_seqwin_t arrived;    /* its writes that arrived: every seq < arrived.below */
   ps_rma_held_sig_t *held;
   uint32_t nheld, cap_held;
+  /* staging, origin side: staged writes to this peer, numbered from 1 */
+  uint64_t stage_queued;  /* sequence the next queued chunk gets */
+  uint64_t stage_sent;    /* every staged write below this was posted */
+  uint64_t stage_freed;   /* the peer consumed every one below this (its credit) */
+  ps_stage_slot_t *prep_head, *prep_tail; /* slots filled for queued chunks, in order */
+  struct ps_rma_req *prep_req;            /* next request with chunks to prepare */
+  /* staging, target side: its staged writes */
+  ps_seqwin_t stage_in;   /* whose copy into the GPU is enqueued */
+  ps_seqwin_t stage_done; /* whose copy finished: the slot is free */
+  uint64_t credit_sent;   /* stage_done.below we last reported */
+  int credit_busy;
 } ps_rma_peer_t;
 
 typedef struct {
@@ -114,6 +196,7 @@ struct ps_rma_comm {
   ps_rma_sig_slot_t sig_slots[PS_RMA_SIG_SLOTS];
   struct fid_mr *sig_slots_mr;
   void *sig_slots_desc;
+  ps_stage_t *stage;    /* NULL until a GPU window is staged */
 #ifdef PS_REORDER_TEST
   struct ps_held_write *held; /* writes an "unordered NIC" has not sent yet */
   int nheld, cap_held;
@@ -151,6 +234,8 @@ static inline ps_rma_comm_t *ps_rma_live(void *coll) {
 /* ps_rma_target.c */
 ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c);
 void ps_rma_remote_write(void *comm, uint64_t data);
+void ps_rma_mark_arrived(ps_rma_comm_t *c, uint32_t src, uint64_t seq);
+void ps_rma_apply_ready(ps_rma_comm_t *c, ps_rma_peer_t *p);
 /* ps_rma_post.c: everything that reaches the provider's data path */
 ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_rma *m,
                                uint64_t flags, int *posted);
@@ -161,7 +246,28 @@ void ps_rma_fail(ps_rma_comm_t *c, ncclResult_t rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 ps_rma_region_t *ps_rma_region(ps_rma_comm_t *c, void *mh);
 void ps_rma_print_stats(ps_rma_comm_t *c);
+ncclResult_t ps_rma_reg_region(ps_rma_comm_t *c, void *data, size_t size, int staged,
+                               ps_rma_region_t **out);
+void ps_rma_dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r);
 /* ps_rma_ops.c */
 void ps_rma_free_reqs(ps_rma_comm_t *c);
+uint64_t ps_rma_write_flags(ps_rma_comm_t *c);
+void ps_rma_op_started(ps_rma_comm_t *c, ps_rma_peer_t *p);
+void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr);
+/* ps_rma_stage.c: setup and the origin side */
+ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr);
+void ps_stage_free(ps_rma_comm_t *c);
+void ps_stage_prepare(ps_rma_comm_t *c, ps_rma_peer_t *p);
+void ps_stage_fill(ps_rma_comm_t *c);
+void ps_stage_dump(ps_rma_comm_t *c); /* INFO: where staging stands, for a stall report */
+/* Posts what it can of r's chunks; *all = 1 once every chunk is posted. */
+ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, int *all,
+                           int *refused);
+/* ps_rma_stage_rx.c: the target side */
+void ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot);
+void ps_stage_credit(ps_rma_comm_t *c, uint32_t src, uint64_t freed_below);
+/* 0: applied (or queued behind the copies); 1: no room now, try later */
+int ps_stage_signal(ps_rma_comm_t *c, char *addr, uint64_t add);
+void ps_stage_progress(ps_rma_comm_t *c);
 
 #endif

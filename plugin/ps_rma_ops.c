@@ -82,7 +82,7 @@ static void req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
 
 /* --- completions (record only) --- */
 
-static void op_started(ps_rma_comm_t *c, ps_rma_peer_t *p) {
+void ps_rma_op_started(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   if (!p->outstanding++) p->active_ns = c->now_ns;
 }
 /* An idle peer gets work: its liveness clock starts now. */
@@ -104,20 +104,25 @@ static int failed(ps_rma_req_t *r, int err, const char *what, const char *errstr
   return 1;
 }
 
-static void data_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
-  ps_rma_req_t *r = op->owner;
+/* A put's chunk (seq) completed; the whole put once every chunk has. */
+void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr) {
   ps_rma_comm_t *c = r->comm;
   ps_rma_peer_t *p = &c->peers[r->peer];
-  (void)e;
   op_finished(c, p);
-  r->data_stage = PS_STAGE_DONE;
+  if (++r->done_chunks == r->nchunks) r->data_stage = PS_STAGE_DONE;
   if (failed(r, err, r->is_get ? "get" : "put", errstr) || r->is_get) return;
   /* Completions come in any order; done.below only moves over a gap-free run. */
-  if (ps_seqwin_mark(&p->done, r->seq, UINT64_MAX)) {
+  if (ps_seqwin_mark(&p->done, seq, UINT64_MAX)) {
     ps_rma_fail(c, ncclSystemError, "no memory to track puts to rank %u", r->peer);
     return;
   }
   if (p->sq_head) c->backlog = 1; /* a deferred signal may be free to go */
+}
+
+static void data_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
+  ps_rma_req_t *r = op->owner;
+  (void)e;
+  ps_rma_put_done(r, r->seq, err, errstr);
 }
 
 static void sig_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
@@ -130,15 +135,19 @@ static void sig_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, c
 
 /* --- posting from the queues --- */
 
+uint64_t ps_rma_write_flags(ps_rma_comm_t *c) {
+  if (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN)
+    return FI_COMPLETION | FI_DELIVERY_COMPLETE; /* completion must mean "in the target's memory" */
+  return FI_COMPLETION;
+}
+
 static ncclResult_t post_data(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
   r->data_op = (ps_op_t){.cb = data_done, .owner = r};
   struct fi_msg_rma m = {.msg_iov = &r->iov, .desc = &r->desc, .iov_count = 1,
                          .addr = c->addr[r->peer], .rma_iov = &r->rma, .rma_iov_count = 1,
                          .context = &r->data_op};
   if (r->is_get) return ps_ep_readmsg(&c->ep, &m, FI_COMPLETION, posted);
-  uint64_t flags = FI_COMPLETION;
-  if (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN)
-    flags |= FI_DELIVERY_COMPLETE; /* completion must mean "in the target's memory" */
+  uint64_t flags = ps_rma_write_flags(c);
   if (c->ordering == PS_ORD_TARGET) {
     flags |= FI_REMOTE_CQ_DATA; /* the target tracks which of our writes arrived */
     m.data = (uint64_t)c->rank << 32 | (uint32_t)r->seq;
@@ -172,23 +181,40 @@ static int sig_ready(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r) {
 static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   int posted;
   c->now_ns = ps_now_ns(); /* completions read while posting are stamped with it */
+  if (c->stage && p->prep_req) ps_stage_prepare(c, p);
   while (p->dq_head && !c->error) {
     ps_rma_req_t *r = p->dq_head;
-    ncclResult_t rc = post_data(c, r, &posted);
-    if (rc != ncclSuccess) {
-      r->status = rc;
-      ps_rma_fail(c, rc, "%s to rank %u could not be posted", r->is_get ? "get" : "put", r->peer);
-      return;
+    if (r->staged) { /* chunk by chunk, as their copies finish and credits allow */
+      int all = 0, refused = 0;
+      ncclResult_t rc = ps_stage_post(c, p, r, &all, &refused);
+      if (rc != ncclSuccess) {
+        r->status = rc;
+        ps_rma_fail(c, rc, "staged put to rank %u failed", r->peer);
+        return;
+      }
+      if (refused) goto refused;
+      if (!all) {
+        c->backlog = 1; /* waits for a copy, a slot or a credit: progress retries */
+        break;
+      }
+    } else {
+      ncclResult_t rc = post_data(c, r, &posted);
+      if (rc != ncclSuccess) {
+        r->status = rc;
+        ps_rma_fail(c, rc, "%s to rank %u could not be posted", r->is_get ? "get" : "put", r->peer);
+        return;
+      }
+      if (!posted) goto refused;
+      ps_rma_op_started(c, p);
+      if (!r->is_get) p->posted_below = r->seq + 1;
     }
-    if (!posted) goto refused;
-    r->data_stage = PS_STAGE_POSTED;
-    op_started(c, p);
+    if (r->data_stage != PS_STAGE_DONE) r->data_stage = PS_STAGE_POSTED;
     if (!r->is_get) {
-      p->posted_below = r->seq + 1;
       p->st.puts++;
       if (p->posted_below - p->done.below > p->st.inflight_max)
         p->st.inflight_max = p->posted_below - p->done.below;
     }
+    if (p->prep_req == r) p->prep_req = r->next;
     p->dq_head = r->next;
     if (!p->dq_head) p->dq_tail = NULL;
   }
@@ -202,7 +228,7 @@ static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
     }
     if (!posted) goto refused;
     r->sig_stage = PS_STAGE_POSTED;
-    op_started(c, p);
+    ps_rma_op_started(c, p);
     p->st.signals++;
     p->sq_head = r->next_sig;
     if (!p->sq_head) p->sq_tail = NULL;
@@ -225,13 +251,27 @@ static ncclResult_t queue_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, ui
             loc ? loc->size : (size_t)0, rem ? (unsigned long long)rem->rsize[peer] : 0ULL);
     return ncclInvalidArgument;
   }
+  if (is_get && (loc->staged || rem->staged)) {
+    PS_WARN("get from rank %u with GPU memory on either side: staging covers puts only; reading "
+            "GPU windows needs a provider with FI_HMEM", peer);
+    return ncclInvalidUsage;
+  }
   ps_rma_peer_t *p = &c->peers[peer];
   r->is_get = (uint8_t)is_get;
   r->iov = (struct iovec){.iov_base = loc->base + local_off, .iov_len = size};
   r->rma = (struct fi_rma_iov){.addr = rem->raddr[peer] + remote_off, .len = size,
                                .key = rem->rkey[peer]};
   r->desc = loc->desc;
-  if (!is_get) r->seq = p->next_seq++;
+  r->nchunks = 1;
+  if (loc->staged || rem->staged) {
+    r->staged = 1, r->src_gpu = (uint8_t)loc->staged, r->dst_staged = (uint8_t)rem->staged;
+    r->src = loc->base + local_off;
+    r->dst_region = rem->id, r->dst_off = remote_off;
+    if (size > c->stage->chunk) r->nchunks = (uint32_t)((size + c->stage->chunk - 1) / c->stage->chunk);
+    if (r->dst_staged) r->stage_first = p->stage_queued, p->stage_queued += r->nchunks;
+  }
+  if (!is_get) r->seq = p->next_seq, p->next_seq += r->nchunks;
+  if (!p->prep_req) p->prep_req = r;
   r->data_stage = PS_STAGE_QUEUED;
   r->next = NULL;
   wake(p);
@@ -318,7 +358,8 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
   r->sig = (ps_sig_msg_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION, .op = (uint16_t)op,
                           .src_rank = (uint32_t)c->rank, .region_id = sig->id, .offset = sig_off,
                           .value = value,
-                          .covers = c->ordering == PS_ORD_TARGET ? r->need - 1 : 0};
+                          .covers = c->ordering == PS_ORD_TARGET ? r->need - 1 : 0,
+                          .covers_staged = p->stage_queued - 1};
   r->sig_rma = (struct fi_rma_ioc){.addr = sig->raddr[rank] + sig_off, .count = 1,
                                    .key = sig->rkey[rank]};
   r->sig_stage = PS_STAGE_QUEUED;
@@ -349,8 +390,10 @@ static void check_liveness(ps_rma_comm_t *c) {
     ps_rma_peer_t *p = &c->peers[i];
     if ((p->outstanding || p->dq_head || p->sq_head) && c->now_ns - p->active_ns > c->timeout_ns) {
       ps_rma_fail(c, ncclRemoteError, "rank %d completed none of %llu operations in %llu ms "
-                  "(PERSEUS_PEER_TIMEOUT_MS): peer dead or unreachable", i,
-                  (unsigned long long)p->outstanding, (unsigned long long)(c->timeout_ns / 1000000));
+                  "(PERSEUS_PEER_TIMEOUT_MS): peer dead or unreachable%s", i,
+                  (unsigned long long)p->outstanding, (unsigned long long)(c->timeout_ns / 1000000),
+                  p->dq_head && p->dq_head->staged ? " (a staged put waits for the peer's staging slots)" : "");
+      if (c->stage) ps_stage_dump(c);
       return;
     }
   }
@@ -363,8 +406,10 @@ static ncclResult_t progress_body(void *coll) {
   c->now_ns = ps_now_ns();
   ps_rma_release_held(c);
   if (ps_ep_progress(&c->ep, 256, NULL) != ncclSuccess) ps_rma_fail(c, ncclRemoteError, "%s", c->ep.fatal);
+  if (c->stage && !c->error) ps_stage_progress(c);
   if (c->backlog && !c->error) {
     c->backlog = 0;
+    if (c->stage) ps_stage_fill(c);
     for (int p = 0; p < c->nranks && !c->error; p++)
       if (c->peers[p].dq_head || c->peers[p].sq_head) pump(c, &c->peers[p]);
   }

@@ -1,60 +1,82 @@
 /* One-sided engine, target side: signals arrive as messages and are applied
  * here, after validation against the registered regions; under the target
  * strategy a signal also waits until the writes it covers have arrived,
- * counted from their remote CQ data. Nothing a peer sends is trusted. */
+ * counted from their remote CQ data, and behind staged writes until they
+ * are in the GPU (ps_rma_stage_rx.c). Nothing a peer sends is trusted. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
-static void apply_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m) {
+/* 0: applied (or, on a GPU word, queued behind the copies before it);
+ * 1: no room to track the GPU word now, keep it held. */
+static int apply_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m) {
   ps_rma_region_t *r = m->region_id < c->nregions ? c->regions[m->region_id] : NULL;
   if (!r || m->offset % 8 || m->offset > r->size || r->size - m->offset < 8) {
     ps_rma_fail(c, ncclRemoteError,
                 "signal from rank %u rejected: region %u offset %llu outside its %zu bytes",
                 m->src_rank, m->region_id, (unsigned long long)m->offset, r ? r->size : (size_t)0);
-    return;
+    return 0;
   }
   uint64_t add = m->op == NCCL_NET_SIGNAL_OP_INC ? 1 : m->value;
+  if (r->staged) return ps_stage_signal(c, r->base + m->offset, add);
   /* The data it covers is in memory (the strategy made sure); release
    * ordering publishes the new value after everything written before it. */
   __atomic_fetch_add((uint64_t *)(r->base + m->offset), add, __ATOMIC_RELEASE);
+  return 0;
 }
 
-/* Applies the held signals of a peer whose writes have all arrived. Signals
- * commute (adds), so the order among them does not matter. */
-static void apply_ready(ps_rma_comm_t *c, ps_rma_peer_t *p) {
-  for (uint32_t i = 0; i < p->nheld;) {
-    if (p->held[i].msg.covers < p->arrived.below) {
-      ps_sig_msg_t m = p->held[i].msg;
+/* Whether what the signal covers is there: its writes arrived (target
+ * strategy), and its staged writes were copied into the GPU, or, for a GPU
+ * signal word, at least enqueued on the copy stream ahead of it. */
+static int covered(const ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_sig_msg_t *m) {
+  if (m->covers >= p->arrived.below) return 0;
+  if (!m->covers_staged) return 1;
+  ps_rma_region_t *r = m->region_id < c->nregions ? c->regions[m->region_id] : NULL;
+  return m->covers_staged < ((r && r->staged) ? p->stage_in.below : p->stage_done.below);
+}
+
+/* Applies the held signals of a peer whose data is there. Signals commute
+ * (adds), so the order among them does not matter. */
+void ps_rma_apply_ready(ps_rma_comm_t *c, ps_rma_peer_t *p) {
+  for (uint32_t i = 0; i < p->nheld && !c->error;) {
+    if (covered(c, p, &p->held[i].msg) && !apply_signal(c, &p->held[i].msg))
       p->held[i] = p->held[--p->nheld];
-      apply_signal(c, &m);
-    } else {
+    else
       i++;
-    }
   }
 }
 
-/* Remote CQ data of a peer's write: source rank (high 32 bits) and the low
- * 32 bits of the write's sequence number, widened against our window. */
+void ps_rma_mark_arrived(ps_rma_comm_t *c, uint32_t src, uint64_t s) {
+  ps_rma_peer_t *p = &c->peers[src];
+  if (ps_seqwin_mark(&p->arrived, s, PS_RMA_MAX_WINDOW)) {
+    ps_rma_fail(c, ncclRemoteError, "rank %u sent write %llu, a duplicate or over %u ahead of "
+                "its oldest missing one (%llu)", src, (unsigned long long)s,
+                PS_RMA_MAX_WINDOW, (unsigned long long)p->arrived.below);
+    return;
+  }
+  if (p->nheld) ps_rma_apply_ready(c, p);
+}
+
+/* Remote CQ data of a peer's write: a staged write (PS_STAGED_DATA, rank,
+ * receive slot), or the source rank (high 32 bits) and the low 32 bits of
+ * the write's sequence number, widened against our window. */
 void ps_rma_remote_write(void *comm, uint64_t data) {
   ps_rma_comm_t *c = comm;
-  uint64_t src = data >> 32;
+  uint64_t src = (data & ~PS_STAGED_DATA) >> 32;
   if (src >= (uint64_t)c->nranks) {
     ps_rma_fail(c, ncclRemoteError, "a write arrived tagged with source rank %llu of %d",
                 (unsigned long long)src, c->nranks);
     return;
   }
-  ps_rma_peer_t *p = &c->peers[src];
-  uint64_t s = p->arrived.below + (uint32_t)((uint32_t)data - (uint32_t)p->arrived.below);
-  if (ps_seqwin_mark(&p->arrived, s, PS_RMA_MAX_WINDOW)) {
-    ps_rma_fail(c, ncclRemoteError, "rank %llu sent write %llu, a duplicate or over %u ahead of "
-                "its oldest missing one (%llu)", (unsigned long long)src, (unsigned long long)s,
-                PS_RMA_MAX_WINDOW, (unsigned long long)p->arrived.below);
+  if (data & PS_STAGED_DATA) {
+    ps_stage_arrived(c, (uint32_t)src, (uint32_t)data);
     return;
   }
-  if (p->nheld) apply_ready(c, p);
+  ps_rma_peer_t *p = &c->peers[src];
+  ps_rma_mark_arrived(c, (uint32_t)src,
+                      p->arrived.below + (uint32_t)((uint32_t)data - (uint32_t)p->arrived.below));
 }
 
 static void on_signal(ps_rma_comm_t *c, const ps_rma_sig_slot_t *s, size_t len) {
@@ -63,11 +85,12 @@ static void on_signal(ps_rma_comm_t *c, const ps_rma_sig_slot_t *s, size_t len) 
     ps_rma_fail(c, ncclRemoteError, "malformed signal message dropped");
     return;
   }
-  ps_rma_peer_t *p = &c->peers[m.src_rank];
-  if (m.covers < p->arrived.below) {
-    apply_signal(c, &m);
+  if (m.op == PS_SIG_OP_CREDIT) {
+    ps_stage_credit(c, m.src_rank, m.value);
     return;
   }
+  ps_rma_peer_t *p = &c->peers[m.src_rank];
+  if (covered(c, p, &m) && !apply_signal(c, &m)) return;
   /* A peer cannot have more signals waiting than its writes in flight; the
    * cap only bounds what a broken peer can make us allocate. */
   if (p->nheld == p->cap_held) {

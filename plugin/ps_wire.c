@@ -105,8 +105,8 @@ ncclResult_t ps_ctrl_decode(const void *buf, size_t len, uint16_t type, uint32_t
 ncclResult_t ps_sig_decode(const void *buf, size_t len, uint32_t nranks, ps_sig_msg_t *out) {
   PS_CHECK(take_exact("signal message", buf, len, out, sizeof *out));
   PS_CHECK(check_ident("signal message", out->magic, out->version));
-  if (out->src_rank >= nranks || (out->op != 1 && out->op != 2)) {
-    PS_WARN("signal message rejected: rank %u of %u, op %u (expected 1 INC or 2 ADD)",
+  if (out->src_rank >= nranks || (out->op != 1 && out->op != 2 && out->op != PS_SIG_OP_CREDIT)) {
+    PS_WARN("signal message rejected: rank %u of %u, op %u (expected 1 INC, 2 ADD or 0x100 CREDIT)",
             out->src_rank, nranks, out->op);
     return ncclInvalidArgument;
   }
@@ -120,6 +120,19 @@ ncclResult_t ps_reg_decode(const void *buf, size_t len, uint32_t nranks, uint32_
   if (out->rank >= nranks || out->region_id != region_id) {
     PS_WARN("registration message rejected: rank %u of %u, region %u (expected %u)", out->rank,
             nranks, out->region_id, region_id);
+    return ncclInvalidArgument;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ps_stage_decode(const void *buf, size_t len, uint32_t src_rank, uint64_t max_len,
+                             ps_stage_hdr_t *out) {
+  PS_CHECK(take_exact("staged write header", buf, len, out, sizeof *out));
+  PS_CHECK(check_ident("staged write header", out->magic, out->version));
+  if (out->src_rank != src_rank || out->len > max_len || out->stage_seq == 0) {
+    PS_WARN("staged write header rejected: from rank %u in rank %u's slot, %llu bytes (at most "
+            "%llu), staged sequence %llu", out->src_rank, src_rank, (unsigned long long)out->len,
+            (unsigned long long)max_len, (unsigned long long)out->stage_seq);
     return ncclInvalidArgument;
   }
   return ncclSuccess;

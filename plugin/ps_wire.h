@@ -55,12 +55,16 @@ ncclResult_t ps_ctrl_encode(ps_ctrl_msg_t *m, uint16_t type, uint32_t wire_hash,
 ncclResult_t ps_ctrl_decode(const void *buf, size_t len, uint16_t type, uint32_t wire_hash,
                             ps_ctrl_msg_t *out);
 
-/* One-sided engine: a signal to apply at the target, and one rank's part of
- * a symmetric registration (allgathered). */
+/* One-sided engine: a signal to apply at the target (or, with op
+ * PS_SIG_OP_CREDIT, staging slots handed back to the origin), one rank's part
+ * of a symmetric registration (allgathered), and the header of a staged
+ * write (in front of the payload in a staging slot). */
+#define PS_SIG_OP_CREDIT 0x100 /* value: every staged write with sequence < value was consumed */
+
 typedef struct {
   uint32_t magic;
   uint16_t version;
-  uint16_t op; /* NCCL_NET_SIGNAL_OP_INC or _ADD */
+  uint16_t op; /* NCCL_NET_SIGNAL_OP_INC or _ADD, or PS_SIG_OP_CREDIT */
   uint32_t src_rank;
   uint32_t region_id;
   uint64_t offset;
@@ -68,12 +72,17 @@ typedef struct {
   /* target strategy: apply only once this many of src_rank's writes have
    * arrived (counted from their remote CQ data); 0 = apply on receipt */
   uint64_t covers;
+  /* staging: apply only after the copies of src_rank's first covers_staged
+   * staged writes into GPU memory */
+  uint64_t covers_staged;
 } ps_sig_msg_t;
+
+#define PS_REG_STAGED 1 /* ps_reg_msg_t.flags: the region is GPU memory reached by staging */
 
 typedef struct {
   uint32_t magic;
   uint16_t version;
-  uint16_t pad;
+  uint16_t flags; /* PS_REG_* */
   uint32_t rank;
   uint32_t region_id;
   uint64_t addr; /* target address of the region (0 when the provider wants offsets) */
@@ -81,10 +90,28 @@ typedef struct {
   uint64_t key;
 } ps_reg_msg_t;
 
-/* Both check magic/version and rank < nranks; the signal's op must be INC or
- * ADD. Offsets are checked later against the region they name. */
+typedef struct {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t pad;
+  uint32_t src_rank;
+  uint32_t region_id; /* destination window */
+  uint64_t offset;    /* in it */
+  uint64_t len;       /* payload bytes after the header */
+  uint64_t seq;       /* the origin's put sequence of this chunk (target strategy) */
+  uint64_t stage_seq; /* the origin's staged-write sequence towards us, from 1 */
+  uint64_t reserved[2];
+} ps_stage_hdr_t;
+_Static_assert(sizeof(ps_stage_hdr_t) == 64, "staged write header is one cache line");
+
+/* All check magic/version and rank < nranks; the signal's op must be INC,
+ * ADD or CREDIT. Offsets are checked later against the region they name. */
 ncclResult_t ps_sig_decode(const void *buf, size_t len, uint32_t nranks, ps_sig_msg_t *out);
 ncclResult_t ps_reg_decode(const void *buf, size_t len, uint32_t nranks, uint32_t region_id,
                            ps_reg_msg_t *out);
+/* A staged header must also name `src_rank` (whom the slot belongs to) and
+ * carry at most `max_len` payload bytes. */
+ncclResult_t ps_stage_decode(const void *buf, size_t len, uint32_t src_rank, uint64_t max_len,
+                             ps_stage_hdr_t *out);
 
 #endif

@@ -27,7 +27,7 @@ export PKG_CONFIG_PATH="$LIBDIR/pkgconfig"
 DEB_LIB="$WORK/debs/libnccl-net-perseus_${VERSION}_$ARCH.deb"
 DEB_DEV="$WORK/debs/perseus-dev_${VERSION}_$ARCH.deb"
 DEB_BENCH="$WORK/debs/perseus-bench_${VERSION}_$ARCH.deb"
-SYMS='^(nccl(Net|Gin|Rma|CollNet)Plugin_v[0-9]+|perseus_rma_peer_stats|perseus_rma_ordering)$'
+SYMS='^(nccl(Net|Gin|Rma|CollNet)Plugin_v[0-9]+|perseus_rma_peer_stats|perseus_rma_process_stats|perseus_rma_ordering)$'
 ONE_SIDED='ncclGinPlugin_v11 ncclGinPlugin_v12 ncclGinPlugin_v13 ncclRmaPlugin_v13 ncclRmaPlugin_v14'
 
 npass=0 nfail=0
@@ -69,7 +69,7 @@ soname_unversioned() {
 exports_only_plugin_tables() {
   syms="$(nm -D --defined-only "$LIB" | awk '{print $NF}')"
   echo "$syms"
-  for s in $ONE_SIDED perseus_rma_peer_stats perseus_rma_ordering; do
+  for s in $ONE_SIDED perseus_rma_peer_stats perseus_rma_process_stats perseus_rma_ordering; do
     echo "$syms" | grep -qx "$s" || { echo "missing: $s"; return 1; }
   done
   echo "$syms" | grep -q '^ncclNetPlugin_v[0-9]*$' && ! echo "$syms" | grep -vE "$SYMS"

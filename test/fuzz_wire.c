@@ -87,26 +87,36 @@ static int run_ctrl(const unsigned char *data, size_t len, uint16_t type) {
   return rc == ncclSuccess;
 }
 
-/* The one-sided engine's peer messages: a signal to apply, a rank's part of
- * a symmetric registration. Accepted means every field is in range. */
+/* The one-sided engine's peer messages: a signal to apply (or credit), a
+ * rank's part of a symmetric registration, a staged write's header.
+ * Accepted means every field is in range. */
 #define OS_RANKS 4u
 #define OS_REGION 3u
+#define OS_SRC 1u
+#define OS_MAXLEN 4096u
 static int run_onesided(const unsigned char *data, size_t len) {
   unsigned char *b = malloc(len ? len : 1);
   if (!b) abort();
   memcpy(b, data, len);
   ps_sig_msg_t sm;
   ps_reg_msg_t rm;
+  ps_stage_hdr_t hm;
   int ok = 0;
   if (ps_sig_decode(len ? b : NULL, len, OS_RANKS, &sm) == ncclSuccess) {
     if (len != sizeof sm || sm.magic != PS_WIRE_MAGIC || sm.src_rank >= OS_RANKS ||
-        (sm.op != 1 && sm.op != 2))
+        (sm.op != 1 && sm.op != 2 && sm.op != PS_SIG_OP_CREDIT))
       die("signal message accepted with a field out of range", b, len);
     ok++;
   }
   if (ps_reg_decode(len ? b : NULL, len, OS_RANKS, OS_REGION, &rm) == ncclSuccess) {
     if (len != sizeof rm || rm.magic != PS_WIRE_MAGIC || rm.rank >= OS_RANKS || rm.region_id != OS_REGION)
       die("registration message accepted with a field out of range", b, len);
+    ok++;
+  }
+  if (ps_stage_decode(len ? b : NULL, len, OS_SRC, OS_MAXLEN, &hm) == ncclSuccess) {
+    if (len != sizeof hm || hm.magic != PS_WIRE_MAGIC || hm.src_rank != OS_SRC ||
+        hm.len > OS_MAXLEN || !hm.stage_seq)
+      die("staged write header accepted with a field out of range", b, len);
     ok++;
   }
   free(b);
@@ -119,14 +129,18 @@ static long long fuzz_onesided(long long iters, uint64_t (*rand64)(void)) {
                       .region_id = 2, .offset = 8, .value = 5};
   ps_reg_msg_t reg = {.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION, .rank = 2,
                       .region_id = OS_REGION, .addr = 0x1000, .size = 4096, .key = 7};
-  if (run_onesided((const unsigned char *)&sig, sizeof sig) != 1 ||
-      run_onesided((const unsigned char *)&reg, sizeof reg) != 1)
-    die("a valid one-sided message was refused", &sig, sizeof sig);
+  ps_stage_hdr_t hdr = {.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION, .src_rank = OS_SRC,
+                        .region_id = 2, .offset = 64, .len = 100, .seq = 9, .stage_seq = 3};
+  const void *valid[] = {&sig, &reg, &hdr};
+  const size_t sizes[] = {sizeof sig, sizeof reg, sizeof hdr};
+  for (int k = 0; k < 3; k++)
+    if (run_onesided(valid[k], sizes[k]) != 1) die("a valid one-sided message was refused", valid[k], sizes[k]);
   long long accepted = 0;
   for (long long i = 0; i < iters; i++) {
     unsigned char buf[64];
-    size_t len = (rand64() & 1) ? sizeof sig : sizeof reg;
-    memcpy(buf, (len == sizeof sig) ? (const void *)&sig : (const void *)&reg, len);
+    int k = (int)(rand64() % 3);
+    size_t len = sizes[k];
+    memcpy(buf, valid[k], len);
     for (int k = (int)(rand64() % 4); k >= 0; k--) buf[rand64() % len] ^= (unsigned char)(1u << (rand64() % 8));
     if (rand64() % 16 == 0) len = (size_t)(rand64() % sizeof buf); /* wrong lengths too */
     accepted += run_onesided(buf, len);

@@ -16,7 +16,13 @@
  *              GIN_PROXY (2), and the perseus extensions resolve.
  *   api        a put to oneself (NCCL 2.30 flushes that way), a second
  *              connection/context index, iget and iflush where the table has
- *              them, the stats export, and bad arguments refused. */
+ *              them, the stats export, and bad arguments refused.
+ *   cycles     register a window and a signal word, put+signal to the next
+ *              rank, verify, deregister; 50 x BATCHES times: registration
+ *              leaks nothing (resident memory checked) and ids stay in step.
+ * -G [dsg]: register the destination window (d), the source (s) and the
+ * signal words (g) as NCCL_PTR_CUDA; with the fake-CUDA test plugin that
+ * exercises staging on hosts without a GPU. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +39,7 @@
 
 typedef struct {
   const char *abi, *plugin, *scenario;
+  const char *gpu; /* -G: which windows are registered as GPU memory */
   int batches;
   int expect_refusal; /* -R */
 } args_t;
@@ -48,6 +55,11 @@ static size_t tile_size(int src, int dst, int b, int t) {
 }
 static uint64_t tile_id(int src, int dst, int b, int t) { return ((uint64_t)src << 48) | ((uint64_t)dst << 32) | ((uint64_t)b << 8) | (uint64_t)t; }
 
+/* Registration type of a window: GPU when -G names its letter. */
+static int ptr_type(const args_t *a, char which) {
+  return a->gpu && strchr(a->gpu, which) ? NCCL_PTR_CUDA : NCCL_PTR_HOST;
+}
+
 static int invariant(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
   int P = r->nranks, me = r->rank, B = a->batches;
   const char *want = getenv("PERSEUS_ORDERING"), *got = g->ordering ? g->ordering(cc) : NULL;
@@ -58,9 +70,9 @@ static int invariant(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
   uint64_t *sig = calloc((size_t)P, 8);
   void *data_mh, *src_mh, *sig_mh;
   CHECK(data && src && sig, "oom");
-  CHECK(g->reg_sym(cc, data, data_bytes, NCCL_PTR_HOST, 0, &data_mh) == ncclSuccess, "reg data");
-  CHECK(g->reg_sym(cc, src, src_bytes, NCCL_PTR_HOST, 0, &src_mh) == ncclSuccess, "reg src");
-  CHECK(g->reg_sym(cc, sig, (size_t)P * 8, NCCL_PTR_HOST, NCCL_NET_MR_FLAG_FORCE_SO, &sig_mh) == ncclSuccess, "reg sig");
+  CHECK(g->reg_sym(cc, data, data_bytes, ptr_type(a, 'd'), 0, &data_mh) == ncclSuccess, "reg data");
+  CHECK(g->reg_sym(cc, src, src_bytes, ptr_type(a, 's'), 0, &src_mh) == ncclSuccess, "reg src");
+  CHECK(g->reg_sym(cc, sig, (size_t)P * 8, ptr_type(a, 'g'), NCCL_NET_MR_FLAG_FORCE_SO, &sig_mh) == ncclSuccess, "reg sig");
   /* what each source has been seen to cover so far */
   int verified[16] = {0};
   uint64_t cum[16][MAX_BATCHES + 1];
@@ -237,19 +249,74 @@ static int api(drv_rank_t *r, drv_gin_t *g, void *cc) {
   return 0;
 }
 
+static long rss_kib(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long kib = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, "VmRSS:", 6)) kib = atol(line + 6);
+  if (f) fclose(f);
+  return kib;
+}
+
+static int cycles(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
+  enum { MAXSZ = 65536 };
+  int P = r->nranks, me = r->rank, next = (me + 1) % P, prev = (me + P - 1) % P, N = 50 * a->batches;
+  unsigned char *src = malloc(MAXSZ), *win = malloc((size_t)P * MAXSZ);
+  uint64_t *sig = calloc((size_t)P, 8);
+  void *src_mh, *win_mh, *sig_mh;
+  CHECK(src && win && sig, "oom");
+  CHECK(g->reg_sym(cc, src, MAXSZ, ptr_type(a, 's'), 0, &src_mh) == ncclSuccess, "reg src");
+  long rss0 = 0;
+  for (int i = 0; i < N; i++) {
+    if (i == N / 10) rss0 = rss_kib(); /* after warm-up: pools and pages are in place */
+    size_t sz = 1 + mix((uint64_t)i) % MAXSZ; /* the same on every rank */
+    memset(sig, 0, (size_t)P * 8);
+    CHECK(g->reg_sym(cc, win, (size_t)P * sz, ptr_type(a, 'd'), 0, &win_mh) == ncclSuccess, "cycle %d: reg window", i);
+    CHECK(g->reg_sym(cc, sig, (size_t)P * 8, ptr_type(a, 'g'), NCCL_NET_MR_FLAG_FORCE_SO, &sig_mh) == ncclSuccess, "cycle %d: reg signals", i);
+    drv_fill(src, sz, tile_id(me, next, i, 0));
+    RUN(g->iput_signal(cc, 0, src_mh, sz, (size_t)me * sz, win_mh, (uint32_t)next, (uint64_t)me * 8, sig_mh, 0, NCCL_NET_SIGNAL_OP_INC, &req_), "put+signal");
+    double end = drv_now() + 30;
+    while (__atomic_load_n(&sig[prev], __ATOMIC_ACQUIRE) != 1) {
+      CHECK(drv_now() < end && !drv_peer_failed(r), "cycle %d: no signal from rank %d", i, prev);
+      CHECK(g->progress(cc) == ncclSuccess, "progress");
+    }
+    CHECK(drv_verify(win + (size_t)prev * sz, sz, tile_id(prev, me, i, 0)) < 0, "cycle %d: wrong data from %d", i, prev);
+    CHECK(!drv_gin_barrier(r, g, cc, 60), "cycle %d: barrier", i); /* nobody deregisters while peers write */
+    CHECK(g->dereg_sym(cc, win_mh) == ncclSuccess && g->dereg_sym(cc, sig_mh) == ncclSuccess, "cycle %d: dereg", i);
+  }
+  long grew = rss_kib() - rss0;
+  if (me == 0) printf("%d register/put/deregister cycles: resident memory grew %ld KiB after warm-up\n", N, grew);
+  CHECK(grew < 4096, "resident memory grew %ld KiB over %d cycles: registrations leak", grew, N);
+  CHECK(g->dereg_sym(cc, src_mh) == ncclSuccess, "dereg src");
+  free(src), free(win), free(sig);
+  return 0;
+}
+
 static int rank_fn(drv_rank_t *r, void *arg) {
   const args_t *a = arg;
   drv_gin_t g;
   void *cc = NULL;
   CHECK(!drv_gin_load(a->plugin, a->abi, &g), "loading %s", a->abi);
   ncclResult_t crc = drv_gin_connect(r, &g, &cc);
+  if (a->expect_refusal && a->gpu) { /* the strategy works, but not for staged GPU windows */
+    CHECK(crc == ncclSuccess, "connect returned %d", crc);
+    static char win[4096];
+    void *mh = NULL;
+    ncclResult_t rrc = g.reg_sym(cc, win, sizeof win, NCCL_PTR_CUDA, 0, &mh);
+    CHECK(rrc == ncclInvalidUsage, "registering a GPU window returned %d, expected the refusal ncclInvalidUsage (5)", rrc);
+    CHECK(drv_gin_close(&g, cc) == ncclSuccess, "close");
+    return 0;
+  }
   if (a->expect_refusal) {
     CHECK(crc == ncclInvalidUsage, "connect returned %d, expected the refusal ncclInvalidUsage (5)", crc);
     CHECK(drv_gin_close(&g, NULL) == ncclSuccess, "finalize");
     return 0;
   }
   CHECK(crc == ncclSuccess, "connect returned %d", crc);
-  int rc = !strcmp(a->scenario, "api") ? api(r, &g, cc) : invariant(r, &g, cc, a);
+  int rc = !strcmp(a->scenario, "api")      ? api(r, &g, cc)
+           : !strcmp(a->scenario, "cycles") ? cycles(r, &g, cc, a)
+                                            : invariant(r, &g, cc, a);
   /* closed even after a failure: shm leaves a dead endpoint's name behind,
    * and a later process given the same pid cannot open one */
   ncclResult_t xrc = drv_gin_close(&g, cc);
@@ -274,30 +341,35 @@ int main(int argc, char **argv) {
   args_t a = {.abi = "gin11", .scenario = "invariant", .batches = 24};
   drv_opts_t o = {.nranks = 2, .timeout_s = 180, .no_load = 1, .no_mesh = 1};
   int c;
-  while ((c = getopt(argc, argv, "a:p:s:r:b:Rh")) != -1) {
+  while ((c = getopt(argc, argv, "a:p:s:r:b:G:Rh")) != -1) {
     if (c == 'a') a.abi = optarg;
     else if (c == 'p') a.plugin = optarg;
     else if (c == 's') a.scenario = optarg;
     else if (c == 'r') o.nranks = atoi(optarg);
     else if (c == 'R') a.expect_refusal = 1;
     else if (c == 'b') a.batches = atoi(optarg);
+    else if (c == 'G') a.gpu = optarg;
     else {
-      fprintf(stderr, "usage: %s [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-s invariant|props|api] "
-              "[-r RANKS 2..16] [-b BATCHES 1..%d] [-R: expect the ordering to be refused]\n", argv[0], MAX_BATCHES);
+      fprintf(stderr, "usage: %s [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-s invariant|props|api|cycles] "
+              "[-r RANKS 2..16] [-b BATCHES 1..%d] [-G dsg: GPU windows] [-R: expect the ordering to be refused]\n",
+              argv[0], MAX_BATCHES);
       return c == 'h' ? 0 : 2;
     }
   }
   if (o.nranks < 2 || o.nranks > 16 || a.batches < 1 || a.batches > MAX_BATCHES ||
-      (strcmp(a.scenario, "invariant") && strcmp(a.scenario, "props") && strcmp(a.scenario, "api"))) {
-    fprintf(stderr, "ranks must be 2..16, batches 1..%d, scenario invariant, props or api\n", MAX_BATCHES);
+      (a.gpu && strspn(a.gpu, "dsg") != strlen(a.gpu)) ||
+      (strcmp(a.scenario, "invariant") && strcmp(a.scenario, "props") && strcmp(a.scenario, "api") &&
+       strcmp(a.scenario, "cycles"))) {
+    fprintf(stderr, "ranks must be 2..16, batches 1..%d, -G letters from dsg, scenario invariant, props, api or cycles\n",
+            MAX_BATCHES);
     return 2;
   }
   if (!strcmp(a.scenario, "props")) return props(&a);
   o.shared_bytes = drv_gin_shared_bytes(o.nranks);
   double t0 = drv_now();
   int rc = drv_run(&o, rank_fn, &a);
-  printf("rma %s over %s, %d ranks, %d batches, provider %s, ordering %s%s: %s (%.2f s)\n", a.scenario, a.abi,
-         o.nranks, a.batches, getenv("PERSEUS_PROVIDER") ? getenv("PERSEUS_PROVIDER") : "auto",
+  printf("rma %s over %s, %d ranks, %d batches, GPU windows %s, provider %s, ordering %s%s: %s (%.2f s)\n",
+         a.scenario, a.abi, o.nranks, a.batches, a.gpu ? a.gpu : "none", getenv("PERSEUS_PROVIDER") ? getenv("PERSEUS_PROVIDER") : "auto",
          getenv("PERSEUS_ORDERING") ? getenv("PERSEUS_ORDERING") : "auto",
          a.expect_refusal ? " (must be refused)" : "", rc ? "FAIL" : "ok", drv_now() - t0);
   return rc ? 1 : 0;

@@ -31,6 +31,12 @@ typedef int (*perseus_rma_peer_stats_fn)(void *, uint32_t, perseus_rma_peer_stat
 const char *perseus_rma_ordering(void *comm);
 typedef const char *(*perseus_rma_ordering_fn)(void *);
 
+/* Sums over every comm this process has connected (closed ones included),
+ * per rank summed over destinations, for programs that let NCCL drive the
+ * plugin (NCCL keeps the comms to itself). Returns 0, or -1 for a bad size. */
+int perseus_rma_process_stats(perseus_rma_peer_stats_t *out, size_t size);
+typedef int (*perseus_rma_process_stats_fn)(perseus_rma_peer_stats_t *, size_t);
+
 #ifdef __cplusplus
 }
 #endif

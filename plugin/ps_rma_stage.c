@@ -1,0 +1,327 @@
+/* Staging for GPU windows the provider cannot register (no FI_HMEM): setup,
+ * and the origin side.
+ *
+ * A put with GPU memory on either side moves in chunks of at most
+ * PERSEUS_STAGING_CHUNK bytes through send slots in pinned host memory.
+ * prepare() fills a slot for a queued chunk: a copy out of the GPU on the
+ * copy engine (out stream, tracked by an event; the proxy never waits on
+ * it) or a memcpy from host memory. post() sends a filled slot once its copy
+ * is done: straight into a host window, or, when the destination is GPU
+ * memory, header + payload into one of the target's receive slots, with
+ * remote CQ data naming the slot. The target copies it into the window
+ * (ps_rma_stage_rx.c) and hands the slot back with a credit.
+ *
+ * Bounded: a peer keeps per_peer receive slots for us; the chunk with staged
+ * sequence s uses slot s % per_peer and goes only once the peer freed every
+ * earlier user of that slot (back-pressure, never growth). Slots are
+ * prepared in each peer's call order, so a chunk holding a send slot only
+ * waits for chunks that already hold one: no deadlock, however few slots. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_comm.h"
+#include "ps_log.h"
+#include "ps_rma_int.h"
+
+#define PS_STAGE_MAX_WORDS 1024 /* GPU signal words with adds in flight at once */
+#define PS_STAGE_HDR sizeof(ps_stage_hdr_t)
+
+/* A quarter of PERSEUS_STAGING_BYTES for send slots, the rest split evenly
+ * into receive slots per origin rank (at least 2 each: one filling while
+ * one copies); the chunk shrinks when many ranks share the budget. */
+static ncclResult_t size_pools(ps_stage_t *st, int nranks) {
+  const ps_config_t *cfg = ps_fabric_config();
+  size_t total = (size_t)cfg->staging_bytes, send = total / 4, rx = total - send;
+  size_t chunk = (size_t)cfg->staging_chunk;
+  size_t fit = rx / ((size_t)nranks * 2);
+  if (fit < 4096 + PS_STAGE_HDR) {
+    PS_WARN("PERSEUS_STAGING_BYTES=%zu is too small for %d ranks: GPU windows need at least %zu",
+            total, nranks, (size_t)nranks * 2 * (4096 + PS_STAGE_HDR) * 4 / 3 + 4096);
+    return ncclInvalidUsage;
+  }
+  if (chunk + PS_STAGE_HDR > fit) chunk = (fit - PS_STAGE_HDR) & ~(size_t)4095;
+  st->chunk = chunk;
+  st->slot_bytes = chunk + PS_STAGE_HDR;
+  st->per_peer = (uint32_t)(rx / ((size_t)nranks * st->slot_bytes));
+  st->nsend = (uint32_t)(send / st->slot_bytes);
+  if (st->nsend < 2) st->nsend = 2;
+  st->rx_bytes = (size_t)nranks * st->per_peer * st->slot_bytes;
+  return ncclSuccess;
+}
+
+static ncclResult_t refuse_reason(ps_rma_comm_t *c) {
+  const ps_device_t *d = c->ep.dev;
+  if (c->ordering == PS_ORD_FENCE) {
+    PS_WARN("GPU windows on %s are staged (the provider has no FI_HMEM), and the fence strategy "
+            "cannot keep a signal behind staged data: its fenced atomic lands before the target "
+            "has copied the payload into the GPU. Use PERSEUS_ORDERING=auto, ordered, target, "
+            "deferred or drain", d->name);
+    return ncclInvalidUsage;
+  }
+  if (d->cq_data_size < 8) {
+    PS_WARN("GPU windows on %s need staging, which needs 8 bytes of remote CQ data per write "
+            "(the provider has %zu)", d->name, d->cq_data_size);
+    return ncclInvalidUsage;
+  }
+  if (!ps_cuda_available()) {
+    PS_WARN("a GPU window was registered, but the CUDA driver (libcuda.so.1) cannot be loaded "
+            "or sees no GPU");
+    return ncclSystemError;
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t alloc_pools(ps_rma_comm_t *c, ps_stage_t *st) {
+  size_t P = (size_t)c->nranks;
+  PS_CHECK(ps_cuda_host_alloc(st->cu, (size_t)st->nsend * st->slot_bytes, (void **)&st->send_pool));
+  PS_CHECK(ps_ep_reg_local(&c->ep, st->send_pool, (size_t)st->nsend * st->slot_bytes, &st->send_mr));
+  st->send_desc = st->send_mr ? fi_mr_desc(st->send_mr) : NULL;
+  PS_CHECK(ps_cuda_host_alloc(st->cu, st->rx_bytes, (void **)&st->rx_pool));
+  PS_CHECK(ps_cuda_host_alloc(st->cu, PS_STAGE_MAX_WORDS * sizeof(uint64_t), (void **)&st->cells));
+  st->slots = calloc(st->nsend, sizeof *st->slots);
+  st->copies = calloc(P * st->per_peer, sizeof *st->copies);
+  st->words = calloc(PS_STAGE_MAX_WORDS, sizeof *st->words);
+  st->free_cells = calloc(PS_STAGE_MAX_WORDS, sizeof *st->free_cells);
+  st->credit = calloc(P, sizeof *st->credit);
+  st->credit_op = calloc(P, sizeof *st->credit_op);
+  if (!st->slots || !st->copies || !st->words || !st->free_cells || !st->credit || !st->credit_op)
+    return ncclSystemError;
+  PS_CHECK(ps_ep_reg_local(&c->ep, st->credit, P * sizeof *st->credit, &st->credit_mr));
+  st->credit_desc = st->credit_mr ? fi_mr_desc(st->credit_mr) : NULL;
+  for (uint32_t i = st->nsend; i-- > 0;) {
+    st->slots[i].hdr = (ps_stage_hdr_t *)(st->send_pool + (size_t)i * st->slot_bytes);
+    st->slots[i].next = st->free_slots;
+    st->free_slots = &st->slots[i];
+  }
+  st->max_words = PS_STAGE_MAX_WORDS;
+  for (uint32_t i = 0; i < st->max_words; i++) st->free_cells[st->nfree_cells++] = &st->cells[i];
+  return ncclSuccess;
+}
+
+ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr) {
+  PS_CHECK(refuse_reason(c));
+  ps_stage_t *st = calloc(1, sizeof *st);
+  if (!st) return ncclSystemError;
+  c->stage = st;
+  ncclResult_t rc = ps_cuda_open(gpu_ptr, &st->cu);
+  if (rc == ncclSuccess) rc = size_pools(st, c->nranks);
+  if (rc == ncclSuccess) rc = alloc_pools(c, st);
+  /* collective, like the window being registered: every rank's receive
+   * slots become a symmetric region the origins write into */
+  if (rc == ncclSuccess) rc = ps_rma_reg_region(c, st->rx_pool, st->rx_bytes, 0, &st->rx);
+  for (int p = 0; rc == ncclSuccess && p < c->nranks; p++) {
+    if (st->rx->rsize[p] != st->rx_bytes) {
+      PS_WARN("rank %d stages with %llu bytes of receive slots, this rank with %zu: "
+              "PERSEUS_STAGING_BYTES and PERSEUS_STAGING_CHUNK must match on every rank", p,
+              (unsigned long long)st->rx->rsize[p], st->rx_bytes);
+      rc = ncclInvalidUsage;
+    }
+  }
+  if (rc != ncclSuccess) {
+    ps_stage_free(c);
+    return rc;
+  }
+  PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: GPU windows staged through pinned host memory "
+          "(%s has no FI_HMEM): chunks of %zu B, %u receive slots per peer, %u send slots, %.1f MiB",
+          c->ep.dev->name, st->chunk, st->per_peer, st->nsend,
+          (double)((size_t)st->nsend * st->slot_bytes + st->rx_bytes) / (1 << 20));
+  return ncclSuccess;
+}
+
+/* Waits (bounded) for the copy engines to stop touching pinned memory we
+ * are about to free, then releases everything. */
+static void quiesce(ps_stage_t *st, ps_cuda_event_t **ev) {
+  if (!*ev) return;
+  uint64_t deadline = ps_now_ns() + 10ULL * 1000000000ULL;
+  while (ps_cuda_event_done(st->cu, *ev) == 0 && ps_now_ns() < deadline) continue;
+  ps_cuda_event_release(st->cu, *ev);
+  *ev = NULL;
+}
+
+void ps_stage_free(ps_rma_comm_t *c) {
+  ps_stage_t *st = c->stage;
+  if (!st) return;
+  if (st->cu) {
+    for (uint32_t i = 0; st->slots && i < st->nsend; i++) quiesce(st, &st->slots[i].ev);
+    for (uint32_t i = 0; i < st->ncopies; i++) {
+      uint32_t k = (st->copy_head + i) % (uint32_t)((size_t)c->nranks * st->per_peer);
+      quiesce(st, &st->copies[k].ev);
+    }
+    for (uint32_t i = 0; i < st->nwords; i++) quiesce(st, &st->words[i].ev);
+  }
+  /* st->rx belongs to the comm's region list, which frees it */
+  if (st->send_mr) fi_close(&st->send_mr->fid);
+  if (st->credit_mr) fi_close(&st->credit_mr->fid);
+  if (st->cu) {
+    if (st->send_pool) ps_cuda_host_free(st->cu, st->send_pool);
+    if (st->rx_pool) ps_cuda_host_free(st->cu, st->rx_pool);
+    if (st->cells) ps_cuda_host_free(st->cu, st->cells);
+    ps_cuda_close(st->cu);
+  }
+  free(st->slots), free(st->copies), free(st->words), free(st->free_cells);
+  free(st->credit), free(st->credit_op);
+  free(st);
+  c->stage = NULL;
+}
+
+static size_t chunk_len(const ps_stage_t *st, const ps_rma_req_t *r, uint32_t i) {
+  size_t off = (size_t)i * st->chunk, size = r->iov.iov_len;
+  return size - off < st->chunk ? size - off : st->chunk;
+}
+
+/* Fills up to `limit` free send slots with the next chunks of this peer's
+ * queue, in order; returns how many it filled. */
+static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
+  ps_stage_t *st = c->stage;
+  int filled = 0;
+  while (filled < limit && p->prep_req && st->free_slots && !c->error) {
+    ps_rma_req_t *r = p->prep_req;
+    if (!r->staged || r->prepared == r->nchunks) {
+      p->prep_req = r->next;
+      continue;
+    }
+    ps_stage_slot_t *s = st->free_slots;
+    uint32_t i = r->prepared;
+    size_t n = chunk_len(st, r, i);
+    const char *from = r->src + (size_t)i * st->chunk;
+    if (r->src_gpu && n) {
+      if (ps_cuda_d2h(st->cu, PS_CUDA_OUT_STREAM, s->hdr + 1, from, n) != ncclSuccess ||
+          ps_cuda_event_record(st->cu, PS_CUDA_OUT_STREAM, &s->ev) != ncclSuccess) {
+        ps_rma_fail(c, ncclSystemError, "copying a put to rank %u out of the GPU failed", r->peer);
+        return filled;
+      }
+    } else if (n) {
+      memcpy(s->hdr + 1, from, n);
+    }
+    st->free_slots = s->next;
+    s->req = r, s->chunk = i, s->next = NULL;
+    if (p->prep_tail) p->prep_tail->next = s;
+    else p->prep_head = s;
+    p->prep_tail = s;
+    r->prepared++;
+    filled++;
+  }
+  return filled;
+}
+
+/* One chunk at a time, so a new call's first chunk does not wait a round. */
+void ps_stage_prepare(ps_rma_comm_t *c, ps_rma_peer_t *p) { prepare(c, p, 1); }
+
+/* Free slots go round-robin over the peers with chunks waiting, starting
+ * one further each pass: a peer with a long queue cannot starve the others
+ * (its chunks may hold slots while they wait for its credits). */
+void ps_stage_fill(ps_rma_comm_t *c) {
+  ps_stage_t *st = c->stage;
+  int P = c->nranks, any = 1;
+  st->rr = (st->rr + 1) % P;
+  while (any && st->free_slots && !c->error) {
+    any = 0;
+    for (int k = 0; k < P && st->free_slots; k++) any |= prepare(c, &c->peers[(st->rr + k) % P], 1);
+  }
+}
+
+static void chunk_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
+  ps_stage_slot_t *s = op->owner;
+  ps_rma_req_t *r = s->req;
+  ps_stage_t *st = r->comm->stage;
+  uint64_t seq = r->seq + s->chunk;
+  (void)e;
+  s->req = NULL;
+  s->next = st->free_slots;
+  st->free_slots = s;
+  r->comm->backlog = 1; /* a free slot: the next chunk can be prepared */
+  ps_rma_put_done(r, seq, err, errstr);
+}
+
+ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, int *all,
+                           int *refused) {
+  ps_stage_t *st = c->stage;
+  *all = 0, *refused = 0;
+  while (r->posted_chunks < r->nchunks) {
+    ps_stage_slot_t *s = p->prep_head;
+    if (!s || s->req != r) return ncclSuccess; /* waits for a send slot */
+    if (s->ev) {
+      int done = ps_cuda_event_done(st->cu, s->ev);
+      if (done < 0) return ncclSystemError;
+      if (!done) return ncclSuccess; /* still copying out of the GPU */
+      ps_cuda_event_release(st->cu, s->ev);
+      s->ev = NULL;
+    }
+    size_t off = (size_t)s->chunk * st->chunk, n = chunk_len(st, r, s->chunk);
+    uint64_t seq = r->seq + s->chunk, sseq = r->stage_first + s->chunk;
+    struct iovec iov;
+    struct fi_rma_iov rma;
+    void *desc = st->send_desc;
+    struct fi_msg_rma m = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = c->addr[r->peer],
+                           .rma_iov = &rma, .rma_iov_count = 1, .context = &s->op};
+    uint64_t flags = ps_rma_write_flags(c);
+    if (r->dst_staged) {
+      if (sseq >= p->stage_freed + st->per_peer) return ncclSuccess; /* no credit yet */
+      uint32_t slot = (uint32_t)(sseq % st->per_peer);
+      *s->hdr = (ps_stage_hdr_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
+                                 .src_rank = (uint32_t)c->rank, .region_id = r->dst_region,
+                                 .offset = r->dst_off + off, .len = n, .seq = seq, .stage_seq = sseq};
+      iov = (struct iovec){.iov_base = s->hdr, .iov_len = PS_STAGE_HDR + n};
+      rma = (struct fi_rma_iov){
+          .addr = st->rx->raddr[r->peer] + ((uint64_t)c->rank * st->per_peer + slot) * st->slot_bytes,
+          .len = PS_STAGE_HDR + n, .key = st->rx->rkey[r->peer]};
+      flags |= FI_REMOTE_CQ_DATA;
+      m.data = PS_STAGED_DATA | (uint64_t)c->rank << 32 | slot;
+    } else {
+      iov = (struct iovec){.iov_base = s->hdr + 1, .iov_len = n};
+      rma = (struct fi_rma_iov){.addr = r->rma.addr + off, .len = n, .key = r->rma.key};
+      if (c->ordering == PS_ORD_TARGET) {
+        flags |= FI_REMOTE_CQ_DATA;
+        m.data = (uint64_t)c->rank << 32 | (uint32_t)seq;
+      }
+    }
+    s->op = (ps_op_t){.cb = chunk_done, .owner = s};
+    int posted = 0;
+    PS_CHECK(ps_rma_post_write(c, r->peer, &m, flags, &posted));
+    if (!posted) {
+      *refused = 1;
+      return ncclSuccess;
+    }
+    p->prep_head = s->next;
+    if (!p->prep_head) p->prep_tail = NULL;
+    r->posted_chunks++;
+    p->posted_below = seq + 1;
+    if (r->dst_staged) p->stage_sent = sseq + 1;
+    ps_rma_op_started(c, p);
+  }
+  *all = 1;
+  return ncclSuccess;
+}
+
+/* A peer consumed our staged writes below `freed_below`: their slots are free. */
+void ps_stage_credit(ps_rma_comm_t *c, uint32_t src, uint64_t freed_below) {
+  ps_rma_peer_t *p = &c->peers[src];
+  if (!c->stage || freed_below < p->stage_freed || freed_below > p->stage_sent) {
+    ps_rma_fail(c, ncclRemoteError, "rank %u returned staging slots below %llu, but %llu were "
+                "returned and %llu sent", src, (unsigned long long)freed_below,
+                (unsigned long long)p->stage_freed, (unsigned long long)p->stage_sent);
+    return;
+  }
+  p->stage_freed = freed_below;
+  p->active_ns = c->now_ns;
+  c->backlog = 1;
+}
+
+void ps_stage_dump(ps_rma_comm_t *c) {
+  ps_stage_t *st = c->stage;
+  uint32_t free_slots = 0;
+  for (ps_stage_slot_t *s = st->free_slots; s; s = s->next) free_slots++;
+  PS_INFO(NCCL_NET, "staging on rank %d: %u of %u send slots free, %u copies in flight, %u signal "
+          "words", c->rank, free_slots, st->nsend, st->ncopies, st->nwords);
+  for (int i = 0; i < c->nranks; i++) {
+    ps_rma_peer_t *p = &c->peers[i];
+    uint32_t prepared = 0;
+    for (ps_stage_slot_t *s = p->prep_head; s; s = s->next) prepared++;
+    PS_INFO(NCCL_NET, "  to rank %d: staged writes queued below %llu, sent below %llu, freed below "
+            "%llu, %u slots prepared; from it: copies enqueued below %llu, done below %llu, "
+            "credit sent %llu%s, %u signals held", i, (unsigned long long)p->stage_queued,
+            (unsigned long long)p->stage_sent, (unsigned long long)p->stage_freed, prepared,
+            (unsigned long long)p->stage_in.below, (unsigned long long)p->stage_done.below,
+            (unsigned long long)p->credit_sent, p->credit_busy ? " (in flight)" : "", p->nheld);
+  }
+}

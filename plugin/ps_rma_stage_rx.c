@@ -1,0 +1,224 @@
+/* Staging, target side: a peer's staged write lands in the receive slot it
+ * names; we check its header, copy the payload into the GPU window on the
+ * copy stream, and hand the slot back (a credit message) once the copy has
+ * finished. Signals on GPU words are applied in stream order behind every
+ * copy enqueued before them, so the GPU never sees a signal before its data.
+ * Nothing in a slot is trusted: the slot, the header, the window and the
+ * range are all checked before the copy engine touches GPU memory. */
+#include <stdlib.h>
+
+#include "ps_comm.h"
+#include "ps_log.h"
+#include "ps_rma_int.h"
+
+static uint32_t ring_size(const ps_rma_comm_t *c) { return (uint32_t)c->nranks * c->stage->per_peer; }
+
+void ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot) {
+  ps_stage_t *st = c->stage;
+  if (!st || slot >= st->per_peer) {
+    ps_rma_fail(c, ncclRemoteError, "rank %u sent a staged write to slot %u, but it has %u", src,
+                slot, st ? st->per_peer : 0);
+    return;
+  }
+  char *buf = st->rx_pool + ((size_t)src * st->per_peer + slot) * st->slot_bytes;
+  ps_stage_hdr_t h;
+  if (ps_stage_decode(buf, sizeof h, src, st->chunk, &h) != ncclSuccess) {
+    ps_rma_fail(c, ncclRemoteError, "malformed staged write from rank %u dropped", src);
+    return;
+  }
+  ps_rma_peer_t *p = &c->peers[src];
+  if (h.stage_seq % st->per_peer != slot || h.stage_seq < p->stage_done.below ||
+      h.stage_seq - p->stage_done.below >= st->per_peer) {
+    ps_rma_fail(c, ncclRemoteError, "staged write %llu from rank %u in slot %u is outside its "
+                "credit (slots free from %llu, %u of them)", (unsigned long long)h.stage_seq, src,
+                slot, (unsigned long long)p->stage_done.below, st->per_peer);
+    return;
+  }
+  ps_rma_region_t *r = h.region_id < c->nregions ? c->regions[h.region_id] : NULL;
+  if (!r || !r->staged || h.offset > r->size || r->size - h.offset < h.len) {
+    ps_rma_fail(c, ncclRemoteError, "staged write from rank %u rejected: region %u offset %llu "
+                "+ %llu B is not inside a GPU window (%zu B)", src, h.region_id,
+                (unsigned long long)h.offset, (unsigned long long)h.len, r ? r->size : (size_t)0);
+    return;
+  }
+  if (ps_seqwin_mark(&p->stage_in, h.stage_seq, st->per_peer)) {
+    ps_rma_fail(c, ncclRemoteError, "rank %u sent staged write %llu twice", src,
+                (unsigned long long)h.stage_seq);
+    return;
+  }
+  ps_stage_copy_t *k = &st->copies[(st->copy_head + st->ncopies) % ring_size(c)];
+  *k = (ps_stage_copy_t){.src = src, .stage_seq = h.stage_seq};
+  if ((h.len && ps_cuda_h2d(st->cu, PS_CUDA_COPY_STREAM, r->base + h.offset, buf + sizeof h,
+                            h.len) != ncclSuccess) ||
+      ps_cuda_event_record(st->cu, PS_CUDA_COPY_STREAM, &k->ev) != ncclSuccess) {
+    ps_rma_fail(c, ncclSystemError, "copying a staged write from rank %u into the GPU failed", src);
+    return;
+  }
+  st->ncopies++;
+  if (c->ordering == PS_ORD_TARGET) ps_rma_mark_arrived(c, src, h.seq);
+  st->changed = 1;
+}
+
+/* The copy stream runs in order: finished copies form a prefix of the ring. */
+static void poll_copies(ps_rma_comm_t *c, ps_stage_t *st) {
+  while (st->ncopies && !c->error) {
+    ps_stage_copy_t *k = &st->copies[st->copy_head];
+    int done = ps_cuda_event_done(st->cu, k->ev);
+    if (done < 0) {
+      ps_rma_fail(c, ncclSystemError, "copying a staged write from rank %u into the GPU failed", k->src);
+      return;
+    }
+    if (!done) return;
+    ps_cuda_event_release(st->cu, k->ev);
+    k->ev = NULL;
+    if (ps_seqwin_mark(&c->peers[k->src].stage_done, k->stage_seq, st->per_peer)) {
+      ps_rma_fail(c, ncclSystemError, "no memory to track staged writes of rank %u", k->src);
+      return;
+    }
+    st->copy_head = (st->copy_head + 1) % ring_size(c);
+    st->ncopies--;
+    st->changed = 1;
+  }
+}
+
+static void retire_word(ps_stage_t *st, uint32_t i) {
+  ps_stage_word_t *w = &st->words[i];
+  if (w->ev) ps_cuda_event_release(st->cu, w->ev);
+  st->free_cells[st->nfree_cells++] = w->cell;
+  st->words[i] = st->words[--st->nwords];
+  st->changed = 1;
+}
+
+/* A signal word's event: its value was read (write value + adds now), or
+ * our last write landed with no add in flight (forget the word: the GPU may
+ * reset it, and the next add reads afresh). */
+static void poll_words(ps_rma_comm_t *c, ps_stage_t *st) {
+  for (uint32_t i = 0; i < st->nwords && !c->error;) {
+    ps_stage_word_t *w = &st->words[i];
+    int done = ps_cuda_event_done(st->cu, w->ev);
+    if (done < 0) {
+      ps_rma_fail(c, ncclSystemError, "a signal update in GPU memory failed");
+      return;
+    }
+    if (!done) {
+      i++;
+      continue;
+    }
+    ps_cuda_event_release(st->cu, w->ev);
+    w->ev = NULL;
+    if (!w->writing) {
+      w->last = __atomic_load_n(w->cell, __ATOMIC_ACQUIRE) + w->accum;
+      w->accum = 0;
+      w->writing = 1;
+      if (ps_cuda_write64(st->cu, PS_CUDA_COPY_STREAM, w->addr, w->last) != ncclSuccess ||
+          ps_cuda_event_record(st->cu, PS_CUDA_COPY_STREAM, &w->ev) != ncclSuccess) {
+        ps_rma_fail(c, ncclSystemError, "a signal update in GPU memory failed");
+        return;
+      }
+      i++;
+      continue;
+    }
+    retire_word(st, i);
+  }
+}
+
+int ps_stage_signal(ps_rma_comm_t *c, char *addr, uint64_t add) {
+  ps_stage_t *st = c->stage;
+  for (uint32_t i = 0; i < st->nwords; i++) {
+    ps_stage_word_t *w = &st->words[i];
+    if (w->addr != addr) continue;
+    if (!w->writing) { /* its read is in flight: the add joins the write after it */
+      w->accum += add;
+      return 0;
+    }
+    /* Our last write landed: the GPU may have seen it and reset the word
+     * since, so this add starts afresh with a read. Still in flight: the
+     * GPU cannot have passed a wait on it, so nothing was reset; add on top. */
+    int landed = ps_cuda_event_done(st->cu, w->ev);
+    if (landed < 0) {
+      ps_rma_fail(c, ncclSystemError, "a signal update in GPU memory failed");
+      return 0;
+    }
+    if (landed) {
+      retire_word(st, i);
+      break;
+    }
+    ps_cuda_event_t *ev;
+    w->last += add;
+    if (ps_cuda_write64(st->cu, PS_CUDA_COPY_STREAM, addr, w->last) != ncclSuccess ||
+        ps_cuda_event_record(st->cu, PS_CUDA_COPY_STREAM, &ev) != ncclSuccess) {
+      ps_rma_fail(c, ncclSystemError, "a signal update in GPU memory failed");
+      return 0;
+    }
+    ps_cuda_event_release(st->cu, w->ev);
+    w->ev = ev;
+    return 0;
+  }
+  if (st->nwords == st->max_words || !st->nfree_cells) return 1; /* held until a word retires */
+  ps_stage_word_t *w = &st->words[st->nwords];
+  *w = (ps_stage_word_t){.addr = addr, .accum = add, .cell = st->free_cells[--st->nfree_cells]};
+  if (ps_cuda_d2h(st->cu, PS_CUDA_READ_STREAM, w->cell, addr, sizeof *w->cell) != ncclSuccess ||
+      ps_cuda_event_record(st->cu, PS_CUDA_READ_STREAM, &w->ev) != ncclSuccess) {
+    st->free_cells[st->nfree_cells++] = w->cell;
+    ps_rma_fail(c, ncclSystemError, "reading a signal in GPU memory failed");
+    return 0;
+  }
+  st->nwords++;
+  return 0;
+}
+
+/* A credit only matters to its origin: one that cannot be delivered means
+ * the origin closed (a credit racing its shutdown) or is unreachable, which
+ * its own liveness check reports. Not this comm's failure: stop sending. */
+static void drop_credits(ps_rma_comm_t *c, int peer, const char *why) {
+  PS_INFO(NCCL_NET, "one-sided comm rank %d: staging credits to rank %d not delivered (%s); "
+          "no more will be sent", c->rank, peer, why);
+  c->peers[peer].credit_busy = 1; /* never cleared: nothing more goes to it */
+}
+
+static void credit_sent(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
+  ps_rma_comm_t *c = op->owner;
+  (void)e;
+  c->peers[op->idx].credit_busy = 0;
+  if (err) { /* the origin is gone, or its own liveness check will say so */
+    drop_credits(c, op->idx, errstr);
+    return;
+  }
+  c->stage->changed = 1; /* more may have been freed meanwhile */
+}
+
+/* One credit message in flight per origin; it carries the latest count. */
+static void send_credits(ps_rma_comm_t *c, ps_stage_t *st) {
+  for (int i = 0; i < c->nranks && !c->error; i++) {
+    ps_rma_peer_t *p = &c->peers[i];
+    if (p->credit_busy || p->stage_done.below == p->credit_sent) continue;
+    st->credit[i] = (ps_sig_msg_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
+                                   .op = PS_SIG_OP_CREDIT, .src_rank = (uint32_t)c->rank,
+                                   .value = p->stage_done.below};
+    st->credit_op[i] = (ps_op_t){.cb = credit_sent, .owner = c, .idx = i};
+    int posted = 0;
+    if (ps_ep_tsend(&c->ep, &st->credit[i], sizeof st->credit[i], st->credit_desc, c->addr[i],
+                    PS_TAG_RMA_SIG, &st->credit_op[i], &posted) != ncclSuccess) {
+      drop_credits(c, i, "the provider refused the send");
+      continue;
+    }
+    if (!posted) {
+      st->changed = 1; /* the provider is full: next pass */
+      continue;
+    }
+    p->credit_busy = 1;
+    p->credit_sent = p->stage_done.below;
+  }
+}
+
+void ps_stage_progress(ps_rma_comm_t *c) {
+  ps_stage_t *st = c->stage;
+  if (!st) return;
+  poll_copies(c, st);
+  poll_words(c, st);
+  if (!st->changed || c->error) return;
+  st->changed = 0;
+  for (int i = 0; i < c->nranks; i++)
+    if (c->peers[i].nheld) ps_rma_apply_ready(c, &c->peers[i]);
+  send_credits(c, st);
+}
