@@ -80,12 +80,12 @@ batch_kernel(ncclDevComm dc, ncclWindow_t send, ncclWindow_t recv, size_t size, 
       for (int t = t0; t < t1 - 1; t++)
         gin.put(world, peer, recv, me * region + t * size, send, t * size, size);
       gin.put(world, peer, recv, me * region + (t1 - 1) * size, send, (t1 - 1) * size, size,
-              ncclGin_SignalInc{(ncclGinSignal_t)me});
+              ncclGin_SignalInc{(ncclGinSignal_t)(GC_SIG_FIRST + me)});
     }
   }
   uint64_t want = (batch + 1) * (uint64_t)ngroups; /* running total since the row's reset */
   for (int j = threadIdx.x; j < npeers; j += blockDim.x)
-    gin.waitSignal(ncclCoopThread(), (ncclGinSignal_t)((me - 1 - j + n) % n), want);
+    gin.waitSignal(ncclCoopThread(), (ncclGinSignal_t)(GC_SIG_FIRST + (me - 1 - j + n) % n), want);
   gin.flush(ncclCoopCta());
 }
 
@@ -118,7 +118,7 @@ static int perf_child(int rank, void *arg)
   gc_window send, recv;
   gc_window_create(&w, region, &send, "send");
   gc_window_create(&w, (size_t)n * region, &recv, "recv");
-  if (gc_devcomm_create(&w, n, 0) != ncclSuccess) return GP_EXIT_REFUSED;
+  if (gc_devcomm_create(&w, GC_SIG_FIRST + n, 0) != ncclSuccess) return GP_EXIT_REFUSED;
   void *a2a_send = NULL, *a2a_recv = NULL;
   if (c->host_a2a) {
     GC_CUDA(cudaMalloc(&a2a_send, (size_t)n * bmax), "%zu bytes", (size_t)n * bmax);
@@ -137,7 +137,7 @@ static int perf_child(int rank, void *arg)
     gp_progress("perf", ri, "row %d of %d: %s %zu B x %d tiles, %d per signal, %d peers", ri,
                 nrows, r->a2a ? "alltoall" : "batch", size, ntiles, tps, peers);
     /* every add to these signals was waited for in the previous row */
-    gc_reset_kernel<<<1, 256, 0, st>>>(w.dev, n, 0);
+    gc_reset_kernel<<<1, 256, 0, st>>>(w.dev, GC_SIG_FIRST + n, 0);
     GC_CUDA(cudaGetLastError(), "gc_reset_kernel<<<1, 256>>>(%d signals)", n);
     gc_wait_stream(&w, "signal reset", NULL, NULL);
     if (gp_barrier(n)) return 1; /* nobody adds before everybody reset */

@@ -208,11 +208,16 @@ __global__ void gc_barrier_kernel(ncclDevComm dc, ncclGinBarrierHandle bar)
 
 /* Zeroes the first nsignals signals and ncounters counters in every GIN
  * context. Only safe when no put that adds to them is in flight. */
+/* User signals start at GC_SIG_FIRST: NCCL 2.28.9 returned the world GIN
+ * barrier's handle with signal0 = 0 on the GPU host, so signal 0 is left to
+ * the barrier (its epochs must never be reset). */
+#define GC_SIG_FIRST 1
+
 __global__ void gc_reset_kernel(ncclDevComm dc, int nsignals, int ncounters)
 {
   for (int ctx = 0; ctx < dc.ginContextCount; ctx++) {
     ncclGin gin{dc, ctx};
-    for (int s = threadIdx.x; s < nsignals; s += blockDim.x) gin.resetSignal(s);
+    for (int s = GC_SIG_FIRST + threadIdx.x; s < nsignals; s += blockDim.x) gin.resetSignal(s);
     for (int c = threadIdx.x; c < ncounters; c += blockDim.x) gin.resetCounter(c);
   }
 }

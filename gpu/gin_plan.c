@@ -44,8 +44,8 @@ void gt_plan_pair(const struct gt_cfg *c, int mode, int iter, int src, int dst, 
   splitmix(&s);
   memset(p, 0, sizeof(*p));
   p->ctx = (src + dst) % c->nctx;
-  p->sig_inc = (uint32_t)((mode == GT_MODE_PUT ? 0 : 2) * n + src);
-  p->sig_add = (uint32_t)(n + src);
+  p->sig_inc = (uint32_t)(GT_SIG_FIRST + (mode == GT_MODE_PUT ? 0 : 2) * n + src);
+  p->sig_add = (uint32_t)(GT_SIG_FIRST + n + src);
   p->counter = (uint32_t)dst;
   p->reset = mode == GT_MODE_PUT;
   p->ntiles = mode == GT_MODE_PUT ? 1 + (int)(splitmix(&s) % (uint64_t)c->tmax) : 1;

@@ -49,9 +49,13 @@ struct gt_peer {
   uint64_t counter_exp;      /* sender: local completions due so far in this mode */
 };
 
-/* Signals (by source rank s of n): put uses s (SignalInc) and n + s
- * (SignalAdd), alltoall 2n + s; counters: one per destination. */
-static inline int gt_signal_count(int n) { return 3 * n; }
+/* Signals (by source rank s of n), from GT_SIG_FIRST: put uses s
+ * (SignalInc) and n + s (SignalAdd), alltoall 2n + s; counters: one per
+ * destination. Signal 0 is left alone: with NCCL 2.28.9 the world GIN
+ * barrier's handle came back with signal0 = 0 (seen on the GPU host), so a
+ * user signal 0 would also count the barrier's increments (gin_comm.cuh). */
+#define GT_SIG_FIRST 1 /* = GC_SIG_FIRST */
+static inline int gt_signal_count(int n) { return GT_SIG_FIRST + 3 * n; }
 static inline int gt_counter_count(int n) { return n; }
 
 /* Bytes per (peer) region of a window: room for tmax tiles with their gaps

@@ -333,6 +333,10 @@ void gp_default_env(FILE *f)
   setenv("NCCL_SHM_DISABLE", "1", 0);
   setenv("NCCL_NVLS_ENABLE", "0", 0);
   setenv("NCCL_GIN_TYPE", "2", 0); /* NCCL_NET_DEVICE_GIN_PROXY */
+  /* Lazy module loading deadlocks the staging path: launching a not yet
+   * loaded kernel behind one that waits for GIN signals stalls the plugin's
+   * copies and signal writes (seen on H200, CUDA 13.0), so nothing arrives. */
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   default_plugin();
   static const char *const names[] = {
     "NCCL_NET_PLUGIN", "NCCL_GIN_TYPE", "PERSEUS_ORDERING", "PERSEUS_PROVIDER", "PERSEUS_IFACE",

@@ -18,6 +18,7 @@
  * waits for chunks that already hold one: no deadlock, however few slots. */
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "ps_comm.h"
 #include "ps_log.h"
@@ -68,6 +69,14 @@ static ncclResult_t refuse_reason(ps_rma_comm_t *c) {
             "or sees no GPU");
     return ncclSystemError;
   }
+  /* Seen on H200 with CUDA 13.0: a kernel launched (and so loaded, lazily)
+   * behind one that waits for GIN signals stalls every copy and signal
+   * write staging enqueues: the waiting kernel never sees its signal. */
+  const char *ml = getenv("CUDA_MODULE_LOADING");
+  if (!ml || strcasecmp(ml, "EAGER"))
+    PS_WARN("GPU windows are staged with CUDA_MODULE_LOADING=%s: lazy module loading can deadlock "
+            "a kernel that waits for GIN signals; set CUDA_MODULE_LOADING=EAGER before CUDA starts",
+            ml ? ml : "(unset: lazy)");
   return ncclSuccess;
 }
 
