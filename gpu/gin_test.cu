@@ -375,10 +375,9 @@ static long long run_mode(rank_state *r, int mode)
     finish_kernel<<<1, 32, 0, st>>>(r->w.dev, on_dev(r, recv_plans(r)), r->nrecv, r->d_res,
                                     r->d_prog);
     GC_CUDA(cudaGetLastError(), "finish_kernel<<<1, 32>>>");
-    /* Nothing that needs a copy engine may queue behind a kernel that waits
-     * for GIN signals: with staging, the plugin's own copies (and signal
-     * writes) can queue behind it on the engine, and the kernel would wait
-     * forever. So the sentinel refill comes after the wait. */
+    /* The sentinel refill comes after the wait, so no copy-engine work sits
+     * behind a kernel that waits for GIN signals (suspected, and ruled out,
+     * while the lazy-loading stall was being found; kept as the safer shape). */
     gc_wait_stream(&r->w, "iteration", poll_progress, r);
     for (int i = 0; i < r->nrecv; i++) /* sentinel again before the next barrier */
       GC_CUDA(cudaMemsetAsync((uint8_t *)r->recv.ptr + (size_t)r->recv_rank[i] * r->region,
