@@ -25,6 +25,7 @@
 #include <nccl.h>
 
 #include "coll_perf.h"
+#include "size_parse.h"
 
 #ifndef PS_DEFAULT_PLUGIN_PATH
 #define PS_DEFAULT_PLUGIN_PATH "libnccl-net-perseus.so"
@@ -54,36 +55,6 @@ static int find_nccl(struct dl_phdr_info *info, size_t size, void *out)
     snprintf(out, PATH_MAX, "%s", info->dlpi_name);
     return 1;
   }
-  return 0;
-}
-
-static int parse_size(const char *s, size_t *out)
-{
-  char *end;
-  errno = 0;
-  if (!isdigit((unsigned char)s[0])) return -1;
-  unsigned long long v = strtoull(s, &end, 10), mul = 1;
-  if (errno) return -1;
-  switch (toupper((unsigned char)*end)) {
-  case 'K': mul = 1ULL << 10; end++; break;
-  case 'M': mul = 1ULL << 20; end++; break;
-  case 'G': mul = 1ULL << 30; end++; break;
-  case 'T': mul = 1ULL << 40; end++; break;
-  default: break;
-  }
-  if (*end == 'B' || *end == 'b') end++;
-  if (*end || v > SIZE_MAX / mul) return -1;
-  *out = (size_t)(v * mul);
-  return 0;
-}
-
-static int parse_int(const char *s, int lo, int hi, int *out)
-{
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi) return -1;
-  *out = (int)v;
   return 0;
 }
 
@@ -187,14 +158,14 @@ static int parse_args(int argc, char **argv)
   while ((opt = getopt_long(argc, argv, "g:b:e:f:n:w:c:a:o:m:P:I:T:h", longopts, NULL)) != -1) {
     int bad = 0;
     switch (opt) {
-    case 'g': bad = parse_int(optarg, 1, PS_MAX_GPUS, &coll_cfg.ngpus); break;
-    case 'b': bad = parse_size(optarg, &coll_cfg.min_bytes) || coll_cfg.min_bytes == 0; break;
-    case 'e': bad = parse_size(optarg, &coll_cfg.max_bytes) || coll_cfg.max_bytes == 0; break;
-    case 'f': bad = parse_int(optarg, 1, 1 << 20, &v); coll_cfg.factor = (size_t)v; break;
-    case 'n': bad = parse_int(optarg, 1, 1 << 24, &coll_cfg.iters); break;
-    case 'w': bad = parse_int(optarg, 0, 1 << 24, &coll_cfg.warmup); break;
-    case 'c': bad = parse_int(optarg, 0, 1, &coll_cfg.check); break;
-    case 'a': bad = parse_int(optarg, 0, 3, &coll_cfg.avg_mode); break;
+    case 'g': bad = sp_parse_int(optarg, 1, PS_MAX_GPUS, &coll_cfg.ngpus); break;
+    case 'b': bad = sp_parse_size(optarg, 1, &coll_cfg.min_bytes) || coll_cfg.min_bytes == 0; break;
+    case 'e': bad = sp_parse_size(optarg, 1, &coll_cfg.max_bytes) || coll_cfg.max_bytes == 0; break;
+    case 'f': bad = sp_parse_int(optarg, 1, 1 << 20, &v); coll_cfg.factor = (size_t)v; break;
+    case 'n': bad = sp_parse_int(optarg, 1, 1 << 24, &coll_cfg.iters); break;
+    case 'w': bad = sp_parse_int(optarg, 0, 1 << 24, &coll_cfg.warmup); break;
+    case 'c': bad = sp_parse_int(optarg, 0, 1, &coll_cfg.check); break;
+    case 'a': bad = sp_parse_int(optarg, 0, 3, &coll_cfg.avg_mode); break;
     case 'o': bad = set_colls(optarg); break;
     case 'm':
       coll_cfg.sweep_on[SW_PERSEUS] = !strcmp(optarg, "both") || !strcmp(optarg, "perseus");
@@ -203,7 +174,7 @@ static int parse_args(int argc, char **argv)
       break;
     case 'P': plugin_arg = optarg; break;
     case 'I': coll_cfg.iface = optarg; break;
-    case 'T': bad = parse_int(optarg, 1, 7 * 24 * 3600, &coll_cfg.timeout_s); break;
+    case 'T': bad = sp_parse_int(optarg, 1, 7 * 24 * 3600, &coll_cfg.timeout_s); break;
     case 'h': usage(stdout); exit(0);
     default: usage(stderr); return -1;
     }

@@ -1,9 +1,9 @@
 /* gin_comm.cuh: the NCCL side shared by perseus_gin_test and perseus_gin_perf,
  * run in the forked rank processes: error checks that name the call and its
  * values, communicator and symmetric-window setup, the device communicator
- * with GIN signals, counters and a GIN barrier over the world team, and a
- * stream wait that notices NCCL async errors and aborted peers. CUDA C++ only
- * because ncclDevComm, ncclGinBarrierHandle and the kernels are. */
+ * with GIN signals, counters and a GIN barrier over the world team, a stream
+ * wait that notices NCCL async errors and aborted peers, and the GPU probe.
+ * CUDA C++ only because ncclDevComm, ncclGinBarrierHandle and the kernels are. */
 #ifndef PERSEUS_GIN_COMM_CUH
 #define PERSEUS_GIN_COMM_CUH
 
@@ -181,6 +181,39 @@ static inline void gc_wait_stream(gc_world *w, const char *what, void (*poll)(vo
     if (poll) poll(arg);
     usleep(lap < 100 ? 20 : 500);
   }
+}
+
+/* The GPU probe child (gp_run with probe != 0): counts the GPUs
+ * (GP_EXIT_SKIP when there is none) and records NCCL's version and each GPU's
+ * name in the shared area. detail (perseus_gin_test) also reports progress,
+ * records the CUDA driver and runtime versions and appends "(sm_XY)" to the
+ * names; perseus_gin_perf prints the bare names. */
+static inline int gc_probe(int detail)
+{
+  if (detail) gp_progress("probe", -1, "cudaGetDeviceCount");
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n < 1) {
+    fprintf(stderr, "%s: no usable CUDA GPU: cudaGetDeviceCount: %s\n", gp_prog,
+            e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    return GP_EXIT_SKIP;
+  }
+  gp_sh->ndev = n;
+  if (detail) {
+    GC_CUDA(cudaDriverGetVersion(&gp_sh->driver_version), "");
+    GC_CUDA(cudaRuntimeGetVersion(&gp_sh->runtime_version), "");
+  }
+  GC_NCCL(ncclGetVersion(&gp_sh->nccl_version), "");
+  for (int d = 0; d < n && d < GP_MAX_RANKS; d++) {
+    cudaDeviceProp prop;
+    GC_CUDA(cudaGetDeviceProperties(&prop, d), "device %d", d);
+    if (detail)
+      snprintf(gp_sh->gpu_name[d], GP_NAME_LEN, "%.80s (sm_%d%d)", prop.name, prop.major,
+               prop.minor);
+    else
+      snprintf(gp_sh->gpu_name[d], GP_NAME_LEN, "%.80s", prop.name);
+  }
+  return 0;
 }
 
 static inline void gc_world_destroy(gc_world *w)

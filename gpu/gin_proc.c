@@ -1,7 +1,6 @@
 /* gin_proc.c: process management, host barrier, watchdog, option parsing,
  * environment and plugin statistics for the GIN programs (see gin_proc.h).
  * Nothing here calls CUDA or NCCL. */
-#include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
@@ -19,6 +18,7 @@
 #include <unistd.h>
 
 #include "gin_proc.h"
+#include "size_parse.h"
 
 #ifndef PS_INSTALLED_PLUGIN_PATH
 #define PS_INSTALLED_PLUGIN_PATH "/usr/local/lib/libnccl-net-perseus.so"
@@ -260,33 +260,12 @@ int gp_run(int nproc, int probe, gp_child_fn fn, void *arg, double stall_s, cons
 
 /* ---- options -------------------------------------------------------------- */
 
-int gp_parse_size(const char *s, size_t *out)
-{
-  char *end;
-  if (!isdigit((unsigned char)s[0])) return -1;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 10), mul = 1;
-  if (errno) return -1;
-  switch (toupper((unsigned char)*end)) {
-  case 'K': mul = 1ULL << 10; end++; break;
-  case 'M': mul = 1ULL << 20; end++; break;
-  case 'G': mul = 1ULL << 30; end++; break;
-  default: break;
-  }
-  if (*end == 'B' || *end == 'b') end++;
-  if (*end || v > SIZE_MAX / mul) return -1;
-  *out = (size_t)(v * mul);
-  return 0;
-}
+/* the parsers themselves are shared with perseus_coll_perf (bench/size_parse.c) */
+int gp_parse_size(const char *s, size_t *out) { return sp_parse_size(s, 0, out); }
 
 int gp_parse_int(const char *s, long lo, long hi, int *out)
 {
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi) return -1;
-  *out = (int)v;
-  return 0;
+  return sp_parse_int(s, lo, hi, out);
 }
 
 int gp_parse_int_list(const char *s, long lo, long hi, int *out, int max)

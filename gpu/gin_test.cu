@@ -453,29 +453,7 @@ static int test_child(int rank, void *arg)
   return 0;
 }
 
-static int probe_child(int rank, void *arg)
-{
-  (void)rank;
-  (void)arg;
-  gp_progress("probe", -1, "cudaGetDeviceCount");
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n < 1) {
-    fprintf(stderr, "%s: no usable CUDA GPU: cudaGetDeviceCount: %s\n", gp_prog,
-            e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-    return GP_EXIT_SKIP;
-  }
-  gp_sh->ndev = n;
-  GC_CUDA(cudaDriverGetVersion(&gp_sh->driver_version), "");
-  GC_CUDA(cudaRuntimeGetVersion(&gp_sh->runtime_version), "");
-  GC_NCCL(ncclGetVersion(&gp_sh->nccl_version), "");
-  for (int d = 0; d < n && d < GP_MAX_RANKS; d++) {
-    cudaDeviceProp prop;
-    GC_CUDA(cudaGetDeviceProperties(&prop, d), "device %d", d);
-    snprintf(gp_sh->gpu_name[d], GP_NAME_LEN, "%.80s (sm_%d%d)", prop.name, prop.major, prop.minor);
-  }
-  return 0;
-}
+static int probe_child(int /* rank */, void * /* arg */) { return gc_probe(1); }
 
 static void usage(FILE *f)
 {

@@ -1,0 +1,42 @@
+/* size_parse.c: option value parsers (see size_parse.h). */
+#include <ctype.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "size_parse.h"
+
+int sp_parse_size(const char *s, int allow_t, size_t *out)
+{
+  char *end;
+  if (!isdigit((unsigned char)s[0])) return -1;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10), mul = 1;
+  if (errno) return -1;
+  switch (toupper((unsigned char)*end)) {
+  case 'K': mul = 1ULL << 10; end++; break;
+  case 'M': mul = 1ULL << 20; end++; break;
+  case 'G': mul = 1ULL << 30; end++; break;
+  case 'T':
+    if (allow_t) {
+      mul = 1ULL << 40;
+      end++;
+    }
+    break;
+  default: break;
+  }
+  if (*end == 'B' || *end == 'b') end++;
+  if (*end || v > SIZE_MAX / mul) return -1;
+  *out = (size_t)(v * mul);
+  return 0;
+}
+
+int sp_parse_int(const char *s, long lo, long hi, int *out)
+{
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi) return -1;
+  *out = (int)v;
+  return 0;
+}

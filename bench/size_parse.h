@@ -1,0 +1,22 @@
+/* size_parse.h: option value parsers shared by perseus_coll_perf (bench/) and
+ * the GIN programs' process side (gpu/gin_proc.c). C11, no CUDA or NCCL. */
+#ifndef PERSEUS_SIZE_PARSE_H
+#define PERSEUS_SIZE_PARSE_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A byte count: decimal digits, then an optional K, M or G suffix (powers of
+ * 2; T too where allow_t is nonzero, any case), then an optional B or b.
+ * Returns 0 and sets *out, or -1 on anything else or on overflow. */
+int sp_parse_size(const char *s, int allow_t, size_t *out);
+/* A decimal integer in [lo, hi]; returns 0 and sets *out, or -1. */
+int sp_parse_int(const char *s, long lo, long hi, int *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
