@@ -18,9 +18,10 @@ enum { TT_LSA, TT_GIN, TT_PATH_N };
 static const char *const tt_path_names[TT_PATH_N] = {"lsa", "gin"};
 enum { TT_COOP_CTA, TT_COOP_WARP };
 
-/* Signals the programs keep for themselves, [0, TT_OWN_SIGNALS): unused,
- * so they must read 0 at the end; a batch signal landing there would show. */
-#define TT_OWN_SIGNALS 2
+/* Signals the programs keep for themselves, [GC_SIG_FIRST, TT_OWN_SIGNALS):
+ * unused, so they must read 0 at the end; a batch signal landing there would
+ * show. Signal 0 is left to the world barrier (gin_comm.cuh, GC_SIG_FIRST). */
+#define TT_OWN_SIGNALS (GC_SIG_FIRST + 2)
 #define TT_THREADS 256
 #define TT_WARPS (TT_THREADS / 32)
 
@@ -140,20 +141,18 @@ static inline ncclResult_t tt_devcomm_create(gc_world *w, int path, perseus_batc
   ncclDevCommRequirements reqs;
   ncclDevResourceRequirements breq, barreq;
   memset(&reqs, 0, sizeof(reqs));
-  GC_NCCL(perseus_batch_requirement(w->comm, 0, h, &breq), "rank %d, context 0", w->rank);
-  reqs.resourceRequirementsList = &breq;
   if (path == TT_GIN) {
     GC_NCCL(ncclGinBarrierCreateRequirement(w->comm, ncclTeamWorld(w->comm), 1, &w->world_bar,
                                             &barreq), "world team of %d ranks", w->nranks);
-    breq.next = &barreq;
+    reqs.resourceRequirementsList = &barreq;
     reqs.ginForceEnable = true; /* one node: nothing else makes NCCL connect GIN */
     reqs.ginContextCount = 1;
-    reqs.ginSignalCount = TT_OWN_SIGNALS;
-  } else {
-    /* no GIN here: the library's header asks for its signals to be dropped
-     * then (every peer must be LSA, checked below) */
-    breq.ginSignalCount = 0;
+    reqs.ginSignalCount = TT_OWN_SIGNALS; /* ours first; the library's follow */
   }
+  /* no GIN on the lsa path: no signals reserved (every peer must be LSA,
+   * checked below) */
+  GC_NCCL(perseus_batch_requirement(w->comm, 0, path == TT_GIN, &reqs, h, &breq),
+          "rank %d, context 0", w->rank);
   gp_progress(NULL, -1, "ncclDevCommCreate(%s, perseus batch requirement)",
               tt_path_names[path]);
   ncclResult_t r = ncclDevCommCreate(w->comm, &reqs, &w->dev);
@@ -178,21 +177,16 @@ static inline ncclResult_t tt_devcomm_create(gc_world *w, int path, perseus_batc
   }
   unsigned b0 = (unsigned)w->world_bar.signal0;
   if (w->rank == 0)
-    printf("# gin: program signals 0..%d, world GIN barrier signal0 %u (signals %u..%u)\n",
-           TT_OWN_SIGNALS - 1, b0, b0, b0 + n - 1);
-  /* NCCL 2.28.9 places resource signals after reqs.ginSignalCount, so
-   * signal0 must be >= TT_OWN_SIGNALS; 0 would mean NCCL handed out the
-   * program's own signals again (as seen for the GIN barrier handle). */
-  if (s0 == 0)
-    gc_die(__FILE__, __LINE__, "NCCL returned signal0 = 0 for perseus_batch_requirement's "
-           "%u resource signals although the program asked for %d signals of its own: batch "
-           "signals would alias user signal 0 (library/NCCL problem)", n, TT_OWN_SIGNALS);
+    printf("# gin: program signals %d..%d, world GIN barrier signal0 %u\n", GC_SIG_FIRST,
+           TT_OWN_SIGNALS - 1, b0);
+  /* the library takes the user signals after ours (TT_OWN_SIGNALS); NCCL's
+   * barrier handle is reported as is (2.28.9 gave signal0 = 0 there) */
   if (s0 < TT_OWN_SIGNALS)
     gc_die(__FILE__, __LINE__, "batch signals %u..%u overlap the program's signals 0..%d", s0,
            s0 + n - 1, TT_OWN_SIGNALS - 1);
-  if (s0 < b0 + n && b0 < s0 + n)
-    gc_die(__FILE__, __LINE__, "batch signals %u..%u overlap the world barrier's %u..%u", s0,
-           s0 + n - 1, b0, b0 + n - 1);
+  if (b0 >= s0 && b0 < s0 + n) /* the barrier takes one signal */
+    gc_die(__FILE__, __LINE__, "batch signals %u..%u overlap the world barrier's %u", s0,
+           s0 + n - 1, b0);
   if (s0 + n > (unsigned)dc.ginSignalCount)
     gc_die(__FILE__, __LINE__, "batch signals %u..%u beyond the devcomm's %d signals", s0,
            s0 + n - 1, dc.ginSignalCount);

@@ -72,7 +72,7 @@ consume_kernel(ncclDevComm dc, perseus_batch_handle h, ncclWindow_t win, tt_plan
       if (gin && blockIdx.y == 0) {
         ncclGin g{dc, h.ctx};
         unsigned long long own = 0;
-        for (int i = 0; i < TT_OWN_SIGNALS; i++) own |= g.readSignal(i);
+        for (int i = GC_SIG_FIRST; i < TT_OWN_SIGNALS; i++) own |= g.readSignal(i);
         if (own) {
           atomicAdd(&res->count_errors, 1ull);
           res->own_sig = own;
@@ -225,8 +225,8 @@ static int test_child(int rank, void *arg)
                 tt_size(p, res.src, rank, res.tile), res.byte, res.got, res.want);
       if (res.count_errors)
         fprintf(stderr, "%s: rank %d:   counts: from rank %d arrived %llu, expected exactly "
-                "%llu; own signals 0..%d read %#llx\n", gp_prog, rank, res.src, res.arrived,
-                res.expect, TT_OWN_SIGNALS - 1, res.own_sig);
+                "%llu; own signals %d..%d read %#llx\n", gp_prog, rank, res.src, res.arrived,
+                res.expect, GC_SIG_FIRST, TT_OWN_SIGNALS - 1, res.own_sig);
       bad += res.mismatches, cbad += res.count_errors;
       break;
     }

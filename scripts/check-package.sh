@@ -133,6 +133,8 @@ check "libnccl-net-perseus: usr/lib/$MA/libnccl-net-perseus.so" has_file "$DEB_L
 check "libnccl-net-perseus: no other shared object, no .so.N" only_the_plugin_so
 check "perseus-dev: usr/include/perseus/perseus_version.h" has_file "$DEB_DEV" "usr/include/perseus/perseus_version\.h"
 check "perseus-dev: usr/include/perseus/perseus_rma.h" has_file "$DEB_DEV" "usr/include/perseus/perseus_rma\.h"
+check "perseus-dev: usr/include/perseus/device.cuh" has_file "$DEB_DEV" "usr/include/perseus/device\.cuh"
+check "perseus-dev: usr/include/perseus/device/batch.cuh" has_file "$DEB_DEV" "usr/include/perseus/device/batch\.cuh"
 check "perseus-dev: usr/lib/$MA/pkgconfig/perseus.pc" has_file "$DEB_DEV" "usr/lib/$MA/pkgconfig/perseus\.pc"
 check "perseus-bench: usr/bin/perseus_net_perf" has_file "$DEB_BENCH" "usr/bin/perseus_net_perf"
 check "perseus-bench: usr/share/man/man1/perseus_net_perf.1" has_file "$DEB_BENCH" "usr/share/man/man1/perseus_net_perf\.1(\.gz)?"

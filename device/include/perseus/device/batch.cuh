@@ -1,0 +1,229 @@
+/* perseus device library: tile puts with decoupled (batched) signaling.
+ *
+ * A megakernel puts tiles to peers and tells each peer how many arrived.
+ * Signaling every tile costs one ordered signal per tile; across nodes every
+ * one of them is a fence the proxy or NIC must keep behind its data. Here any
+ * number of CTAs add tiles for a destination, and exactly ONE signal goes to
+ * that peer per batch of `batch` tiles (or per explicit flush), carrying the
+ * tile count and covering every tile put to the peer before it.
+ *
+ * Built only on NCCL's device API (ncclDevComm, ncclGin, LSA pointers), so it
+ * works with any GIN backend (perseus' proxy plugin, NCCL's IB proxy, GDAKI):
+ *   - LSA peers (same NVLink domain): tiles are stored directly into the peer's
+ *     window; the count is a system-scope atomic add on the peer's counter.
+ *   - other peers: ncclGin::put with no remote action; the batch's signal is
+ *     ncclGin::signal(SignalAdd{count}) on the same GIN context, which NCCL
+ *     makes visible only after every earlier put on that context to that peer.
+ *
+ * Counts are cumulative (never reset between iterations): a receiver waits
+ * for "at least N tiles from source s in total", compared with wrap-safe
+ * (rolling) arithmetic, so no reset races the next iteration's adds.
+ *
+ * Resources are reserved through the devcomm's requirements
+ * (perseus_batch_requirement), never assumed: one GIN signal per source rank
+ * (after the user's own) and 32 bytes of resource buffer per rank. */
+#ifndef PERSEUS_DEVICE_BATCH_CUH
+#define PERSEUS_DEVICE_BATCH_CUH
+
+#include <nccl.h>
+#include <nccl_device.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "perseus/device/tile.cuh"
+
+/* What a devcomm reserved for batching. Filled by ncclDevCommCreate through
+ * the requirement below; pass it to kernels by value. */
+typedef struct {
+  ncclGinSignal_t signal0;    /* GIN signal of source rank s: signal0 + s */
+  ncclDevResourceHandle_t buf; /* per-rank counters (layout: perseus_batch_words) */
+  int ctx;                     /* the GIN context every tile and signal uses */
+} perseus_batch_handle;
+
+/* Resource buffer words, per rank r of the world: */
+enum {
+  PERSEUS_BATCH_ADDED = 0,  /* [r] tiles this rank added for destination r */
+  PERSEUS_BATCH_BASE = 1,   /* [r] ADDED at the last flush: batches count from here */
+  PERSEUS_BATCH_LSA_IN = 2, /* [r] tiles LSA peer r stored here (it adds remotely) */
+  PERSEUS_BATCH_SEEN = 3,   /* [r] tiles from r a consumer has taken (perseus_recv_next) */
+  PERSEUS_BATCH_WORDS = 4
+};
+
+/* Host: reserves the library's resources in the devcomm requirements
+ * `reqs`, before ncclDevCommCreate(comm, reqs, ...):
+ *   - its GIN signals (one per rank) as the next block of the user signal
+ *     range: h->signal0 = reqs->ginSignalCount, which grows by nranks. So
+ *     declare your own signals first (ids 0..k-1 stay yours). Not through
+ *     ncclDevResourceRequirements.outGinSignalStart: NCCL 2.28.9 left that at
+ *     0 on the GPU host (for its own GIN barrier too), aliasing user signal 0;
+ *     the user range is guaranteed to start at 0 and to be this devcomm's.
+ *   - its counters (32 bytes per rank) as a resource buffer: `req` (storage
+ *     you keep until ncclDevCommCreate returns) is linked at the head of
+ *     reqs->resourceRequirementsList and NCCL writes its handle into h->buf.
+ *     NCCL zeroes resource buffers, so counts start at 0.
+ * `ctx` picks the GIN context every tile and signal uses (0 if unsure).
+ * `gin`: 0 when the devcomm will have no GIN at all (every peer reachable by
+ * NVLink stores): then no signals are reserved. Reserving signals does not
+ * make NCCL connect GIN on a single node: set reqs->ginForceEnable when peers
+ * may be beyond NVLink (forcing it where there is no GIN backend fails). */
+static inline ncclResult_t perseus_batch_requirement(ncclComm_t comm, int ctx, int gin,
+                                                     ncclDevCommRequirements_t *reqs,
+                                                     perseus_batch_handle *h,
+                                                     ncclDevResourceRequirements_t *req) {
+  int nranks = 0;
+  if (!reqs || !h || !req || ctx < 0 || reqs->ginSignalCount < 0) return ncclInvalidArgument;
+  ncclResult_t rc = ncclCommCount(comm, &nranks);
+  if (rc != ncclSuccess) return rc;
+  memset(req, 0, sizeof *req);
+  memset(h, 0, sizeof *h);
+  h->ctx = ctx;
+  if (gin) {
+    h->signal0 = (ncclGinSignal_t)reqs->ginSignalCount;
+    reqs->ginSignalCount += nranks;
+  }
+  req->bufferSize = (size_t)nranks * PERSEUS_BATCH_WORDS * sizeof(uint64_t);
+  req->bufferAlign = 16;
+  req->outBufferHandle = &h->buf;
+  req->next = reqs->resourceRequirementsList;
+  reqs->resourceRequirementsList = req;
+  return ncclSuccess;
+}
+
+#if __CUDACC__
+/* Wrap-safe "a has reached b" for cumulative counts. */
+__device__ __forceinline__ bool perseus_reached(uint64_t a, uint64_t b) {
+  return (int64_t)(a - b) >= 0;
+}
+
+/* The LSA index of world rank `peer`, or -1 when it is not reachable by loads
+ * and stores (then tiles go through GIN). */
+__device__ __forceinline__ int perseus_lsa_index(ncclDevComm const &dc, int peer) {
+  int l = peer - (dc.rank - dc.lsaRank);
+  return (l >= 0 && l < dc.lsaSize) ? l : -1;
+}
+
+__device__ __forceinline__ uint64_t *perseus_batch_word(ncclDevComm const &dc,
+                                                        perseus_batch_handle h, int word, int r) {
+  return (uint64_t *)ncclGetResourceBufferLocalPointer(dc, h.buf) + (size_t)word * dc.nRanks + r;
+}
+
+/* Sender side. Construct one per thread (cheap: references and registers).
+ * `batch` (>= 1) tiles per signal: 1 is per-tile signaling. Every rank must
+ * use the same handle; batch may differ per call site and per run. */
+struct perseus_batch {
+  ncclDevComm const &dc;
+  perseus_batch_handle h;
+  uint32_t batch;
+
+  __device__ perseus_batch(ncclDevComm const &dc_, perseus_batch_handle h_, uint32_t batch_)
+      : dc(dc_), h(h_), batch(batch_ ? batch_ : 1) {}
+
+  /* Puts one tile: `bytes` from src window offset to peer's dst window offset,
+   * and counts it; the put that completes a batch sends the batch's signal.
+   * Called by every thread of `coop` (a warp, or a CTA: ncclCoopCta{}), whose
+   * threads produced the tile in src beforehand (put syncs the coop first).
+   * The source may be reused when put returns for an LSA peer, after a flush
+   * of the GIN context (ncclGin::flush) for a GIN peer; the destination slot
+   * belongs to the peer until it consumed the tile. Any number of coops, in
+   * any CTAs, may put to the same peer concurrently. */
+  template <typename Coop>
+  __device__ void put(Coop coop, int peer, ncclWindow_t dst, size_t dst_off, ncclWindow_t src,
+                      size_t src_off, size_t bytes) const {
+    int l = perseus_lsa_index(dc, peer);
+    coop.sync(); /* every lane's part of the tile is written */
+    if (l >= 0) {
+      perseus_tile_copy(coop, (char *)ncclGetLsaPointer(dst, dst_off, l),
+                        (const char *)ncclGetLocalPointer(src, src_off), bytes);
+      coop.sync(); /* every lane's stores before the count's release */
+    } else if (coop.thread_rank() == 0) {
+      ncclGin gin{dc, h.ctx};
+      gin.put(ncclTeamWorld(dc), peer, dst, dst_off, src, src_off, bytes);
+    }
+    if (coop.thread_rank() == 0) count(peer, l, 1);
+    coop.sync();
+  }
+
+  /* Closes the peer's partial batch: one signal for the tiles added since
+   * the last full batch or flush (none if there are none). Call from one
+   * thread, when no put() to this peer is in progress (e.g. after a
+   * grid-wide sync, or from the last producer); later puts count their
+   * batches from here. */
+  __device__ void flush(int peer) const {
+    uint64_t added = *(volatile uint64_t *)perseus_batch_word(dc, h, PERSEUS_BATCH_ADDED, peer);
+    volatile uint64_t *base = perseus_batch_word(dc, h, PERSEUS_BATCH_BASE, peer);
+    uint64_t rest = (added - *base) % batch;
+    if (rest) signal(peer, perseus_lsa_index(dc, peer), rest);
+    *base = added;
+    __threadfence();
+  }
+
+  /* Tiles added for `peer` so far and tiles already covered by signals. */
+  __device__ uint64_t added(int peer) const {
+    return *(volatile uint64_t *)perseus_batch_word(dc, h, PERSEUS_BATCH_ADDED, peer);
+  }
+
+ private:
+  __device__ void count(int peer, int l, uint64_t n) const {
+    __threadfence_system(); /* the tile (stores or put) before the count */
+    uint64_t after =
+        atomicAdd((unsigned long long *)perseus_batch_word(dc, h, PERSEUS_BATCH_ADDED, peer), n) + n;
+    uint64_t base = *(volatile uint64_t *)perseus_batch_word(dc, h, PERSEUS_BATCH_BASE, peer);
+    /* the put that fills a batch closes it; later batches' closers may
+     * signal first: adds commute, and each signal covers every earlier tile */
+    if ((after - base) % batch == 0) signal(peer, l, batch);
+  }
+
+  __device__ void signal(int peer, int l, uint64_t n) const {
+    if (l >= 0) {
+      uint64_t *in = (uint64_t *)ncclGetResourceBufferLsaPointer(dc, h.buf, l) +
+                     (size_t)PERSEUS_BATCH_LSA_IN * dc.nRanks + dc.rank;
+      __threadfence_system();
+      atomicAdd_system((unsigned long long *)in, n);
+    } else {
+      ncclGin gin{dc, h.ctx};
+      gin.signal(ncclTeamWorld(dc), peer, ncclGin_SignalAdd{h.signal0 + (ncclGinSignal_t)dc.rank, n});
+    }
+  }
+};
+
+/* Receiver side. */
+struct perseus_recv {
+  ncclDevComm const &dc;
+  perseus_batch_handle h;
+
+  __device__ perseus_recv(ncclDevComm const &dc_, perseus_batch_handle h_) : dc(dc_), h(h_) {}
+
+  /* Tiles that arrived from `src` in total (acquire: their bytes are readable). */
+  __device__ uint64_t arrived(int src) const {
+    int l = perseus_lsa_index(dc, src);
+    if (l >= 0) {
+      uint64_t v = *(volatile uint64_t *)perseus_batch_word(dc, h, PERSEUS_BATCH_LSA_IN, src);
+      __threadfence_system();
+      return v;
+    }
+    ncclGin gin{dc, h.ctx};
+    return gin.readSignal(h.signal0 + (ncclGinSignal_t)src);
+  }
+
+  /* Non-blocking: whether at least `total` tiles from `src` arrived. For
+   * schedulers that must not spin. Any thread. */
+  __device__ bool poll(int src, uint64_t total) const { return perseus_reached(arrived(src), total); }
+
+  /* Blocks until at least `total` tiles (cumulative since the start) from
+   * `src` arrived; afterwards every byte of those tiles is readable by the
+   * calling thread (acquire). Any thread; spins. */
+  __device__ void wait(int src, uint64_t total) const {
+    while (!poll(src, total)) {
+    }
+  }
+
+  /* For consumers that let the library keep the running total: reserves the
+   * next `ntiles` tiles from `src` and returns the total to wait for. One
+   * caller per source at a time (or all consumers of `src` serialised). */
+  __device__ uint64_t next(int src, uint64_t ntiles) const {
+    return atomicAdd((unsigned long long *)perseus_batch_word(dc, h, PERSEUS_BATCH_SEEN, src), ntiles) + ntiles;
+  }
+};
+#endif /* __CUDACC__ */
+
+#endif
