@@ -187,15 +187,9 @@ static int perf_child(int rank, void *arg)
   GC_CUDA(cudaEventDestroy(ev1), "rank %d", rank);
   if (a2a_send) GC_CUDA(cudaFree(a2a_send), "%p", a2a_send);
   if (a2a_recv) GC_CUDA(cudaFree(a2a_recv), "%p", a2a_recv);
-  GC_NCCL(ncclDevCommDestroy(w.comm, &w.dev), "rank %d", rank);
-  w.have_dev = 0;
-  gc_window_destroy(&w, &send);
-  gc_window_destroy(&w, &recv);
-  gc_world_destroy(&w);
+  gc_world_close(&w, &send, &recv);
   return 0;
 }
-
-static int probe_child(int /* rank */, void * /* arg */) { return gc_probe(0); }
 
 /* ---- the parent ------------------------------------------------------------- */
 
@@ -359,14 +353,9 @@ int main(int argc, char **argv)
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (gp_init("perseus_gin_perf")) return 1;
   gp_default_env(stdout);
+  int rc0 = gc_probe_gpus(0, &c.ngpus, c.stall_s);
+  if (rc0 >= 0) return rc0;
   int codes[GP_MAX_RANKS];
-  if (gp_run(1, 1, probe_child, NULL, c.stall_s, "GPU probe", NULL, NULL, codes))
-    return codes[0] == GP_EXIT_SKIP ? GP_EXIT_SKIP : 1;
-  if (c.ngpus == 0) c.ngpus = gp_sh->ndev < GP_MAX_RANKS ? gp_sh->ndev : GP_MAX_RANKS;
-  if (c.ngpus < 2 || c.ngpus > gp_sh->ndev) {
-    printf("# %d GPU(s) visible, %d needed: skipped\n", gp_sh->ndev, c.ngpus < 2 ? 2 : c.ngpus);
-    return GP_EXIT_SKIP;
-  }
   if (c.npeers == 0) {
     c.peers[c.npeers++] = 1;
     if (c.ngpus > 2) c.peers[c.npeers++] = c.ngpus - 1;

@@ -156,14 +156,9 @@ static int perf_child(int rank, void *arg)
     gc_wait_stream(&w, "final barrier", NULL, NULL);
   }
   if (gp_barrier(n)) return 1;
-  GC_NCCL(ncclDevCommDestroy(w.comm, &w.dev), "rank %d", rank);
-  w.have_dev = 0;
-  gc_window_destroy(&w, &win);
-  gc_world_destroy(&w);
+  gc_world_close(&w, &win, NULL);
   return 0;
 }
-
-static int probe_child(int /* rank */, void * /* arg */) { return gc_probe(0); }
 
 static void drain_pipe(void *arg)
 {
@@ -253,14 +248,9 @@ int main(int argc, char **argv)
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (gp_init("perseus_tile_perf")) return 1;
   tt_set_env(TT_GIN, stdout); /* the probe needs EAGER too; each set resets its own */
+  int rc0 = gc_probe_gpus(0, &c.ngpus, c.stall_s);
+  if (rc0 >= 0) return rc0;
   int codes[GP_MAX_RANKS];
-  if (gp_run(1, 1, probe_child, NULL, c.stall_s, "GPU probe", NULL, NULL, codes))
-    return codes[0] == GP_EXIT_SKIP ? GP_EXIT_SKIP : 1;
-  if (c.ngpus == 0) c.ngpus = gp_sh->ndev < GP_MAX_RANKS ? gp_sh->ndev : GP_MAX_RANKS;
-  if (c.ngpus < 2 || c.ngpus > gp_sh->ndev) {
-    printf("# %d GPU(s) visible, %d needed: skipped\n", gp_sh->ndev, c.ngpus < 2 ? 2 : c.ngpus);
-    return GP_EXIT_SKIP;
-  }
   char host[256] = "?";
   gethostname(host, sizeof(host) - 1);
   int nv = gp_sh->nccl_version;

@@ -224,6 +224,47 @@ static inline void gc_world_destroy(gc_world *w)
   GC_CUDA(cudaStreamDestroy(w->stream), "rank %d", w->rank);
 }
 
+/* A rank's teardown once no peer still puts into its windows: the device
+ * communicator, then the windows a and b (b may be NULL), then the world. */
+static inline void gc_world_close(gc_world *w, gc_window *a, gc_window *b)
+{
+  if (w->have_dev) GC_NCCL(ncclDevCommDestroy(w->comm, &w->dev), "rank %d", w->rank);
+  w->have_dev = 0;
+  gc_window_destroy(w, a);
+  if (b) gc_window_destroy(w, b);
+  gc_world_destroy(w);
+}
+
+/* gp_run's child for the probe; arg points at gc_probe's detail. */
+static inline int gc_probe_child(int /* rank */, void *arg) { return gc_probe(*(const int *)arg); }
+
+/* In the parent, after gp_init and the environment: runs the GPU probe
+ * (gc_probe(detail)) in a child and settles *ngpus (0: every visible GPU, at
+ * most GP_MAX_RANKS). detail (the tests) also prints NCCL's and CUDA's
+ * versions before and each rank's GPU after. Returns -1 to go on, else main's
+ * exit status: GP_EXIT_SKIP without a GPU or with fewer than asked, 1 when
+ * the probe failed. */
+static inline int gc_probe_gpus(int detail, int *ngpus, double stall_s)
+{
+  int codes[GP_MAX_RANKS];
+  if (gp_run(1, 1, gc_probe_child, &detail, stall_s, "GPU probe", NULL, NULL, codes))
+    return codes[0] == GP_EXIT_SKIP ? GP_EXIT_SKIP : 1;
+  if (detail) {
+    int nv = gp_sh->nccl_version;
+    printf("# NCCL %d.%d.%d (built against %d.%d.%d), CUDA runtime %d, driver %d\n", nv / 10000,
+           nv / 100 % 100, nv % 100, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, gp_sh->runtime_version,
+           gp_sh->driver_version);
+  }
+  if (*ngpus == 0) *ngpus = gp_sh->ndev < GP_MAX_RANKS ? gp_sh->ndev : GP_MAX_RANKS;
+  if (*ngpus < 2 || *ngpus > gp_sh->ndev) {
+    printf("# %d GPU(s) visible, %d needed: skipped\n", gp_sh->ndev, *ngpus < 2 ? 2 : *ngpus);
+    return GP_EXIT_SKIP;
+  }
+  if (detail)
+    for (int d = 0; d < *ngpus; d++) printf("# rank %d: GPU %d: %s\n", d, d, gp_sh->gpu_name[d]);
+  return -1;
+}
+
 /* Every rank, over GIN (context 0, so through the plugin): signals to every
  * peer, then waits for theirs. acq_rel: what this rank wrote before (a
  * resetSignal, a verified buffer) is visible before any peer passes. */

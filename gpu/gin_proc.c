@@ -280,6 +280,16 @@ int gp_parse_int_list(const char *s, long lo, long hi, int *out, int max)
   return n > 0 ? n : -1;
 }
 
+int gp_parse_seed(const char *s, uint64_t *out)
+{
+  char *end;
+  errno = 0;
+  *out = strtoull(s, &end, 0);
+  return errno || end == s || *end;
+}
+
+uint64_t gp_clock_seed(void) { return (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid(); }
+
 /* ---- environment ---------------------------------------------------------- */
 
 static void default_plugin(void)

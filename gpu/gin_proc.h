@@ -87,6 +87,10 @@ int gp_parse_size(const char *s, size_t *out);
 int gp_parse_int(const char *s, long lo, long hi, int *out);
 /* Comma-separated integers in [lo, hi]; returns the count or -1. */
 int gp_parse_int_list(const char *s, long lo, long hi, int *out, int max);
+/* A seed: any unsigned 64-bit number strtoull reads (base 0). */
+int gp_parse_seed(const char *s, uint64_t *out);
+/* The default seed: from the clock and the pid. */
+uint64_t gp_clock_seed(void);
 
 /* NCCL environment for GIN over the plugin: sets NCCL_P2P_DISABLE=1,
  * NCCL_SHM_DISABLE=1, NCCL_NVLS_ENABLE=0 and NCCL_GIN_TYPE=2 (proxy) where

@@ -445,15 +445,9 @@ static int test_child(int rank, void *arg)
   GC_CUDA(cudaFree(r->d_plans), "%p", (void *)r->d_plans);
   GC_CUDA(cudaFree(r->d_res), "%p", (void *)r->d_res);
   GC_CUDA(cudaFreeHost(r->prog), "%p", (void *)r->prog);
-  if (r->w.have_dev) GC_NCCL(ncclDevCommDestroy(r->w.comm, &r->w.dev), "rank %d", rank);
-  r->w.have_dev = 0;
-  gc_window_destroy(&r->w, &r->send);
-  gc_window_destroy(&r->w, &r->recv);
-  gc_world_destroy(&r->w);
+  gc_world_close(&r->w, &r->send, &r->recv);
   return 0;
 }
-
-static int probe_child(int /* rank */, void * /* arg */) { return gc_probe(1); }
 
 static void usage(FILE *f)
 {
@@ -483,7 +477,7 @@ int main(int argc, char **argv)
   memset(&c, 0, sizeof(c));
   c.iters = 200, c.tmax = 16, c.sigmode = GT_SIG_MIXED, c.nctx = 1, c.watchdog_s = 120;
   c.bmin = 1, c.bmax = 1 << 20, c.mode_on[GT_MODE_PUT] = 1;
-  c.seed = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid();
+  c.seed = gp_clock_seed();
   int opt, bad = 0;
   while (!bad && (opt = getopt(argc, argv, "o:g:n:t:b:e:s:m:rC:w:h")) != -1) {
     switch (opt) {
@@ -493,13 +487,7 @@ int main(int argc, char **argv)
     case 't': bad = gp_parse_int(optarg, 1, 4096, &c.tmax); break;
     case 'b': bad = gp_parse_size(optarg, &c.bmin) || c.bmin == 0; break;
     case 'e': bad = gp_parse_size(optarg, &c.bmax) || c.bmax == 0 || c.bmax > (1u << 30); break;
-    case 's': {
-      char *end;
-      errno = 0;
-      c.seed = strtoull(optarg, &end, 0);
-      bad = errno || end == optarg || *end;
-      break;
-    }
+    case 's': bad = gp_parse_seed(optarg, &c.seed); break;
     case 'm': bad = gt_set_sigmode(&c, optarg); break;
     case 'r': c.ring = 1; break;
     case 'C': bad = gp_parse_int(optarg, 1, NCCL_GIN_MAX_CONTEXTS, &c.nctx); break;
@@ -522,19 +510,9 @@ int main(int argc, char **argv)
          c.iters, c.tmax, c.bmin, c.bmax, gt_sig_names[c.sigmode], c.ring ? "ring" : "all pairs",
          c.nctx);
   gp_default_env(stdout);
+  int rc = gc_probe_gpus(1, &c.ngpus, c.watchdog_s);
+  if (rc >= 0) return rc;
   int codes[GP_MAX_RANKS];
-  if (gp_run(1, 1, probe_child, NULL, c.watchdog_s, "GPU probe", NULL, NULL, codes))
-    return codes[0] == GP_EXIT_SKIP ? GP_EXIT_SKIP : 1;
-  int nv = gp_sh->nccl_version;
-  printf("# NCCL %d.%d.%d (built against %d.%d.%d), CUDA runtime %d, driver %d\n", nv / 10000,
-         nv / 100 % 100, nv % 100, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, gp_sh->runtime_version,
-         gp_sh->driver_version);
-  if (c.ngpus == 0) c.ngpus = gp_sh->ndev < GP_MAX_RANKS ? gp_sh->ndev : GP_MAX_RANKS;
-  if (c.ngpus < 2 || c.ngpus > gp_sh->ndev) {
-    printf("# %d GPU(s) visible, %d needed: skipped\n", gp_sh->ndev, c.ngpus < 2 ? 2 : c.ngpus);
-    return GP_EXIT_SKIP;
-  }
-  for (int d = 0; d < c.ngpus; d++) printf("# rank %d: GPU %d: %s\n", d, d, gp_sh->gpu_name[d]);
   double t0 = gp_now();
   int failed = gp_run(c.ngpus, 0, test_child, &c, c.watchdog_s, "gin test", NULL, NULL, codes);
   long long mismatches = 0;

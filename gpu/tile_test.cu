@@ -272,14 +272,9 @@ static int test_child(int rank, void *arg)
   GC_CUDA(cudaFreeHost(r->prog), "progress");
   GC_CUDA(cudaEventDestroy(r->cons_done), "event");
   GC_CUDA(cudaStreamDestroy(r->cons), "consumer stream");
-  if (r->w.have_dev) GC_NCCL(ncclDevCommDestroy(r->w.comm, &r->w.dev), "rank %d", rank);
-  r->w.have_dev = 0;
-  gc_window_destroy(&r->w, &r->win);
-  gc_world_destroy(&r->w);
+  gc_world_close(&r->w, &r->win, NULL);
   return 0;
 }
-
-static int probe_child(int /* rank */, void * /* arg */) { return gc_probe(1); }
 
 static void usage(FILE *f)
 {
@@ -305,7 +300,7 @@ int main(int argc, char **argv)
   memset(&c, 0, sizeof(c));
   c.path = TT_GIN, c.iters = 100, c.tmax = 64, c.cmax = 8, c.watchdog_s = 120;
   c.emax = 256 << 10;
-  c.seed = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid();
+  c.seed = gp_clock_seed();
   int opt, bad = 0;
   while (!bad && (opt = getopt(argc, argv, "p:g:n:t:e:B:c:s:w:h")) != -1) {
     switch (opt) {
@@ -320,13 +315,7 @@ int main(int argc, char **argv)
     case 'e': bad = gp_parse_size(optarg, &c.emax) || c.emax == 0 || c.emax > (64u << 20); break;
     case 'B': bad = gp_parse_int(optarg, 1, 4096, &c.bfixed); break;
     case 'c': bad = gp_parse_int(optarg, 1, 1024, &c.cmax); break;
-    case 's': {
-      char *end;
-      errno = 0;
-      c.seed = strtoull(optarg, &end, 0);
-      bad = errno || end == optarg || *end;
-      break;
-    }
+    case 's': bad = gp_parse_seed(optarg, &c.seed); break;
     case 'w': bad = gp_parse_int(optarg, 1, 24 * 3600, &c.watchdog_s); break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 1;
@@ -344,19 +333,9 @@ int main(int argc, char **argv)
          c.iters, c.tmax, c.emax, c.bfixed ? "fixed" : "1..16", c.cmax);
   if (c.bfixed) printf("# batch: %d tiles per signal\n", c.bfixed);
   tt_set_env(c.path, stdout); /* before any process touches CUDA or NCCL */
+  int rc = gc_probe_gpus(1, &c.ngpus, c.watchdog_s);
+  if (rc >= 0) return rc;
   int codes[GP_MAX_RANKS];
-  if (gp_run(1, 1, probe_child, NULL, c.watchdog_s, "GPU probe", NULL, NULL, codes))
-    return codes[0] == GP_EXIT_SKIP ? GP_EXIT_SKIP : 1;
-  int nv = gp_sh->nccl_version;
-  printf("# NCCL %d.%d.%d (built against %d.%d.%d), CUDA runtime %d, driver %d\n", nv / 10000,
-         nv / 100 % 100, nv % 100, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, gp_sh->runtime_version,
-         gp_sh->driver_version);
-  if (c.ngpus == 0) c.ngpus = gp_sh->ndev < GP_MAX_RANKS ? gp_sh->ndev : GP_MAX_RANKS;
-  if (c.ngpus < 2 || c.ngpus > gp_sh->ndev) {
-    printf("# %d GPU(s) visible, %d needed: skipped\n", gp_sh->ndev, c.ngpus < 2 ? 2 : c.ngpus);
-    return GP_EXIT_SKIP;
-  }
-  for (int d = 0; d < c.ngpus; d++) printf("# rank %d: GPU %d: %s\n", d, d, gp_sh->gpu_name[d]);
   double t0 = gp_now();
   int failed = gp_run(c.ngpus, 0, test_child, &c, c.watchdog_s, "tile test", NULL, NULL, codes);
   long long mismatches = 0;

@@ -31,91 +31,22 @@ PYTHON=${PYTHON:-python3}
 STRATEGIES=${GIN_STRATEGIES:-ordered target deferred drain}
 RUN_TIMEOUT=${GIN_RUN_TIMEOUT:-1800}
 
-ldconfig_p() {
-  { command -v ldconfig >/dev/null && ldconfig -p; } 2>/dev/null ||
-    /sbin/ldconfig -p 2>/dev/null || true
-}
+GPU_SCRIPT=gpu-gin.sh RUN_NAME_WIDTH=44 GPU_ENV_FABRIC=1
+RUN_GREP='mismatch|watchdog|failed|error|refused|where each rank'
+# shellcheck source=scripts/gpu-common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh" || exit 1
 
-for f in "$TEST_BIN" "$PERF_BIN" "$PLUGIN_DIR/libnccl-net-perseus.so"; do
-  if [ ! -e "$f" ]; then
-    echo "gpu-gin.sh: $f not found; build first (meson setup $BUILD && ninja -C $BUILD," \
-         "on a machine with nvcc and NCCL 2.28 headers)" >&2
-    exit 1
-  fi
-done
-mkdir -p "$LOGDIR" || exit 1
-
-# NCCL: the override, else the PyTorch environment's wheel, else the system's.
-nccl_lib=${PERSEUS_NCCL_LIB:-}
-if [ -z "$nccl_lib" ]; then
-  pkg=$("$PYTHON" -c 'import nvidia.nccl as m, os
-f = getattr(m, "__file__", None)
-print(os.path.dirname(f) if f else list(m.__path__)[0])' 2>/dev/null) || pkg=""
-  if [ -n "$pkg" ] && [ -e "$pkg/lib/libnccl.so.2" ]; then nccl_lib=$pkg/lib; fi
-fi
+gpu_need_built ", on a machine with nvcc and NCCL 2.28 headers" \
+  "$TEST_BIN" "$PERF_BIN" "$PLUGIN_DIR/libnccl-net-perseus.so"
+gpu_find_nccl
 if [ -n "$nccl_lib" ] && [ ! -e "$nccl_lib/libnccl.so.2" ]; then
   echo "gpu-gin.sh: no libnccl.so.2 in $nccl_lib (PERSEUS_NCCL_LIB)" >&2
   exit 1
 fi
-
-# libfabric.so.1 for the plugin, where the loader does not know it already.
-fab_dir=""
-if ! ldconfig_p | grep -q 'libfabric\.so\.1 '; then
-  for d in /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/lib /usr/local/lib64 \
-           /opt/amazon/efa/lib /opt/amazon/efa/lib64 "$PWD/.carry/lib"; do
-    if [ -e "$d/libfabric.so.1" ]; then fab_dir=$d; break; fi
-  done
-fi
-
-ld="$(cd "$PLUGIN_DIR" && pwd)${nccl_lib:+:$nccl_lib}${fab_dir:+:$fab_dir}"
-export LD_LIBRARY_PATH="$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export NCCL_NET_PLUGIN=perseus NCCL_GIN_TYPE=2
-export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0
-export PERSEUS_PROVIDER=${PERSEUS_PROVIDER:-tcp;ofi_rxm}
-if [ -z "${PERSEUS_IFACE:-}" ]; then
-  [ "$PERSEUS_PROVIDER" = shm ] && PERSEUS_IFACE=shm || PERSEUS_IFACE=lo
-fi
-export PERSEUS_IFACE NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
-
-ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-{
-  echo "# $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname)"
-  echo "# perseus $(git describe --always --dirty 2>/dev/null || echo '?'), build $BUILD"
-  echo "# NCCL: ${nccl_lib:-system} -> $(ldd "$TEST_BIN" 2>/dev/null | awk '/libnccl/{print $3}')"
-  echo "# plugin -> libfabric: $(ldd "$PLUGIN_DIR/libnccl-net-perseus.so" 2>/dev/null |
-    awk '/libfabric/{print $3}')"
-  echo "# LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-  env | grep -E '^(NCCL_|PERSEUS_|CUDA_VISIBLE)' | sort | sed 's/^/# /'
-  nvidia-smi -L 2>&1 | sed 's/^/# /'
-} | tee "$LOGDIR/env.txt"
-
-if [ "$ngpus" -lt 2 ]; then
-  echo "gpu-gin.sh: $ngpus GPU(s) visible, 2 needed: skipped" | tee "$LOGDIR/summary.txt"
-  exit 77
-fi
-
-: >"$LOGDIR/summary.txt"
-failed=0 passed=0 skipped=0
-
-# run NAME COMMAND...: one logged run, its verdict in the summary
-run() {
-  local name=$1; shift
-  local log="$LOGDIR/$name.log" t0=$SECONDS rc verdict
-  echo "# $*" >"$log"
-  timeout -k 10 "$RUN_TIMEOUT" "$@" >>"$log" 2>&1
-  rc=$?
-  case $rc in
-    0) verdict=PASS; passed=$((passed + 1)) ;;
-    77) verdict=SKIP; skipped=$((skipped + 1)) ;;
-    124|137) verdict="FAIL (killed after ${RUN_TIMEOUT} s)"; failed=$((failed + 1)) ;;
-    *) verdict="FAIL (exit $rc)"; failed=$((failed + 1)) ;;
-  esac
-  printf '%-44s %-26s %5ds  %s\n' "$name" "$verdict" $((SECONDS - t0)) "$log" |
-    tee -a "$LOGDIR/summary.txt"
-  if [ "$verdict" != PASS ] && [ "$verdict" != SKIP ]; then
-    grep -E 'mismatch|watchdog|failed|error|refused|where each rank' "$log" | head -12 | sed 's/^/    /'
-  fi
-}
+gpu_find_fabric
+gpu_export_env
+export NCCL_GIN_TYPE=2 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0
+gpu_start
 
 gpu_counts="2"
 [ "$ngpus" -ge 4 ] && gpu_counts="2 4"
@@ -135,5 +66,4 @@ unset PERSEUS_ORDERING
 run "gin_perf-g$ngpus" "$PERF_BIN" -g "$ngpus" ${GIN_PERF_ARGS:-}
 sed -n '/^# put + signal/,$p' "$LOGDIR/gin_perf-g$ngpus.log" 2>/dev/null
 
-echo "# $passed passed, $failed failed, $skipped skipped" | tee -a "$LOGDIR/summary.txt"
-[ "$failed" -eq 0 ]
+gpu_finish
