@@ -36,7 +36,7 @@
  * the requirement below; pass it to kernels by value. */
 typedef struct {
   ncclGinSignal_t signal0;    /* GIN signal of source rank s: signal0 + s */
-  ncclDevResourceHandle_t buf; /* per-rank counters (layout: perseus_batch_words) */
+  ncclDevResourceHandle_t buf; /* per-rank counters (layout: PERSEUS_BATCH_*) */
   int ctx;                     /* the GIN context every tile and signal uses */
 } perseus_batch_handle;
 
@@ -45,7 +45,7 @@ enum {
   PERSEUS_BATCH_ADDED = 0,  /* [r] tiles this rank added for destination r */
   PERSEUS_BATCH_BASE = 1,   /* [r] ADDED at the last flush: batches count from here */
   PERSEUS_BATCH_LSA_IN = 2, /* [r] tiles LSA peer r stored here (it adds remotely) */
-  PERSEUS_BATCH_SEEN = 3,   /* [r] tiles from r a consumer has taken (perseus_recv_next) */
+  PERSEUS_BATCH_SEEN = 3,   /* [r] tiles from r a consumer has taken (perseus_recv::next) */
   PERSEUS_BATCH_WORDS = 4
 };
 
