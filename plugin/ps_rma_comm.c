@@ -397,6 +397,7 @@ static ncclResult_t dereg_sym_body(void *coll, void *mh) {
     PS_WARN("deregMrSym: %p is not a region of this comm", mh);
     return ncclInvalidArgument;
   }
+  if (r->staged) ps_stage_quiesce(c); /* the GPU memory may be unmapped right after */
   ps_rma_dereg_region(c, r);
   return ncclSuccess;
 }

@@ -269,5 +269,6 @@ void ps_stage_credit(ps_rma_comm_t *c, uint32_t src, uint64_t freed_below);
 /* 0: applied (or queued behind the copies); 1: no room now, try later */
 int ps_stage_signal(ps_rma_comm_t *c, char *addr, uint64_t add);
 void ps_stage_progress(ps_rma_comm_t *c);
+void ps_stage_quiesce(ps_rma_comm_t *c); /* wait (bounded) until no copy or signal write is in flight */
 
 #endif

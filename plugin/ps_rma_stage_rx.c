@@ -222,3 +222,18 @@ void ps_stage_progress(ps_rma_comm_t *c) {
     if (c->peers[i].nheld) ps_rma_apply_ready(c, &c->peers[i]);
   send_credits(c, st);
 }
+
+/* Before a GPU window goes away: the copy engine may still be writing into
+ * it (payload copies, signal words). Waits, bounded, until nothing is in
+ * flight, so unmapping the memory afterwards cannot fault the GPU. */
+void ps_stage_quiesce(ps_rma_comm_t *c) {
+  ps_stage_t *st = c->stage;
+  uint64_t deadline = ps_now_ns() + 10ULL * 1000000000ULL;
+  while (st && (st->ncopies || st->nwords) && !c->error && ps_now_ns() < deadline) {
+    poll_copies(c, st);
+    poll_words(c, st);
+  }
+  if (st && (st->ncopies || st->nwords))
+    PS_WARN("deregistering a GPU window with %u copies and %u signal updates still in flight",
+            st->ncopies, st->nwords);
+}
