@@ -114,6 +114,8 @@ typedef struct {
   int writing;
 } ps_stage_word_t;
 
+#define PS_STAGE_MAX_WORDS 1024 /* GPU signal words with adds in flight at once */
+
 /* Staging for GPU windows (ps_rma_stage*.c), set up by the first one. */
 typedef struct {
   ps_cuda_dev_t *cu;
@@ -129,9 +131,8 @@ typedef struct {
   ps_stage_copy_t *copies;    /* ring, nranks * per_peer */
   uint32_t copy_head, ncopies;
   ps_stage_word_t *words;
-  uint32_t nwords, max_words;
-  uint64_t *cells, **free_cells;
-  uint32_t nfree_cells;
+  uint32_t nwords;
+  uint64_t *cells, **free_cells; /* a stack: PS_STAGE_MAX_WORDS - nwords cells are free */
   ps_sig_msg_t *credit;       /* per peer: the credit message in flight */
   ps_op_t *credit_op;
   struct fid_mr *credit_mr;

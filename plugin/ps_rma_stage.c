@@ -24,7 +24,6 @@
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
-#define PS_STAGE_MAX_WORDS 1024 /* GPU signal words with adds in flight at once */
 #define PS_STAGE_HDR sizeof(ps_stage_hdr_t)
 
 /* A quarter of PERSEUS_STAGING_BYTES for send slots, the rest split evenly
@@ -102,8 +101,7 @@ static ncclResult_t alloc_pools(ps_rma_comm_t *c, ps_stage_t *st) {
     st->slots[i].next = st->free_slots;
     st->free_slots = &st->slots[i];
   }
-  st->max_words = PS_STAGE_MAX_WORDS;
-  for (uint32_t i = 0; i < st->max_words; i++) st->free_cells[st->nfree_cells++] = &st->cells[i];
+  for (uint32_t i = 0; i < PS_STAGE_MAX_WORDS; i++) st->free_cells[i] = &st->cells[i];
   return ncclSuccess;
 }
 

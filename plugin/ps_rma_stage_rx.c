@@ -83,9 +83,10 @@ static void poll_copies(ps_rma_comm_t *c, ps_stage_t *st) {
 
 static void retire_word(ps_stage_t *st, uint32_t i) {
   ps_stage_word_t *w = &st->words[i];
+  uint64_t *cell = w->cell;
   if (w->ev) ps_cuda_event_release(st->cu, w->ev);
-  st->free_cells[st->nfree_cells++] = w->cell;
   st->words[i] = st->words[--st->nwords];
+  st->free_cells[PS_STAGE_MAX_WORDS - st->nwords - 1] = cell; /* push */
   st->changed = 1;
 }
 
@@ -154,12 +155,13 @@ int ps_stage_signal(ps_rma_comm_t *c, char *addr, uint64_t add) {
     w->ev = ev;
     return 0;
   }
-  if (st->nwords == st->max_words || !st->nfree_cells) return 1; /* held until a word retires */
+  if (st->nwords == PS_STAGE_MAX_WORDS) return 1; /* held until a word retires */
   ps_stage_word_t *w = &st->words[st->nwords];
-  *w = (ps_stage_word_t){.addr = addr, .accum = add, .cell = st->free_cells[--st->nfree_cells]};
+  /* the top of the free-cell stack; taken for good once nwords grows */
+  *w = (ps_stage_word_t){.addr = addr, .accum = add,
+                         .cell = st->free_cells[PS_STAGE_MAX_WORDS - st->nwords - 1]};
   if (ps_cuda_d2h(st->cu, PS_CUDA_READ_STREAM, w->cell, addr, sizeof *w->cell) != ncclSuccess ||
       ps_cuda_event_record(st->cu, PS_CUDA_READ_STREAM, &w->ev) != ncclSuccess) {
-    st->free_cells[st->nfree_cells++] = w->cell;
     ps_rma_fail(c, ncclSystemError, "reading a signal in GPU memory failed");
     return 0;
   }
