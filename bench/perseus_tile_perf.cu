@@ -1,10 +1,12 @@
 /* perseus_tile_perf: perseus' device library (perseus/device.cuh) measured,
  * nccl-tests style: per tile size x batch (tiles per signal), per-tile
- * signaling (batch 1) against batched, LSA against GIN side by side.
+ * signaling (batch 1) against batched, LSA (stores or TMA) against GIN side
+ * by side.
  *
- * For each path (-p) the parent sets that path's NCCL environment (LSA: P2P
- * on, every peer of the node by NVLink stores; GIN: P2P off, ncclGin through
- * the perseus plugin) and forks a fresh set of rank processes; the ranks
+ * For each path (-p) the parent sets that path's NCCL environment (LSA and
+ * TMA: P2P on, every peer of the node by NVLink, tiles moved by the coop's
+ * stores or by TMA bulk copies; GIN: P2P off, ncclGin through the perseus
+ * plugin) and forks a fresh set of rank processes; the ranks
  * send one record per row through a pipe and the parent prints one table.
  * A round: every rank puts -t tiles of SIZE to every other rank from -c CTAs
  * (perseus_batch::put, one signal per B tiles), flushes every peer, and waits
@@ -74,7 +76,8 @@ static void enqueue(rounds *r, tt_plan &p, uint32_t b, int k)
     for (int s = 0; s < n; s++)
       if (s != p.me) r->tot.v[s] += (uint64_t)p.fixed_tiles;
     tt_produce_kernel<<<r->c->ctas, TT_THREADS, 0, r->w->stream>>>(
-        r->w->dev, r->h, r->win->win, p, b, r->c->coop, 0, NULL);
+        r->w->dev, r->h, r->win->win, p, b, r->c->coop, r->c->paths[r->c->cur_path] == TT_TMA, 0,
+        NULL);
     GC_CUDA(cudaGetLastError(), "tt_produce_kernel<<<%d, %d>>>", r->c->ctas, TT_THREADS);
     tt_flush_kernel<<<1, 32, 0, r->w->stream>>>(r->w->dev, r->h, b, NULL);
     GC_CUDA(cudaGetLastError(), "tt_flush_kernel");
@@ -186,7 +189,8 @@ static void usage(FILE *f)
     "  -f N     size factor (default 4)       -g N     GPUs (default: all visible, >= 2)\n"
     "  -n N     timed rounds (default 50)     -w N     warmup rounds (default 5)\n"
     "  -B LIST  tiles per signal (default 1,8,64)\n"
-    "  -p LIST  paths: lsa,gin (default both)\n"
+    "  -p LIST  paths: lsa (NVLink stores), tma (NVLink, TMA bulk copies), gin (the plugin)\n"
+    "           (default lsa,tma,gin)\n"
     "  -t N     tiles per peer per round (default 64)   -c N  producer CTAs (default 8)\n"
     "  -C KIND  coop per tile: cta or warp (default cta)\n"
     "  -W SEC   watchdog (default 120)\n");
@@ -199,7 +203,7 @@ int main(int argc, char **argv)
   c.iters = 50, c.warmup = 5, c.ntiles = 64, c.ctas = 8, c.coop = TT_COOP_CTA, c.stall_s = 120;
   size_t bmin = 4 << 10, bmax = 1 << 20;
   int factor = 4, opt, bad = 0;
-  const char *blist = "1,8,64", *plist = "lsa,gin";
+  const char *blist = "1,8,64", *plist = "lsa,tma,gin";
   while (!bad && (opt = getopt(argc, argv, "b:e:f:g:n:w:B:p:t:c:C:W:h")) != -1) {
     switch (opt) {
     case 'b': bad = gp_parse_size(optarg, &bmin) || bmin == 0; break;
@@ -237,9 +241,11 @@ int main(int argc, char **argv)
   char buf[64];
   snprintf(buf, sizeof(buf), "%s", plist);
   for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-    int pth = !strcmp(t, "lsa") ? TT_LSA : !strcmp(t, "gin") ? TT_GIN : -1;
+    int pth = -1;
+    for (int i = 0; i < TT_PATH_N; i++)
+      if (!strcmp(t, tt_path_names[i])) pth = i;
     if (pth < 0 || c.npaths == TT_PATH_N) {
-      fprintf(stderr, "perseus_tile_perf: bad -p list '%s' (lsa, gin)\n", plist);
+      fprintf(stderr, "perseus_tile_perf: bad -p list '%s' (lsa, tma, gin)\n", plist);
       return 1;
     }
     c.paths[c.npaths++] = pth;
@@ -301,18 +307,25 @@ int main(int argc, char **argv)
         /* the tiles of the timed rounds only, over the slowest rank's time */
         double tiles = (double)c.ntiles * (c.ngpus - 1) * c.ngpus * c.iters;
         printf(" | %-4s %9.3f %9.1f %8.1f", "", tiles / (x->us * c.iters), x->us, x->lat_us);
-        if (gin && x->stats_ok && x->tiles)
+        if (!gin) continue;
+        if (x->stats_ok && x->tiles) {
           printf(" %8.4f %8.4f %8.4f%s", (double)x->signals / x->tiles,
                  (double)x->want_signals / x->tiles, (double)x->fences / x->tiles,
                  x->signals == x->want_signals ? "" : " !");
-        if (gin && x->stats_ok && x->signals != x->want_signals) failed = 1;
-        else if (gin)
+          if (x->signals != x->want_signals) failed = 1;
+        } else {
           printf(" %8s %8s %8s", "n/a", "n/a", "n/a");
+        }
       }
       printf("\n");
     }
   }
-  printf("# sig/t: plugin signals per tile over warmup + timed rounds, all ranks; exp/t: "
-         "ceil(t/B)/t; '!' marks a mismatch\n");
+  for (int pi = 0; pi < c.npaths; pi++)
+    if (c.paths[pi] == TT_GIN) {
+      printf("# sig/t: plugin signals per tile over warmup + timed rounds, all ranks; exp/t: "
+             "ceil(t/B)/t; '!' marks a mismatch; fen/t: signals that waited for or fenced "
+             "behind earlier puts (deferred, drain, fence)\n");
+      break;
+    }
   return failed ? 1 : 0;
 }

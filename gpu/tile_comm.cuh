@@ -14,8 +14,9 @@
 #include "gin_comm.cuh"
 #include "perseus/device.cuh"
 
-enum { TT_LSA, TT_GIN, TT_PATH_N };
-static const char *const tt_path_names[TT_PATH_N] = {"lsa", "gin"};
+/* tma: the LSA path with tiles moved by TMA bulk copies (perseus_tile_copy_tma) */
+enum { TT_LSA, TT_GIN, TT_TMA, TT_PATH_N };
+static const char *const tt_path_names[TT_PATH_N] = {"lsa", "gin", "tma"};
 enum { TT_COOP_CTA, TT_COOP_WARP };
 
 /* Signals the programs keep for themselves, [GC_SIG_FIRST, TT_OWN_SIGNALS):
@@ -24,6 +25,7 @@ enum { TT_COOP_CTA, TT_COOP_WARP };
 #define TT_OWN_SIGNALS (GC_SIG_FIRST + 2)
 #define TT_THREADS 256
 #define TT_WARPS (TT_THREADS / 32)
+#define TT_TMA_SMEM 32768 /* per CTA: a CTA coop's TMA stages, or 1/TT_WARPS per warp */
 
 /* The parent sets the path's environment before forking the ranks. LSA must
  * leave P2P on (symmetric windows mapped peer to peer, dc.lsaSize == nranks
@@ -92,18 +94,23 @@ __host__ __device__ inline uint32_t tt_size(const tt_plan &p, int s, int d, int 
   return 1 + (uint32_t)((h >> 8) % (cap ? cap : 1));
 }
 
-/* Source and destination misalignment (0..15 each, independent), so LSA
- * copies run every word width and GIN puts start at odd addresses. */
+/* Source and destination misalignment (independent; half of each aligned,
+ * the rest 0..15), so LSA copies run every word width, TMA copies both
+ * their bulk path and their fallback, and GIN puts start at odd addresses. */
+__host__ __device__ inline size_t tt_misalign(const tt_plan &p, int s, int d, int k, int what)
+{
+  uint64_t h = tt_hash(p, s, d, k, what);
+  return p.fixed_size || (h >> 8 & 1) ? 0 : h % 16;
+}
+
 __host__ __device__ inline size_t tt_send_off(const tt_plan &p, int d, int k)
 {
-  size_t mis = p.fixed_size ? 0 : tt_hash(p, p.me, d, k, 3) % 16;
-  return ((size_t)d * p.tmax + k) * p.stride + mis;
+  return ((size_t)d * p.tmax + k) * p.stride + tt_misalign(p, p.me, d, k, 3);
 }
 
 __host__ __device__ inline size_t tt_recv_off(const tt_plan &p, int s, int d, int k)
 {
-  size_t mis = p.fixed_size ? 0 : tt_hash(p, s, d, k, 4) % 16;
-  return p.half + ((size_t)s * p.tmax + k) * p.stride + mis;
+  return p.half + ((size_t)s * p.tmax + k) * p.stride + tt_misalign(p, s, d, k, 4);
 }
 
 /* Byte `b` of a tile whose key encodes source, destination, iteration and
@@ -169,7 +176,7 @@ static inline ncclResult_t tt_devcomm_create(gc_world *w, int path, perseus_batc
            "lsaSize %d of %d ranks; GIN contexts %d, signals %d%s\n", tt_path_names[path], s0,
            s0, s0 + n - 1, h->ctx, (unsigned)h->buf, dc.lsaSize, dc.nRanks, dc.ginContextCount,
            dc.ginSignalCount, path == TT_GIN ? "" : " (GIN not used)");
-  if (path == TT_LSA) {
+  if (path != TT_GIN) {
     if (dc.lsaSize != w->nranks)
       gc_die(__FILE__, __LINE__, "lsa path: dc.lsaSize %d != %d ranks: not every peer is "
              "reachable by stores (P2P off? more than one NVLink domain?)", dc.lsaSize, w->nranks);
@@ -179,8 +186,21 @@ static inline ncclResult_t tt_devcomm_create(gc_world *w, int path, perseus_batc
   if (w->rank == 0)
     printf("# gin: program signals %d..%d, world GIN barrier signal0 %u\n", GC_SIG_FIRST,
            TT_OWN_SIGNALS - 1, b0);
-  /* the library takes the user signals after ours (TT_OWN_SIGNALS); NCCL's
-   * barrier handle is reported as is (2.28.9 gave signal0 = 0 there) */
+  /* The resource buffers of the barrier and the library must not overlap:
+   * NCCL assigns them in list order, 128-byte aligned. */
+  size_t bo = ncclGetResourceBufferOffset(w->world_bar.bufHandle),
+         lo = ncclGetResourceBufferOffset(h->buf);
+  if (w->rank == 0)
+    printf("# gin: resource buffers: world barrier [%zu, +%zu), batch counters [%zu, +%zu)\n", bo,
+           barreq.bufferSize, lo, breq.bufferSize);
+  if (bo < lo + breq.bufferSize && lo < bo + barreq.bufferSize)
+    gc_die(__FILE__, __LINE__, "resource buffers overlap: world barrier [%zu, +%zu), batch "
+           "counters [%zu, +%zu)", bo, barreq.bufferSize, lo, breq.bufferSize);
+  /* the library takes the user signals after ours (TT_OWN_SIGNALS). NCCL's
+   * barrier handle is reported as is: 2.28.9 drops the GIN signal counts of
+   * resource requirements when it copies them (deepCopyDevCommRequirements
+   * keeps only the buffer fields), so the barrier's signal0 stays 0 and is
+   * never allocated; user signal 0 is left to it (GC_SIG_FIRST). */
   if (s0 < TT_OWN_SIGNALS)
     gc_die(__FILE__, __LINE__, "batch signals %u..%u overlap the program's signals 0..%d", s0,
            s0 + n - 1, TT_OWN_SIGNALS - 1);
@@ -210,7 +230,8 @@ struct tt_prog {
  * CTA or warp may put to any peer, concurrently with the others. */
 template <typename Coop>
 __device__ void tt_produce(Coop coop, int u, int U, ncclDevComm const &dc, perseus_batch b,
-                           ncclWindow_t win, const tt_plan &p, int fill)
+                           ncclWindow_t win, const tt_plan &p, int fill,
+                           const perseus_tma_smem *tma)
 {
   int n = p.nranks, total = 0;
   for (int j = 1; j < n; j++) total += tt_ntiles(p, p.me, (p.me + j) % n);
@@ -232,21 +253,27 @@ __device__ void tt_produce(Coop coop, int u, int U, ncclDevComm const &dc, perse
     /* every lane's bytes before the put: the LSA branch of put() copies at
      * once, with lanes reading bytes other lanes wrote */
     coop.sync();
-    b.put(coop, d, win, doff, win, soff, size);
+    if (tma) b.put(coop, d, win, doff, win, soff, size, *tma);
+    else b.put(coop, d, win, doff, win, soff, size);
   }
   (void)dc;
 }
 
 __global__ void __launch_bounds__(TT_THREADS)
 tt_produce_kernel(ncclDevComm dc, perseus_batch_handle h, ncclWindow_t win, tt_plan p,
-                  uint32_t batch, int coop, int fill, tt_prog *prog)
+                  uint32_t batch, int coop, int tma, int fill, tt_prog *prog)
 {
+  __shared__ __align__(128) char smem[TT_TMA_SMEM];
   perseus_batch b(dc, h, batch);
-  if (coop == TT_COOP_CTA)
-    tt_produce(ncclCoopCta(), blockIdx.x, gridDim.x, dc, b, win, p, fill);
-  else
-    tt_produce(ncclCoopWarp(), blockIdx.x * TT_WARPS + threadIdx.x / 32, gridDim.x * TT_WARPS,
-               dc, b, win, p, fill);
+  if (coop == TT_COOP_CTA) {
+    perseus_tma_smem t = {smem, TT_TMA_SMEM};
+    tt_produce(ncclCoopCta(), blockIdx.x, gridDim.x, dc, b, win, p, fill, tma ? &t : NULL);
+  } else {
+    int warp = threadIdx.x / 32;
+    perseus_tma_smem t = {smem + warp * (TT_TMA_SMEM / TT_WARPS), TT_TMA_SMEM / TT_WARPS};
+    tt_produce(ncclCoopWarp(), blockIdx.x * TT_WARPS + warp, gridDim.x * TT_WARPS, dc, b, win,
+               p, fill, tma ? &t : NULL);
+  }
   __syncthreads();
   if (prog && threadIdx.x == 0) atomicAdd_system(&prog->prod_blocks, 1u);
 }

@@ -1,15 +1,16 @@
 /* perseus_tile_test: perseus' device library (perseus/device.cuh: tile puts
  * with one signal per batch) on every visible GPU, every byte verified on
  * the GPU, over one path per run: -p lsa (P2P on, tiles stored into NVLink
- * peers, counts by system-scope atomics) or -p gin (P2P off, ncclGin puts
- * through the perseus plugin, one ncclGin SignalAdd per batch).
+ * peers, counts by system-scope atomics; each iteration draws plain stores
+ * or TMA bulk copies), -p tma (lsa, TMA always) or -p gin (P2P off, ncclGin
+ * puts through the perseus plugin, one ncclGin SignalAdd per batch).
  *
  * One forked process per GPU (gin_proc.c: the parent never calls CUDA).
  * Per iteration every rank sends to every other rank; from the seed and the
  * iteration every rank derives what every other rank sends (tile_comm.cuh:
  * 1..-t tiles per pair, 1 B..-e each, misaligned), and draws for itself the
  * batch (1..16 or -B), the producer CTAs (1..-c), the coop (a CTA or a warp
- * per tile) and which kernel it launches first. Kernels:
+ * per tile), the LSA copy (stores or TMA) and which kernel it launches first. Kernels:
  *   produce (stream A): each coop writes its tiles' pattern (source,
  *           destination, iteration, tile, byte) and puts them, round robin
  *           over all destinations, any CTA to any peer;
@@ -177,6 +178,7 @@ static int test_child(int rank, void *arg)
     uint64_t h = tt_hash(p, rank, rank, 0, 6); /* this rank's own draws */
     uint32_t batch = c->bfixed ? (uint32_t)c->bfixed : 1 + (uint32_t)(h % 16);
     int coop = (int)(h >> 8 & 1), cons_first = (int)(h >> 9 & 1);
+    int tma = c->path == TT_TMA || (int)(h >> 10 & 1); /* gin: the overload, unused */
     r->ctas = 1 + (int)((h >> 16) % (uint64_t)c->cmax);
     for (int s = 0; s < n; s++)
       if (s != rank) r->totals[s] += (uint64_t)tt_ntiles(p, s, rank);
@@ -189,8 +191,9 @@ static int test_child(int rank, void *arg)
     sig_exp += want_sig;
     memset(r->prog, 0, sizeof(tt_prog));
     r->last[0] = 0;
-    gp_progress(NULL, iter, "launching: batch %u, %d CTAs of %s coops, %s first", batch, r->ctas,
-                coop == TT_COOP_CTA ? "CTA" : "warp", cons_first ? "consumer" : "producer");
+    gp_progress(NULL, iter, "launching: batch %u, %d CTAs of %s coops%s, %s first", batch,
+                r->ctas, coop == TT_COOP_CTA ? "CTA" : "warp", tma ? " (TMA)" : "",
+                cons_first ? "consumer" : "producer");
     GC_CUDA(cudaMemcpyAsync(r->d_totals, r->totals, sizeof(r->totals), cudaMemcpyHostToDevice,
                             r->cons), "totals");
     GC_CUDA(cudaMemsetAsync(r->d_res, 0, sizeof(tt_result), r->cons), "result");
@@ -202,7 +205,7 @@ static int test_child(int rank, void *arg)
                 TT_THREADS);
       } else {
         tt_produce_kernel<<<r->ctas, TT_THREADS, 0, r->w.stream>>>(
-            r->w.dev, r->h, r->win.win, p, batch, coop, 1, r->d_prog);
+            r->w.dev, r->h, r->win.win, p, batch, coop, tma, 1, r->d_prog);
         GC_CUDA(cudaGetLastError(), "tt_produce_kernel<<<%d, %d>>>", r->ctas, TT_THREADS);
         tt_flush_kernel<<<1, 32, 0, r->w.stream>>>(r->w.dev, r->h, batch, r->d_prog);
         GC_CUDA(cudaGetLastError(), "tt_flush_kernel<<<1, 32>>>");
@@ -216,9 +219,9 @@ static int test_child(int rank, void *arg)
     GC_CUDA(cudaMemcpy(&res, r->d_res, sizeof(res), cudaMemcpyDeviceToHost), "result");
     if (res.mismatches || res.count_errors) {
       fprintf(stderr, "%s: rank %d: %s: iteration %d (seed %#" PRIx64 ", batch %u, %d CTAs, %s "
-              "coops): %llu byte mismatch(es), %llu count error(s)\n", gp_prog, rank,
+              "coops%s): %llu byte mismatch(es), %llu count error(s)\n", gp_prog, rank,
               tt_path_names[c->path], iter, c->seed, batch, r->ctas, coop ? "warp" : "CTA",
-              res.mismatches, res.count_errors);
+              tma ? ", TMA" : "", res.mismatches, res.count_errors);
       if (res.first_set)
         fprintf(stderr, "%s: rank %d:   first: from rank %d, tile %d (%u B), byte %llu: got "
                 "%#04llx, expected %#04llx\n", gp_prog, rank, res.src, res.tile,
@@ -251,10 +254,11 @@ static int test_child(int rank, void *arg)
     }
   }
   gp_sh->slot[rank].mismatches += (long long)(bad + cbad);
+  char counted[64] = "";
+  if (gin) snprintf(counted, sizeof(counted), ", plugin counted %llu", sig_seen);
   printf("rank %d: path %s: iterations %d, tiles %llu, bytes %llu, signals expected %llu "
-         "(ceil(tiles/batch) per peer)%s%llu, mismatches %llu, count errors %llu\n", rank,
-         tt_path_names[c->path], iter, tiles, bytes, sig_exp, gin ? ", plugin counted " : "",
-         gin ? sig_seen : 0ull, bad, cbad);
+         "(ceil(tiles/batch) per peer)%s, mismatches %llu, count errors %llu\n", rank,
+         tt_path_names[c->path], iter, tiles, bytes, sig_exp, counted, bad, cbad);
   fflush(stdout);
   if (bad || cbad || !stats_ok) return 1;
 
@@ -282,7 +286,8 @@ static void usage(FILE *f)
     "usage: perseus_tile_test [options]\n"
     "perseus' device library (tile puts, one signal per batch) on every visible GPU, one\n"
     "forked process per GPU, every byte verified on the GPU.\n"
-    "  -p PATH  lsa (P2P on, NVLink stores) or gin (P2P off, ncclGin via the plugin); default gin\n"
+    "  -p PATH  lsa (P2P on, NVLink stores or TMA copies, drawn per iteration), tma (lsa,\n"
+    "           TMA copies only) or gin (P2P off, ncclGin via the plugin); default gin\n"
     "  -g N     GPUs/ranks, at least 2 (default: all visible)\n"
     "  -n N     iterations (default 100)\n"
     "  -t N     at most N tiles per pair and iteration, 1..1024 (default 64)\n"
@@ -307,6 +312,7 @@ int main(int argc, char **argv)
     case 'p':
       if (!strcmp(optarg, "lsa")) c.path = TT_LSA;
       else if (!strcmp(optarg, "gin")) c.path = TT_GIN;
+      else if (!strcmp(optarg, "tma")) c.path = TT_TMA;
       else bad = 1;
       break;
     case 'g': bad = gp_parse_int(optarg, 2, GP_MAX_RANKS, &c.ngpus); break;

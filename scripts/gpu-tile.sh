@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # perseus' device library (device/include/perseus/device.cuh) on a GPU host:
 # perseus_tile_test on 2 GPUs, and on 4 where there are 4, over the LSA path
-# (P2P on, NVLink stores) and the GIN path (P2P off, the plugin) under the
-# ordered and target strategies; then perseus_tile_perf (LSA and GIN side by
-# side). The programs set each path's NCCL variables themselves (-p), so
+# (P2P on, NVLink stores or TMA copies drawn per iteration), TMA only, and the
+# GIN path (P2P off, the plugin) under the ordered and target strategies; then
+# perseus_tile_perf: LSA, TMA and GIN side by side under the first perf
+# strategy, GIN alone under the others (the fence count per tile differs by
+# strategy, the NVLink paths do not). The programs set each path's NCCL variables themselves (-p), so
 # unlike gpu-gin.sh this script exports no NCCL_P2P_DISABLE. Run from the
 # repository root of a tree built elsewhere and carried over:
 #
@@ -11,6 +13,7 @@
 #
 # Environment (optional): PERSEUS_NCCL_LIB, PYTHON, PERSEUS_PROVIDER,
 # PERSEUS_IFACE as for gpu-gin.sh; TILE_STRATEGIES (default "ordered target"),
+# TILE_PERF_STRATEGIES (default "ordered deferred drain"),
 # TILE_TEST_ARGS (e.g. "-n 500"), TILE_PERF_ARGS (e.g. "-e 4M -B 1,4,16,64"),
 # TILE_RUN_TIMEOUT (default 1800 s).
 # Exit status: 0 every run passed (or was skipped), 1 a run failed, 77 fewer
@@ -24,6 +27,7 @@ PERF_BIN=$BUILD/gpu/perseus_tile_perf
 PLUGIN_DIR=$BUILD/plugin
 PYTHON=${PYTHON:-python3}
 STRATEGIES=${TILE_STRATEGIES:-ordered target}
+PERF_STRATEGIES=${TILE_PERF_STRATEGIES:-ordered deferred drain}
 RUN_TIMEOUT=${TILE_RUN_TIMEOUT:-1800}
 
 GPU_SCRIPT=gpu-tile.sh RUN_NAME_WIDTH=40 GPU_ENV_FABRIC=0
@@ -43,6 +47,8 @@ gpu_counts="2"
 for g in $gpu_counts; do
   # shellcheck disable=SC2086  # TILE_TEST_ARGS is a list of options
   run "tile_test-g$g-lsa" "$TEST_BIN" -p lsa -g "$g" ${TILE_TEST_ARGS:-}
+  # shellcheck disable=SC2086
+  run "tile_test-g$g-tma" "$TEST_BIN" -p tma -g "$g" ${TILE_TEST_ARGS:-}
   for s in $STRATEGIES; do
     # shellcheck disable=SC2086
     PERSEUS_ORDERING=$s run "tile_test-g$g-gin-$s" "$TEST_BIN" -p gin -g "$g" ${TILE_TEST_ARGS:-}
@@ -56,10 +62,13 @@ for b in 1 64; do
   run "tile_test-g2-lsa-B$b" "$TEST_BIN" -p lsa -g 2 -B "$b" ${TILE_TEST_ARGS:-}
 done
 
-for s in $STRATEGIES; do
+paths=lsa,tma,gin
+for s in $PERF_STRATEGIES; do
   # shellcheck disable=SC2086
-  PERSEUS_ORDERING=$s run "tile_perf-g$ngpus-$s" "$PERF_BIN" -g "$ngpus" ${TILE_PERF_ARGS:-}
+  PERSEUS_ORDERING=$s run "tile_perf-g$ngpus-$s" "$PERF_BIN" -g "$ngpus" -p "$paths" \
+    ${TILE_PERF_ARGS:-}
   sed -n '/^# machine/p;/size(B)/,$p' "$LOGDIR/tile_perf-g$ngpus-$s.log" 2>/dev/null
+  paths=gin
 done
 
 gpu_finish

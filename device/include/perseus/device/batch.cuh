@@ -54,9 +54,11 @@ enum {
  *   - its GIN signals (one per rank) as the next block of the user signal
  *     range: h->signal0 = reqs->ginSignalCount, which grows by nranks. So
  *     declare your own signals first (ids 0..k-1 stay yours). Not through
- *     ncclDevResourceRequirements.outGinSignalStart: NCCL 2.28.9 left that at
- *     0 on the GPU host (for its own GIN barrier too), aliasing user signal 0;
- *     the user range is guaranteed to start at 0 and to be this devcomm's.
+ *     ncclDevResourceRequirements.ginSignalCount/outGinSignalStart: NCCL
+ *     2.28.9 copies the requirement list keeping only its buffer fields, so
+ *     those signals are never allocated (its own GIN barrier's signal0 stays
+ *     0, aliasing user signal 0); the user range is guaranteed to start at 0
+ *     and to be this devcomm's.
  *   - its counters (32 bytes per rank) as a resource buffer: `req` (storage
  *     you keep until ncclDevCommCreate returns) is linked at the head of
  *     reqs->resourceRequirementsList and NCCL writes its handle into h->buf.
@@ -129,11 +131,30 @@ struct perseus_batch {
   template <typename Coop>
   __device__ void put(Coop coop, int peer, ncclWindow_t dst, size_t dst_off, ncclWindow_t src,
                       size_t src_off, size_t bytes) const {
+    put_impl(coop, peer, dst, dst_off, src, src_off, bytes, nullptr);
+  }
+
+  /* The same, but an LSA peer's tile moves by TMA bulk copies
+   * (perseus_tile_copy_tma) through `smem`, the coop's own shared memory
+   * for the call; a GIN peer's tile does not use it. */
+  template <typename Coop>
+  __device__ void put(Coop coop, int peer, ncclWindow_t dst, size_t dst_off, ncclWindow_t src,
+                      size_t src_off, size_t bytes, perseus_tma_smem smem) const {
+    put_impl(coop, peer, dst, dst_off, src, src_off, bytes, &smem);
+  }
+
+ private:
+  template <typename Coop>
+  __device__ void put_impl(Coop &coop, int peer, ncclWindow_t dst, size_t dst_off,
+                           ncclWindow_t src, size_t src_off, size_t bytes,
+                           const perseus_tma_smem *tma) const {
     int l = perseus_lsa_index(dc, peer);
     coop.sync(); /* every lane's part of the tile is written */
     if (l >= 0) {
-      perseus_tile_copy(coop, (char *)ncclGetLsaPointer(dst, dst_off, l),
-                        (const char *)ncclGetLocalPointer(src, src_off), bytes);
+      char *d = (char *)ncclGetLsaPointer(dst, dst_off, l);
+      const char *s = (const char *)ncclGetLocalPointer(src, src_off);
+      if (tma) perseus_tile_copy_tma(coop, d, s, bytes, *tma);
+      else perseus_tile_copy(coop, d, s, bytes);
       coop.sync(); /* every lane's stores before the count's release */
     } else if (coop.thread_rank() == 0) {
       ncclGin gin{dc, h.ctx};
@@ -142,6 +163,8 @@ struct perseus_batch {
     if (coop.thread_rank() == 0) count(peer, l, 1);
     coop.sync();
   }
+
+ public:
 
   /* Closes the peer's partial batch: one signal for the tiles added since
    * the last full batch or flush (none if there are none). Call from one
