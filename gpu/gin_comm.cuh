@@ -244,7 +244,7 @@ static inline int gc_probe_child(int /* rank */, void *arg) { return gc_probe(*(
  * versions before and each rank's GPU after. Returns -1 to go on, else main's
  * exit status: GP_EXIT_SKIP without a GPU or with fewer than asked, 1 when
  * the probe failed. */
-static inline int gc_probe_gpus(int detail, int *ngpus, double stall_s)
+static inline int gc_probe_gpus_min(int detail, int min_gpus, int *ngpus, double stall_s)
 {
   int codes[GP_MAX_RANKS];
   if (gp_run(1, 1, gc_probe_child, &detail, stall_s, "GPU probe", NULL, NULL, codes))
@@ -256,13 +256,20 @@ static inline int gc_probe_gpus(int detail, int *ngpus, double stall_s)
            gp_sh->driver_version);
   }
   if (*ngpus == 0) *ngpus = gp_sh->ndev < GP_MAX_RANKS ? gp_sh->ndev : GP_MAX_RANKS;
-  if (*ngpus < 2 || *ngpus > gp_sh->ndev) {
-    printf("# %d GPU(s) visible, %d needed: skipped\n", gp_sh->ndev, *ngpus < 2 ? 2 : *ngpus);
+  if (*ngpus < min_gpus || *ngpus > gp_sh->ndev) {
+    printf("# %d GPU(s) visible, %d needed: skipped\n", gp_sh->ndev,
+           *ngpus < min_gpus ? min_gpus : *ngpus);
     return GP_EXIT_SKIP;
   }
   if (detail)
     for (int d = 0; d < *ngpus; d++) printf("# rank %d: GPU %d: %s\n", d, d, gp_sh->gpu_name[d]);
   return -1;
+}
+
+/* The same for programs that need at least 2 GPUs. */
+static inline int gc_probe_gpus(int detail, int *ngpus, double stall_s)
+{
+  return gc_probe_gpus_min(detail, 2, ngpus, stall_s);
 }
 
 /* Every rank, over GIN (context 0, so through the plugin): signals to every

@@ -1,0 +1,271 @@
+/* perseus_moe_test: perseus' fused MoE layer (include/perseus/moe.h) against
+ * an fp64 CPU reference of the same layer (moe/moe_ref.c), one forked
+ * process per GPU (1 GPU works too), over one path per run: -p lsa (P2P on,
+ * peers by NVLink stores) or -p gin (P2P off, peers through the perseus
+ * plugin's GIN proxy).
+ *
+ * Every rank derives the same global weights from the seed, loads its
+ * experts, and runs -n forwards of a random token count (0..-T, so empty
+ * ranks happen) with random inputs. The gate is skewed on purpose: the first
+ * local expert of every rank is "hot" (a large share of tokens pick it: an
+ * overloaded expert, many GEMM row blocks) and the second "cold" (no token
+ * picks it: an empty expert). Each forward's routing must be a valid top-k of
+ * the fp64 logits (near-ties may go either way) with matching weights; its
+ * output must match the reference, computed with the GPU's routing, within
+ * bf16 tolerance. Exit: 0 pass, 1 failure, 77 no GPU or fewer than asked. */
+#include <inttypes.h>
+#include <math.h>
+
+#include "tile_comm.cuh"
+#include "perseus/moe.h"
+
+extern "C" {
+#include "ps_moe_ref.h"
+}
+
+struct mt_cfg {
+  int path, ngpus, iters, watchdog_s;
+  perseus_moe_config_t mc;
+  uint64_t seed;
+};
+
+struct mt_host { /* the global layer, the same on every rank */
+  uint16_t *gate, *w1, *w3, *w2;
+  float *v, *u; /* skew directions: hot experts lean to v, cold ones to u */
+};
+
+/* A random direction of about unit length. */
+static float *mt_direction(size_t H, uint64_t st)
+{
+  float *d = (float *)malloc(H * sizeof(float));
+  if (!d) gc_die(__FILE__, __LINE__, "out of host memory");
+  for (size_t i = 0; i < H; i++)
+    d[i] = (float)((double)(ps_moe_rand(&st) >> 11) / 9007199254740992.0 * 2.0 - 1.0) /
+           sqrtf((float)H / 3.0f);
+  return d;
+}
+
+static uint16_t *mt_alloc(size_t n)
+{
+  uint16_t *p = (uint16_t *)malloc(n * sizeof(uint16_t));
+  if (!p) gc_die(__FILE__, __LINE__, "out of host memory (%zu bf16 values)", n);
+  return p;
+}
+
+/* Random weights scaled by fan-in; hot experts' gate rows lean towards v,
+ * cold ones towards u (every token leans away from u). */
+static void mt_weights(const mt_cfg *c, int nranks, mt_host *h)
+{
+  const perseus_moe_config_t *m = &c->mc;
+  size_t H = m->hidden, F = m->ffn, E = m->experts, L = E / nranks;
+  h->gate = mt_alloc(E * H), h->w1 = mt_alloc(E * F * H), h->w3 = mt_alloc(E * F * H);
+  h->w2 = mt_alloc(E * H * F);
+  ps_moe_fill_bf16(h->gate, E * H, c->seed ^ 0x1111, 1.0f / sqrtf((float)H));
+  ps_moe_fill_bf16(h->w1, E * F * H, c->seed ^ 0x2222, 1.0f / sqrtf((float)H));
+  ps_moe_fill_bf16(h->w3, E * F * H, c->seed ^ 0x3333, 1.0f / sqrtf((float)H));
+  ps_moe_fill_bf16(h->w2, E * H * F, c->seed ^ 0x4444, 1.0f / sqrtf((float)F));
+  h->v = mt_direction(H, c->seed ^ 0x5555), h->u = mt_direction(H, c->seed ^ 0x6666);
+  for (size_t e = 0; e < E; e++) {
+    const float *d = e % L == 0 ? h->v : (L > 1 && e % L == 1) ? h->u : NULL;
+    float lean = e % L == 0 ? 0.8f : 2.0f;
+    for (size_t i = 0; d && i < H; i++) {
+      uint16_t *g = &h->gate[e * H + i];
+      *g = ps_float_to_bf16(ps_bf16_to_float(*g) + lean * d[i]);
+    }
+  }
+}
+
+/* Tokens of iteration `it` on `rank`: random, all pushed away from u, half
+ * of them along v. */
+static void mt_tokens(const mt_cfg *c, const mt_host *h, int rank, int it, int ntok, uint16_t *x)
+{
+  size_t H = c->mc.hidden;
+  ps_moe_fill_bf16(x, (size_t)ntok * H, c->seed ^ ((uint64_t)rank << 40) ^ ((uint64_t)it << 20),
+                   1.0f);
+  for (int t = 0; t < ntok; t++)
+    for (size_t i = 0; i < H; i++) {
+      uint16_t *p = &x[t * H + i];
+      *p = ps_float_to_bf16(ps_bf16_to_float(*p) + (t % 2 ? 0.0f : 2.0f * h->v[i]) -
+                            3.0f * h->u[i]);
+    }
+}
+
+static int mt_child(int rank, void *arg)
+{
+  const mt_cfg *c = (const mt_cfg *)arg;
+  const perseus_moe_config_t *mc = &c->mc;
+  int n = c->ngpus;
+  gp_progress(tt_path_names[c->path], -1, "starting");
+  gc_world w;
+  if (gc_world_init(&w, rank, n) != ncclSuccess) return GP_EXIT_REFUSED;
+  mt_host h;
+  gp_progress(NULL, -1, "generating the weights");
+  mt_weights(c, n, &h);
+  perseus_moe_t *m = NULL;
+  gp_progress(NULL, -1, "perseus_moe_create");
+  ncclResult_t r = perseus_moe_create(w.comm, mc, &m);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "%s: rank %d: perseus_moe_create: %s: %s\n", gp_prog, rank,
+            ncclGetErrorString(r), perseus_moe_last_error());
+    return GP_EXIT_REFUSED;
+  }
+  size_t H = mc->hidden, F = mc->ffn, L = mc->experts / n, k = mc->topk, T = mc->max_tokens;
+  r = perseus_moe_load_weights(m, h.gate, h.w1 + rank * L * F * H, h.w3 + rank * L * F * H,
+                               h.w2 + rank * L * H * F);
+  if (r != ncclSuccess)
+    gc_die(__FILE__, __LINE__, "perseus_moe_load_weights: %s", perseus_moe_last_error());
+  uint16_t *x = mt_alloc(T * H), *out = mt_alloc(T * H);
+  int32_t *idx = (int32_t *)malloc(T * k * sizeof(int32_t));
+  float *wt = (float *)malloc(T * k * sizeof(float));
+  double *logits = (double *)malloc(T * mc->experts * sizeof(double));
+  double *want = (double *)malloc(T * H * sizeof(double));
+  if (!idx || !wt || !logits || !want) gc_die(__FILE__, __LINE__, "out of host memory");
+  void *d_x, *d_out;
+  GC_CUDA(cudaMalloc(&d_x, T * H * 2), "x");
+  GC_CUDA(cudaMalloc(&d_out, T * H * 2), "out");
+  const int32_t *d_idx;
+  const float *d_w;
+  perseus_moe_routing(m, &d_idx, &d_w);
+  unsigned long long bad = 0, tokens = 0, routes = 0;
+  unsigned long long *load = (unsigned long long *)calloc(mc->experts, sizeof(*load));
+  if (!load) gc_die(__FILE__, __LINE__, "out of host memory");
+  double max_err = 0;
+  for (int it = 0; it < c->iters && !bad; it++) {
+    uint64_t hs = c->seed ^ ((uint64_t)it * 0x9e3779b97f4a7c15ull) ^ (uint64_t)rank;
+    int ntok = (int)(ps_moe_rand(&hs) % (T + 1));
+    if (it == 0) ntok = (int)T; /* the first forward is full */
+    gp_progress(NULL, it, "forward of %d tokens", ntok);
+    mt_tokens(c, &h, rank, it, ntok, x);
+    GC_CUDA(cudaMemcpy(d_x, x, ntok * H * 2, cudaMemcpyHostToDevice), "x");
+    GC_CUDA(cudaMemset(d_out, 0xff, T * H * 2), "out"); /* NaNs where nothing was written */
+    r = perseus_moe_forward(m, d_x, d_out, ntok, w.stream);
+    if (r != ncclSuccess)
+      gc_die(__FILE__, __LINE__, "perseus_moe_forward: %s", perseus_moe_last_error());
+    gc_wait_stream(&w, "forward", NULL, NULL);
+    GC_CUDA(cudaMemcpy(out, d_out, ntok * H * 2, cudaMemcpyDeviceToHost), "out");
+    GC_CUDA(cudaMemcpy(idx, d_idx, ntok * k * sizeof(int32_t), cudaMemcpyDeviceToHost), "idx");
+    GC_CUDA(cudaMemcpy(wt, d_w, ntok * k * sizeof(float), cudaMemcpyDeviceToHost), "w");
+    gp_progress(NULL, it, "checking %d tokens", ntok);
+    ps_moe_ref_logits(mc, x, ntok, h.gate, logits);
+    for (int t = 0; t < ntok && !bad; t++) {
+      char why[256];
+      if (ps_moe_ref_check_routing(mc, logits + (size_t)t * mc->experts, idx + t * k, wt + t * k,
+                                   1e-3, why, sizeof(why))) {
+        fprintf(stderr, "%s: rank %d: forward %d, token %d: routing: %s\n", gp_prog, rank, it, t,
+                why);
+        bad++;
+      }
+      ps_moe_ref_token(mc, x + t * H, idx + t * k, wt + t * k, h.w1, h.w3, h.w2, want + t * H);
+      routes += k;
+      for (size_t i = 0; i < k; i++) load[idx[t * k + i]]++;
+    }
+    if (bad) break;
+    double rms = 0;
+    for (size_t i = 0; i < (size_t)ntok * H; i++) rms += want[i] * want[i];
+    rms = ntok ? sqrt(rms / ((double)ntok * H)) : 0;
+    size_t nbad = 0, first = 0;
+    double err = 0;
+    if (ps_moe_ref_compare(out, want, (size_t)ntok * H, 2e-2, 2e-2 * rms, &nbad, &err, &first)) {
+      fprintf(stderr, "%s: rank %d: forward %d (%d tokens): %zu of %zu outputs off (max error "
+              "%.4g, rms %.4g); first: token %zu, column %zu: got %.6g, expected %.6g\n", gp_prog,
+              rank, it, ntok, nbad, (size_t)ntok * H, err, rms, first / H, first % H,
+              ps_bf16_to_float(out[first]), want[first]);
+      bad += nbad;
+    }
+    if (rms > 0 && err / rms > max_err) max_err = err / rms;
+    tokens += ntok;
+  }
+  gp_sh->slot[rank].mismatches += (long long)bad;
+  int unused = 0, busiest = 0;
+  for (int e = 0; e < mc->experts; e++) {
+    unused += load[e] == 0;
+    if (load[e] > load[busiest]) busiest = e;
+  }
+  printf("rank %d: %d forwards, %llu tokens, %llu routed rows (experts never picked: %d; busiest: "
+         "%d with %llu rows), max error %.3g x rms, %s\n", rank, c->iters, tokens, routes, unused,
+         busiest, load[busiest], max_err, bad ? "FAILED" : "ok");
+  fflush(stdout);
+  gp_progress(NULL, -1, "teardown");
+  if (perseus_moe_destroy(m) != ncclSuccess)
+    gc_die(__FILE__, __LINE__, "perseus_moe_destroy: %s", perseus_moe_last_error());
+  gc_world_destroy(&w);
+  return bad ? 1 : 0;
+}
+
+static void usage(FILE *f)
+{
+  fprintf(f,
+    "usage: perseus_moe_test [options]\n"
+    "perseus' fused MoE layer against an fp64 CPU reference, one forked process per GPU.\n"
+    "  -p PATH  lsa (P2P on, NVLink peers) or gin (P2P off, the plugin's GIN proxy); default lsa\n"
+    "  -g N     GPUs/ranks, at least 1 (default: all visible)\n"
+    "  -n N     forwards (default 10)\n"
+    "  -H N     hidden (default 256)    -F N  expert FFN width (default 128)\n"
+    "  -E N     experts (default 16)    -k N  top-k (default 4)\n"
+    "  -T N     max tokens per rank (default 64)\n"
+    "  -B N     dispatch rows per signal (default 0: one per destination and expert)\n"
+    "  -r 0|1   renormalize the top-k weights (default 1)\n"
+    "  -s SEED  seed (default: from the clock; printed)\n"
+    "  -w SEC   watchdog (default 120)\n"
+    "Exit status: 0 pass, 1 failure (also bad options), 77 no GPU or fewer than asked.\n");
+}
+
+int main(int argc, char **argv)
+{
+  mt_cfg c;
+  memset(&c, 0, sizeof(c));
+  c.path = TT_LSA, c.iters = 10, c.watchdog_s = 120, c.seed = gp_clock_seed();
+  c.mc.hidden = 256, c.mc.ffn = 128, c.mc.experts = 16, c.mc.topk = 4, c.mc.max_tokens = 64;
+  c.mc.renormalize = 1;
+  int opt, bad = 0;
+  while (!bad && (opt = getopt(argc, argv, "p:g:n:H:F:E:k:T:B:r:s:w:h")) != -1) {
+    switch (opt) {
+    case 'p':
+      if (!strcmp(optarg, "lsa")) c.path = TT_LSA;
+      else if (!strcmp(optarg, "gin")) c.path = TT_GIN;
+      else bad = 1;
+      break;
+    case 'g': bad = gp_parse_int(optarg, 1, GP_MAX_RANKS, &c.ngpus); break;
+    case 'n': bad = gp_parse_int(optarg, 1, 1 << 20, &c.iters); break;
+    case 'H': bad = gp_parse_int(optarg, 1, 1 << 16, &c.mc.hidden); break;
+    case 'F': bad = gp_parse_int(optarg, 1, 1 << 16, &c.mc.ffn); break;
+    case 'E': bad = gp_parse_int(optarg, 1, 4096, &c.mc.experts); break;
+    case 'k': bad = gp_parse_int(optarg, 1, 64, &c.mc.topk); break;
+    case 'T': bad = gp_parse_int(optarg, 1, 1 << 20, &c.mc.max_tokens); break;
+    case 'B': bad = gp_parse_int(optarg, 0, 1 << 20, &c.mc.batch); break;
+    case 'r': bad = gp_parse_int(optarg, 0, 1, &c.mc.renormalize); break;
+    case 's': bad = gp_parse_seed(optarg, &c.seed); break;
+    case 'w': bad = gp_parse_int(optarg, 1, 24 * 3600, &c.watchdog_s); break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 1;
+    }
+    if (bad) fprintf(stderr, "perseus_moe_test: bad value for -%c: '%s'\n", opt, optarg);
+  }
+  if (bad || optind < argc) {
+    if (!bad) fprintf(stderr, "perseus_moe_test: unexpected argument '%s'\n", argv[optind]);
+    return 1;
+  }
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (gp_init("perseus_moe_test")) return 1;
+  tt_set_env(c.path, stdout);
+  int rc = gc_probe_gpus_min(1, 1, &c.ngpus, c.watchdog_s);
+  if (rc >= 0) return rc;
+  /* the config is refused here, before any rank starts, naming the value */
+  if (perseus_moe_check_config(&c.mc, c.ngpus)) {
+    fprintf(stderr, "perseus_moe_test: %s\n", perseus_moe_last_error());
+    return 1;
+  }
+  printf("# perseus_moe_test: path %s, %d GPUs, seed %#" PRIx64 ", %d forwards, hidden %d, ffn "
+         "%d, experts %d, top-%d, up to %d tokens per rank, batch %d, renormalize %d\n",
+         tt_path_names[c.path], c.ngpus, c.seed, c.iters, c.mc.hidden, c.mc.ffn, c.mc.experts,
+         c.mc.topk, c.mc.max_tokens, c.mc.batch, c.mc.renormalize);
+  int codes[GP_MAX_RANKS];
+  double t0 = gp_now();
+  int failed = gp_run(c.ngpus, 0, mt_child, &c, c.watchdog_s, "moe test", NULL, NULL, codes);
+  long long mism = 0;
+  for (int r = 0; r < c.ngpus; r++) mism += gp_sh->slot[r].mismatches;
+  printf("# %s: path %s, %d ranks, %lld mismatches, %.1f s (seed %#" PRIx64 ")\n",
+         failed || mism ? "FAILED" : "PASSED", tt_path_names[c.path], c.ngpus, mism,
+         gp_now() - t0, c.seed);
+  return failed || mism ? 1 : 0;
+}

@@ -1,0 +1,69 @@
+/* perseus reference fused MoE layer: gate, dispatch, expert FFN and combine
+ * in one persistent kernel per forward (moe/, docs/moe.md).
+ *
+ * The layer, per token x (a row of `hidden` bf16):
+ *   logits = Wg x                          Wg: [experts][hidden]
+ *   p      = softmax(logits)               (fp32)
+ *   top-k experts e_1..e_k by p (ties: the lower expert id), weights
+ *   w_i    = p(e_i), divided by sum_i p(e_i) when `renormalize`
+ *   y_e(x) = W2_e (silu(W1_e x) * (W3_e x))  W1_e, W3_e: [ffn][hidden],
+ *                                            W2_e: [hidden][ffn]
+ *   out    = sum_i w_i y_{e_i}(x)           (bf16)
+ * silu(a) = a / (1 + exp(-a)). Expert e lives on rank e / (experts / nranks);
+ * every rank holds the gate. GEMMs take bf16 inputs with fp32 accumulation;
+ * the activation is rounded to bf16 before the second GEMM.
+ *
+ * Every call returns ncclSuccess or an error code; the reason is logged to
+ * stderr when NCCL_DEBUG is WARN, INFO or TRACE and is always available from
+ * perseus_moe_last_error() on the calling thread. */
+#ifndef PERSEUS_MOE_H
+#define PERSEUS_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "perseus/moe_config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct perseus_moe perseus_moe_t;
+
+/* Collective over `comm` (every rank calls it with the same config): checks
+ * the config (an impossible one is refused naming the value), allocates the
+ * symmetric windows and the device communicator on the current CUDA device.
+ * Same-node peers are reached by NVLink stores, the others by ncclGin. */
+ncclResult_t perseus_moe_create(ncclComm_t comm, const perseus_moe_config_t *cfg,
+                                perseus_moe_t **out);
+
+/* Loads the weights, from host memory, bf16 (uint16 bit patterns):
+ *   gate [experts][hidden] (the same on every rank),
+ *   w1, w3 [local][ffn][hidden] and w2 [local][hidden][ffn] for this rank's
+ *   local = experts / nranks experts, in expert order.
+ * Synchronous. Not collective. */
+ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_t *gate, const uint16_t *w1,
+                                      const uint16_t *w3, const uint16_t *w2);
+
+/* One forward of `ntokens` (0..max_tokens) rows of x [ntokens][hidden] bf16
+ * in device memory into out [ntokens][hidden] bf16, enqueued on `stream`.
+ * Collective: every rank calls it, in the same order (ntokens may differ).
+ * No host synchronization inside. */
+ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, void *out, int ntokens,
+                                 cudaStream_t stream);
+
+/* The routing of the last forward, for checks: device pointers to
+ * [max_tokens][topk] expert ids (int32) and weights (fp32); valid for the
+ * first ntokens rows once that forward completed. */
+ncclResult_t perseus_moe_routing(perseus_moe_t *m, const int32_t **expert, const float **weight);
+
+/* Frees everything (collective: windows are deregistered). NULL is fine. */
+ncclResult_t perseus_moe_destroy(perseus_moe_t *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

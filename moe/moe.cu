@@ -1,0 +1,318 @@
+/* moe.cu: the host side of perseus' fused MoE layer (include/perseus/moe.h):
+ * windows, device communicator, weights, and the cooperative launch of the
+ * persistent forward kernel (moe_kernel.cuh). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe_kernel.cuh"
+#include "perseus/moe.h"
+
+extern "C" {
+#include "ps_moe_ref.h"
+}
+
+struct perseus_moe {
+  ncclComm_t comm;
+  perseus_moe_config_t cfg;
+  int rank, nranks, L, P, grid, gin;
+  ncclDevComm dc;
+  int have_dc;
+  void *win_ptr;
+  ncclWindow_t win;
+  size_t win_bytes;
+  ps_moe_args args; /* everything but the per-forward fields */
+  void *dev;        /* one allocation: state, weights, activation */
+  uint64_t fwd;
+};
+
+/* On failure: the reason (the call, its error, the context given as a
+ * format and arguments) into perseus_moe_last_error(), and return. */
+#define PS_MOE_CUDA(call, ...)                                                                    \
+  do {                                                                                            \
+    cudaError_t e_ = (call);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      char ctx_[256];                                                                             \
+      snprintf(ctx_, sizeof(ctx_), __VA_ARGS__);                                                  \
+      ps_moe_set_error("%s failed: %s (%s)", #call, cudaGetErrorString(e_), ctx_);               \
+      return ncclUnhandledCudaError;                                                              \
+    }                                                                                             \
+  } while (0)
+
+#define PS_MOE_NCCL(call, ...)                                                                    \
+  do {                                                                                            \
+    ncclResult_t r_ = (call);                                                                     \
+    if (r_ != ncclSuccess) {                                                                      \
+      char ctx_[256];                                                                             \
+      snprintf(ctx_, sizeof(ctx_), __VA_ARGS__);                                                  \
+      ps_moe_set_error("%s failed: %s (%s)", #call, ncclGetErrorString(r_), ctx_);               \
+      return r_;                                                                                  \
+    }                                                                                             \
+  } while (0)
+
+static size_t ps_align(size_t v) { return (v + 255) & ~(size_t)255; }
+
+/* Carves `bytes` (aligned) from a running offset. */
+static size_t ps_take(size_t *at, size_t bytes)
+{
+  size_t o = *at;
+  *at = ps_align(o + bytes);
+  return o;
+}
+
+/* The window: input copy, receive, send, combine and output rows, headers. */
+static void ps_moe_window_layout(perseus_moe *m, const ps_moe_layout_t *lay)
+{
+  ps_moe_args &a = m->args;
+  size_t at = 0, hdr = (size_t)m->nranks * m->L * sizeof(int);
+  a.off_xin = ps_take(&at, (size_t)m->cfg.max_tokens * m->cfg.hidden * sizeof(ps_bf16));
+  a.off_recv = ps_take(&at, lay->recv_bytes);
+  a.off_send = ps_take(&at, lay->send_bytes);
+  a.off_comb = ps_take(&at, lay->comb_bytes);
+  a.off_y = ps_take(&at, lay->y_bytes);
+  a.off_hdr_out = ps_take(&at, hdr);
+  a.off_hdr_in = ps_take(&at, hdr);
+  m->win_bytes = at;
+}
+
+/* Plain device memory: state, weights, activation; one allocation. */
+static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
+{
+  const int R = m->nranks, L = m->L, E = m->cfg.experts, T = m->cfg.max_tokens, k = m->cfg.topk;
+  size_t at = 0;
+  size_t o_scnt = ps_take(&at, (size_t)R * L * sizeof(int)), o_soff = ps_take(&at, (size_t)R * L * sizeof(int));
+  size_t o_sdone = ps_take(&at, (size_t)R * L * sizeof(int)), o_rcnt = ps_take(&at, (size_t)R * L * sizeof(int));
+  size_t o_roff = ps_take(&at, (size_t)R * L * sizeof(int)), o_g1 = ps_take(&at, (size_t)L * sizeof(int));
+  size_t o_g2 = ps_take(&at, (size_t)L * sizeof(int)), o_task = ps_take(&at, sizeof(int));
+  size_t o_tot = ps_take(&at, (size_t)L * R * sizeof(uint64_t)), o_totc = ps_take(&at, (size_t)R * sizeof(uint64_t));
+  size_t o_logits = ps_take(&at, (size_t)T * E * sizeof(float));
+  size_t o_idx = ps_take(&at, (size_t)T * k * sizeof(int32_t)), o_w = ps_take(&at, (size_t)T * k * sizeof(float));
+  size_t o_slot = ps_take(&at, (size_t)T * k * sizeof(int32_t));
+  size_t o_hexp = ps_take(&at, (size_t)L * sizeof(perseus_batch_handle));
+  size_t o_gate = ps_take(&at, (size_t)E * m->cfg.hidden * sizeof(ps_bf16));
+  size_t wexp = (size_t)L * m->cfg.ffn * m->cfg.hidden * sizeof(ps_bf16);
+  size_t o_w1 = ps_take(&at, wexp), o_w3 = ps_take(&at, wexp), o_w2 = ps_take(&at, wexp);
+  size_t o_act = ps_take(&at, lay->act_bytes);
+  size_t free_b = 0, total_b = 0;
+  PS_MOE_CUDA(cudaMemGetInfo(&free_b, &total_b), "rank %d", m->rank);
+  if (at + m->win_bytes > free_b) {
+    ps_moe_set_error("the layer needs %zu bytes of device memory (windows %zu, state, weights and "
+                     "activation %zu), only %zu of %zu are free: lower max_tokens (%d) or use "
+                     "more ranks", at + m->win_bytes, m->win_bytes, at, free_b, total_b,
+                     m->cfg.max_tokens);
+    return ncclInvalidArgument;
+  }
+  PS_MOE_CUDA(cudaMalloc(&m->dev, at), "%zu bytes", at);
+  PS_MOE_CUDA(cudaMemset(m->dev, 0, at), "%zu bytes", at);
+  char *d = (char *)m->dev;
+  ps_moe_state &s = m->args.st;
+  s.scnt = (int *)(d + o_scnt), s.soff = (int *)(d + o_soff), s.sdone = (int *)(d + o_sdone);
+  s.rcnt = (int *)(d + o_rcnt), s.roff = (int *)(d + o_roff);
+  s.g1done = (int *)(d + o_g1), s.g2done = (int *)(d + o_g2), s.task = (int *)(d + o_task);
+  s.tot = (uint64_t *)(d + o_tot), s.tot_c = (uint64_t *)(d + o_totc);
+  s.logits = (float *)(d + o_logits), s.topk_idx = (int32_t *)(d + o_idx);
+  s.topk_w = (float *)(d + o_w), s.slot = (int32_t *)(d + o_slot);
+  s.hexp = (perseus_batch_handle *)(d + o_hexp);
+  m->args.gate = (const ps_bf16 *)(d + o_gate);
+  m->args.w1 = (const ps_bf16 *)(d + o_w1), m->args.w3 = (const ps_bf16 *)(d + o_w3);
+  m->args.w2 = (const ps_bf16 *)(d + o_w2);
+  m->args.act = (ps_bf16 *)(d + o_act);
+  return ncclSuccess;
+}
+
+/* The devcomm: a control handle, a combine handle and one handle per local
+ * expert, each a block of nranks GIN signals (when any peer needs GIN) and
+ * per-peer counters. */
+static ncclResult_t ps_moe_devcomm(perseus_moe *m)
+{
+  const int nh = m->L + 2;
+  ncclDevResourceRequirements_t *req =
+      (ncclDevResourceRequirements_t *)calloc((size_t)nh, sizeof(*req));
+  perseus_batch_handle *h = (perseus_batch_handle *)calloc((size_t)nh, sizeof(*h));
+  if (!req || !h) {
+    free(req), free(h);
+    ps_moe_set_error("out of host memory for %d resource requirements", nh);
+    return ncclSystemError;
+  }
+  ncclDevCommRequirements_t reqs;
+  memset(&reqs, 0, sizeof(reqs));
+  reqs.ginForceEnable = m->gin;
+  reqs.ginContextCount = 1;
+  ncclResult_t rc = ncclSuccess;
+  for (int i = 0; i < nh && rc == ncclSuccess; i++)
+    rc = perseus_batch_requirement(m->comm, 0, m->gin, &reqs, &h[i], &req[i]);
+  if (rc == ncclSuccess) rc = ncclDevCommCreate(m->comm, &reqs, &m->dc);
+  if (rc != ncclSuccess) {
+    ps_moe_set_error("ncclDevCommCreate(%d batch handles, GIN %s) failed: %s (%s)", nh,
+                     m->gin ? "forced" : "off", ncclGetErrorString(rc), ncclGetLastError(m->comm));
+    free(req), free(h);
+    return rc;
+  }
+  m->have_dc = 1;
+  m->args.hctl = h[0], m->args.hcomb = h[1];
+  cudaError_t ce = cudaMemcpy(m->args.st.hexp, h + 2, (size_t)m->L * sizeof(*h), cudaMemcpyHostToDevice);
+  free(req), free(h);
+  PS_MOE_CUDA(ce, "%d expert handles", m->L);
+  if (m->dc.lsaSize != m->nranks && m->dc.ginContextCount < 1) {
+    ps_moe_set_error("%d of %d ranks are beyond NVLink but the devcomm has no GIN context",
+                     m->nranks - m->dc.lsaSize, m->nranks);
+    return ncclInvalidUsage;
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t ps_moe_setup(perseus_moe *m)
+{
+  PS_MOE_NCCL(ncclCommCount(m->comm, &m->nranks), "comm %p", (void *)m->comm);
+  PS_MOE_NCCL(ncclCommUserRank(m->comm, &m->rank), "comm %p", (void *)m->comm);
+  if (perseus_moe_check_config(&m->cfg, m->nranks)) return ncclInvalidArgument;
+  ps_moe_layout_t lay;
+  if (ps_moe_layout(&m->cfg, m->nranks, &lay)) return ncclInvalidArgument;
+  m->L = m->cfg.experts / m->nranks;
+  m->P = m->cfg.max_tokens * (m->cfg.topk < m->L ? m->cfg.topk : m->L);
+  m->gin = ncclTeamLsa(m->comm).nRanks != m->nranks;
+  ps_moe_window_layout(m, &lay);
+  ncclResult_t rc = ps_moe_alloc_dev(m, &lay);
+  if (rc != ncclSuccess) return rc;
+  PS_MOE_NCCL(ncclMemAlloc(&m->win_ptr, m->win_bytes), "%zu-byte window", m->win_bytes);
+  PS_MOE_NCCL(ncclCommWindowRegister(m->comm, m->win_ptr, m->win_bytes, &m->win,
+                                     NCCL_WIN_COLL_SYMMETRIC), "%zu-byte window", m->win_bytes);
+  if (!m->win) {
+    ps_moe_set_error("ncclCommWindowRegister gave no window: NCCL has no symmetric memory on this "
+                     "communicator (CUDA P2P between the local GPUs and cuMem are needed)");
+    return ncclInvalidUsage;
+  }
+  PS_MOE_CUDA(cudaMemset(m->win_ptr, 0, m->win_bytes), "%zu-byte window", m->win_bytes);
+  rc = ps_moe_devcomm(m);
+  if (rc != ncclSuccess) return rc;
+  int dev = 0, sms = 0, per_sm = 0;
+  PS_MOE_CUDA(cudaGetDevice(&dev), "rank %d", m->rank);
+  PS_MOE_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "device %d", dev);
+  PS_MOE_CUDA(cudaFuncSetAttribute(ps_moe_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   PS_MOE_SMEM), "%d bytes", PS_MOE_SMEM);
+  PS_MOE_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ps_moe_forward_kernel,
+                                                           PS_MOE_THREADS, PS_MOE_SMEM),
+              "%d threads, %d bytes of shared memory", PS_MOE_THREADS, PS_MOE_SMEM);
+  if (per_sm < 1) {
+    ps_moe_set_error("the forward kernel does not fit on an SM of device %d (%d threads, %d bytes "
+                     "of shared memory)", dev, PS_MOE_THREADS, PS_MOE_SMEM);
+    return ncclInvalidUsage;
+  }
+  m->grid = per_sm * sms;
+  ps_moe_args &a = m->args;
+  a.dc = m->dc, a.win = m->win;
+  a.H = m->cfg.hidden, a.F = m->cfg.ffn, a.E = m->cfg.experts, a.L = m->L, a.k = m->cfg.topk;
+  a.R = m->nranks, a.P = m->P, a.renorm = m->cfg.renormalize, a.batch = m->cfg.batch;
+  return ncclSuccess;
+}
+
+extern "C" ncclResult_t perseus_moe_create(ncclComm_t comm, const perseus_moe_config_t *cfg,
+                                           perseus_moe_t **out)
+{
+  ps_moe_clear_error();
+  if (!comm || !cfg || !out) {
+    ps_moe_set_error("perseus_moe_create: comm %p, cfg %p, out %p: none may be NULL",
+                     (void *)comm, (const void *)cfg, (void *)out);
+    return ncclInvalidArgument;
+  }
+  *out = NULL;
+  perseus_moe *m = (perseus_moe *)calloc(1, sizeof(*m));
+  if (!m) {
+    ps_moe_set_error("perseus_moe_create: out of host memory");
+    return ncclSystemError;
+  }
+  m->comm = comm, m->cfg = *cfg;
+  ncclResult_t rc = ps_moe_setup(m);
+  if (rc != ncclSuccess) {
+    char why[512];
+    snprintf(why, sizeof(why), "%s", perseus_moe_last_error());
+    perseus_moe_destroy(m); /* keeps the first reason */
+    ps_moe_set_error("%s", why);
+    return rc;
+  }
+  *out = m;
+  return ncclSuccess;
+}
+
+extern "C" ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_t *gate,
+                                                 const uint16_t *w1, const uint16_t *w3,
+                                                 const uint16_t *w2)
+{
+  ps_moe_clear_error();
+  if (!m || !gate || !w1 || !w3 || !w2) {
+    ps_moe_set_error("perseus_moe_load_weights: a NULL argument (m %p, gate %p, w1 %p, w3 %p, "
+                     "w2 %p)", (void *)m, (const void *)gate, (const void *)w1, (const void *)w3,
+                     (const void *)w2);
+    return ncclInvalidArgument;
+  }
+  size_t g = (size_t)m->cfg.experts * m->cfg.hidden * sizeof(uint16_t);
+  size_t w = (size_t)m->L * m->cfg.ffn * m->cfg.hidden * sizeof(uint16_t);
+  PS_MOE_CUDA(cudaMemcpy((void *)m->args.gate, gate, g, cudaMemcpyHostToDevice), "gate, %zu bytes", g);
+  PS_MOE_CUDA(cudaMemcpy((void *)m->args.w1, w1, w, cudaMemcpyHostToDevice), "w1, %zu bytes", w);
+  PS_MOE_CUDA(cudaMemcpy((void *)m->args.w3, w3, w, cudaMemcpyHostToDevice), "w3, %zu bytes", w);
+  PS_MOE_CUDA(cudaMemcpy((void *)m->args.w2, w2, w, cudaMemcpyHostToDevice), "w2, %zu bytes", w);
+  return ncclSuccess;
+}
+
+extern "C" ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, void *out, int ntokens,
+                                            cudaStream_t stream)
+{
+  ps_moe_clear_error();
+  if (!m || (ntokens > 0 && (!x || !out))) {
+    ps_moe_set_error("perseus_moe_forward: m %p, x %p, out %p with %d tokens", (void *)m, x, out,
+                     ntokens);
+    return ncclInvalidArgument;
+  }
+  if (ntokens < 0 || ntokens > m->cfg.max_tokens) {
+    ps_moe_set_error("perseus_moe_forward: ntokens %d is outside 0..%d (max_tokens)", ntokens,
+                     m->cfg.max_tokens);
+    return ncclInvalidArgument;
+  }
+  if (((uintptr_t)x | (uintptr_t)out) % 16) {
+    ps_moe_set_error("perseus_moe_forward: x %p and out %p must be 16-byte aligned", x, out);
+    return ncclInvalidArgument;
+  }
+  ps_moe_args a = m->args;
+  a.x = (const ps_bf16 *)x, a.out = (ps_bf16 *)out, a.T = ntokens, a.fwd = m->fwd;
+  void *params[] = {&a};
+  PS_MOE_CUDA(cudaLaunchCooperativeKernel((const void *)ps_moe_forward_kernel, dim3(m->grid),
+                                          dim3(PS_MOE_THREADS), params, PS_MOE_SMEM, stream),
+              "grid %d x %d threads, %d bytes of shared memory", m->grid, PS_MOE_THREADS,
+              PS_MOE_SMEM);
+  m->fwd++;
+  return ncclSuccess;
+}
+
+extern "C" ncclResult_t perseus_moe_routing(perseus_moe_t *m, const int32_t **expert,
+                                            const float **weight)
+{
+  ps_moe_clear_error();
+  if (!m || !expert || !weight) {
+    ps_moe_set_error("perseus_moe_routing: a NULL argument");
+    return ncclInvalidArgument;
+  }
+  *expert = m->args.st.topk_idx, *weight = m->args.st.topk_w;
+  return ncclSuccess;
+}
+
+extern "C" ncclResult_t perseus_moe_destroy(perseus_moe_t *m)
+{
+  if (!m) return ncclSuccess;
+  ncclResult_t rc = ncclSuccess, r;
+  if (m->have_dc && (r = ncclDevCommDestroy(m->comm, &m->dc)) != ncclSuccess) {
+    ps_moe_set_error("ncclDevCommDestroy failed: %s", ncclGetErrorString(r));
+    rc = r;
+  }
+  if (m->win && (r = ncclCommWindowDeregister(m->comm, m->win)) != ncclSuccess) {
+    ps_moe_set_error("ncclCommWindowDeregister failed: %s", ncclGetErrorString(r));
+    rc = r;
+  }
+  if (m->win_ptr && (r = ncclMemFree(m->win_ptr)) != ncclSuccess) {
+    ps_moe_set_error("ncclMemFree failed: %s", ncclGetErrorString(r));
+    rc = r;
+  }
+  if (m->dev) cudaFree(m->dev);
+  free(m);
+  return rc;
+}

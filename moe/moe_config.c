@@ -1,0 +1,188 @@
+/* perseus MoE: the per-thread error, config checks and the device buffer
+ * layout. Plain C11; the GPU side calls these before it allocates. */
+#include <ctype.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_moe_ref.h"
+
+static _Thread_local char ps_moe_err[512];
+
+const char *perseus_moe_last_error(void) { return ps_moe_err; }
+
+void ps_moe_clear_error(void) { ps_moe_err[0] = '\0'; }
+
+static int ps_moe_ieq(const char *a, const char *b) {
+  for (; *a && *b; a++, b++)
+    if (toupper((unsigned char)*a) != toupper((unsigned char)*b)) return 0;
+  return *a == *b;
+}
+
+/* Read on every error, not cached: errors are rare and tests change it. */
+static int ps_moe_log_enabled(void) {
+  const char *v = getenv("NCCL_DEBUG");
+  return v && (ps_moe_ieq(v, "WARN") || ps_moe_ieq(v, "INFO") || ps_moe_ieq(v, "TRACE"));
+}
+
+void ps_moe_set_error(const char *fmt, ...) {
+  /* via a local buffer: the arguments may point into ps_moe_err itself */
+  char msg[sizeof ps_moe_err];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  memcpy(ps_moe_err, msg, sizeof msg);
+  if (ps_moe_log_enabled()) fprintf(stderr, "perseus moe: %s\n", ps_moe_err);
+}
+
+/* --- layout --- */
+
+static uint64_t ps_moe_buffer_limit(void) {
+  return (uint64_t)SIZE_MAX < PS_MOE_MAX_BUFFER_BYTES ? (uint64_t)SIZE_MAX : PS_MOE_MAX_BUFFER_BYTES;
+}
+
+/* The product of n factors into *out; -1 (naming the buffer and its factors)
+ * on 64-bit overflow. */
+static int ps_moe_product(const char *name, int n, const uint64_t *f, uint64_t *out) {
+  uint64_t v = 1;
+  int ovf = 0;
+  for (int i = 0; i < n; i++) {
+    if (f[i] && v > UINT64_MAX / f[i]) ovf = 1;
+    v *= f[i];
+  }
+  if (ovf) {
+    char desc[160];
+    size_t len = 0;
+    desc[0] = '\0';
+    for (int i = 0; i < n && len < sizeof desc; i++)
+      len += (size_t)snprintf(desc + len, sizeof desc - len, "%s%" PRIu64, i ? " x " : "", f[i]);
+    ps_moe_set_error("%s = %s overflows 64 bits", name, desc);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+static int ps_moe_fits(const char *name, uint64_t bytes, size_t *out) {
+  uint64_t lim = ps_moe_buffer_limit();
+  if (bytes > lim) {
+    ps_moe_set_error("%s needs %" PRIu64 " bytes, more than %" PRIu64 " (the most for one buffer)", name,
+                     bytes, lim);
+    return -1;
+  }
+  *out = (size_t)bytes;
+  return 0;
+}
+
+int ps_moe_layout(const perseus_moe_config_t *cfg, int nranks, ps_moe_layout_t *out) {
+  if (!cfg || !out) {
+    ps_moe_set_error("layout: %s is NULL", cfg ? "out" : "cfg");
+    return -1;
+  }
+  const struct {
+    const char *name;
+    int v;
+  } pos[] = {{"nranks", nranks},        {"hidden", cfg->hidden}, {"ffn", cfg->ffn},
+             {"experts", cfg->experts}, {"topk", cfg->topk},     {"max_tokens", cfg->max_tokens}};
+  for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++) {
+    if (pos[i].v < 1) {
+      ps_moe_set_error("%s %d must be >= 1", pos[i].name, pos[i].v);
+      return -1;
+    }
+  }
+  if (cfg->experts % nranks) {
+    ps_moe_set_error("experts %d is not divisible by %d ranks", cfg->experts, nranks);
+    return -1;
+  }
+  ps_moe_layout_t l;
+  memset(&l, 0, sizeof l);
+  l.local_experts = cfg->experts / nranks;
+  uint64_t R = (uint64_t)nranks, H = (uint64_t)cfg->hidden, F = (uint64_t)cfg->ffn;
+  uint64_t L = (uint64_t)l.local_experts, E = (uint64_t)cfg->experts;
+  uint64_t per_token = (uint64_t)(cfg->topk < l.local_experts ? cfg->topk : l.local_experts);
+  uint64_t rows = (uint64_t)cfg->max_tokens * per_token; /* < 2^31 * 2^31: no overflow */
+  l.rows_per_peer = (size_t)rows;
+
+  uint64_t row_h, row_f, w_exp, w_gate, w;
+  if (ps_moe_product("recv_bytes", 4, (const uint64_t[]){R, rows, H, 2}, &row_h) ||
+      ps_moe_product("act_bytes", 4, (const uint64_t[]){R, rows, F, 2}, &row_f) ||
+      ps_moe_product("weight_bytes", 5, (const uint64_t[]){L, 3, F, H, 2}, &w_exp) ||
+      ps_moe_product("weight_bytes", 3, (const uint64_t[]){E, H, 2}, &w_gate))
+    return -1;
+  if (w_exp > UINT64_MAX - w_gate) {
+    ps_moe_set_error("weight_bytes = %" PRIu64 " + %" PRIu64 " overflows 64 bits", w_exp, w_gate);
+    return -1;
+  }
+  w = w_exp + w_gate;
+  if (ps_moe_fits("recv_bytes", row_h, &l.recv_bytes) || ps_moe_fits("send_bytes", row_h, &l.send_bytes) ||
+      ps_moe_fits("comb_bytes", row_h, &l.comb_bytes) || ps_moe_fits("act_bytes", row_f, &l.act_bytes) ||
+      ps_moe_fits("y_bytes", row_h, &l.y_bytes) || ps_moe_fits("weight_bytes", w, &l.weight_bytes))
+    return -1;
+  /* each term is <= 2^46, so the sum of seven fits 64 bits */
+  uint64_t total = 4 * row_h + row_f + w;
+  if (total > (uint64_t)SIZE_MAX) {
+    ps_moe_set_error("total_bytes %" PRIu64 " does not fit size_t", total);
+    return -1;
+  }
+  l.total_bytes = (size_t)total;
+  *out = l;
+  return 0;
+}
+
+/* --- config --- */
+
+static int ps_moe_check_width(const char *name, int v) {
+  if (v < 1 || v > PS_MOE_MAX_WIDTH) {
+    ps_moe_set_error("%s %d must be in %d..%d", name, v, PERSEUS_MOE_TILE, PS_MOE_MAX_WIDTH);
+    return -1;
+  }
+  if (v % PERSEUS_MOE_TILE) {
+    ps_moe_set_error("%s %d is not a multiple of %d (PERSEUS_MOE_TILE)", name, v, PERSEUS_MOE_TILE);
+    return -1;
+  }
+  return 0;
+}
+
+int perseus_moe_check_config(const perseus_moe_config_t *cfg, int nranks) {
+  if (!cfg) {
+    ps_moe_set_error("config is NULL");
+    return -1;
+  }
+  if (nranks < 1 || nranks > PS_MOE_MAX_RANKS) {
+    ps_moe_set_error("nranks %d must be in 1..%d", nranks, PS_MOE_MAX_RANKS);
+    return -1;
+  }
+  if (ps_moe_check_width("hidden", cfg->hidden) || ps_moe_check_width("ffn", cfg->ffn)) return -1;
+  if (cfg->experts < 1 || cfg->experts > PS_MOE_MAX_EXPERTS) {
+    ps_moe_set_error("experts %d must be in 1..%d", cfg->experts, PS_MOE_MAX_EXPERTS);
+    return -1;
+  }
+  if (cfg->experts % nranks) {
+    ps_moe_set_error("experts %d is not divisible by %d ranks", cfg->experts, nranks);
+    return -1;
+  }
+  int kmax = cfg->experts < PERSEUS_MOE_MAX_TOPK ? cfg->experts : PERSEUS_MOE_MAX_TOPK;
+  if (cfg->topk < 1 || cfg->topk > kmax) {
+    ps_moe_set_error("topk %d must be in 1..%d (min(experts, PERSEUS_MOE_MAX_TOPK))", cfg->topk, kmax);
+    return -1;
+  }
+  if (cfg->max_tokens < 1 || cfg->max_tokens > PS_MOE_MAX_TOKENS) {
+    ps_moe_set_error("max_tokens %d must be in 1..%d", cfg->max_tokens, PS_MOE_MAX_TOKENS);
+    return -1;
+  }
+  if (cfg->renormalize != 0 && cfg->renormalize != 1) {
+    ps_moe_set_error("renormalize %d must be 0 or 1", cfg->renormalize);
+    return -1;
+  }
+  if (cfg->batch < 0 || cfg->batch > PS_MOE_MAX_BATCH) {
+    ps_moe_set_error("batch %d must be in 0..%d (0: one signal per destination and expert)", cfg->batch,
+                     PS_MOE_MAX_BATCH);
+    return -1;
+  }
+  ps_moe_layout_t l;
+  return ps_moe_layout(cfg, nranks, &l);
+}

@@ -1,0 +1,172 @@
+/* moe_experts.cuh: the expert FFN task queue and the combine of the fused
+ * MoE kernel (included by moe_kernel.cuh).
+ *
+ * Rows of local expert j are the segments (src, j) of the receive window,
+ * src = 0..R-1: row m of the expert is row roff[src][j] + (m - rows of the
+ * earlier sources) of region src. Its activation and output rows keep the
+ * same global index g = src * P + row, in `act` and in the y window, so the
+ * output of a segment is contiguous and returns in one put. */
+#ifndef PS_MOE_EXPERTS_CUH
+#define PS_MOE_EXPERTS_CUH
+
+/* Gathered row indices g of rows m0 .. m0+63 of expert j; returns how many. */
+__device__ int ps_expert_rows(const ps_moe_args &a, int j, int m0, int *g)
+{
+  __shared__ int n;
+  if (threadIdx.x == 0) n = 0;
+  __syncthreads();
+  if (threadIdx.x < PS_GEMM_M) {
+    int m = m0 + threadIdx.x, acc = 0;
+    for (int s = 0; s < a.R; s++) {
+      int c = a.st.rcnt[s * a.L + j];
+      if (m < acc + c) {
+        g[threadIdx.x] = s * a.P + a.st.roff[s * a.L + j] + (m - acc);
+        atomicAdd(&n, 1);
+        break;
+      }
+      acc += c;
+    }
+  }
+  __syncthreads();
+  return n;
+}
+
+__device__ __forceinline__ int ps_expert_rows_total(const ps_moe_args &a, int j)
+{
+  int m = 0;
+  for (int s = 0; s < a.R; s++) m += a.st.rcnt[s * a.L + j];
+  return m;
+}
+
+__device__ __forceinline__ void ps_spin_until(const int *ctr, int want)
+{
+  while (*(const volatile int *)ctr < want) {
+  }
+  __threadfence();
+}
+
+/* GEMM1 tile n0..n0+63 of expert j: act = silu(X W1^T) * (X W3^T). */
+__device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
+{
+  __shared__ int g[PS_GEMM_M];
+  __shared__ const ps_bf16 *rows[PS_GEMM_M];
+  for (int s = threadIdx.x; s < a.R; s += blockDim.x) /* this expert's rows from every source */
+    perseus_recv(a.dc, a.st.hexp[j]).wait(s, a.st.tot[j * a.R + s]);
+  __syncthreads();
+  const ps_bf16 *recv = ps_win_ptr(a, a.off_recv);
+  const ps_bf16 *b[2] = {a.w1 + ((size_t)j * a.F + n0) * a.H, a.w3 + ((size_t)j * a.F + n0) * a.H};
+  int total = ps_expert_rows_total(a, j);
+  for (int m0 = 0; m0 < total; m0 += PS_GEMM_M) {
+    int n = ps_expert_rows(a, j, m0, g);
+    if (threadIdx.x < n) rows[threadIdx.x] = recv + (size_t)g[threadIdx.x] * a.H;
+    __syncthreads();
+    ps_gemm_tile<2>(rows, n, b, a.H, smem, [&](int m, int c, float (*v)[2]) {
+      float h0 = v[0][0], h1 = v[0][1];
+      float y0 = h0 / (1.f + __expf(-h0)) * v[1][0], y1 = h1 / (1.f + __expf(-h1)) * v[1][1];
+      *(__nv_bfloat162 *)(a.act + (size_t)g[m] * a.F + n0 + c) = __floats2bfloat162_rn(y0, y1);
+    });
+    __syncthreads();
+  }
+}
+
+/* GEMM2 tile h0..h0+63 of expert j: Y = act W2^T, into the y window. */
+__device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
+{
+  __shared__ int g[PS_GEMM_M];
+  __shared__ const ps_bf16 *rows[PS_GEMM_M];
+  if (threadIdx.x == 0) ps_spin_until(&a.st.g1done[j], a.F / PS_GEMM_N);
+  __syncthreads();
+  ps_bf16 *y = ps_win_ptr(a, a.off_y);
+  const ps_bf16 *b[1] = {a.w2 + ((size_t)j * a.H + h0) * a.F};
+  int total = ps_expert_rows_total(a, j);
+  for (int m0 = 0; m0 < total; m0 += PS_GEMM_M) {
+    int n = ps_expert_rows(a, j, m0, g);
+    if (threadIdx.x < n) rows[threadIdx.x] = a.act + (size_t)g[threadIdx.x] * a.F;
+    __syncthreads();
+    ps_gemm_tile<1>(rows, n, b, a.F, smem, [&](int m, int c, float (*v)[2]) {
+      *(__nv_bfloat162 *)(y + (size_t)g[m] * a.H + h0 + c) = __floats2bfloat162_rn(v[0][0], v[0][1]);
+    });
+    __syncthreads();
+  }
+}
+
+/* Each source's output rows of expert j back to it, one put per segment. */
+__device__ void ps_expert_return(const ps_moe_args &a, int j)
+{
+  const size_t row_bytes = (size_t)a.H * sizeof(ps_bf16);
+  perseus_batch pb(a.dc, a.hcomb, 1);
+  if (threadIdx.x == 0) __threadfence_system(); /* other CTAs' rows, for a GIN proxy's copy */
+  __syncthreads();
+  for (int s = 0; s < a.R; s++) {
+    int c = a.st.rcnt[s * a.L + j], r = a.st.roff[s * a.L + j];
+    if (c == 0) continue;
+    /* our rows sit in the sender's combine region for us at the same offset */
+    pb.put(ncclCoopCta(), s, a.win, ps_row_off(a, a.off_comb, a.dc.rank, r), a.win,
+           ps_row_off(a, a.off_y, s, r), (size_t)c * row_bytes);
+  }
+}
+
+__device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
+{
+  __shared__ int task;
+  const int n1 = a.F / PS_GEMM_N, n2 = a.H / PS_GEMM_N, per = n1 + n2;
+  for (;;) {
+    if (threadIdx.x == 0) task = atomicAdd(a.st.task, 1);
+    __syncthreads();
+    int tk = task;
+    __syncthreads();
+    if (tk >= a.L * per) break;
+    int j = tk / per, i = tk % per;
+    if (i < n1) {
+      ps_expert_gemm1(a, j, i * PS_GEMM_N, smem);
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(&a.st.g1done[j], 1);
+      }
+    } else {
+      ps_expert_gemm2(a, j, (i - n1) * PS_GEMM_N, smem);
+      __shared__ int last;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(&a.st.g2done[j], 1) == n2 - 1;
+        if (last) __threadfence();
+      }
+      __syncthreads();
+      if (last) ps_expert_return(a, j);
+    }
+  }
+}
+
+/* ---- combine: warp per token ------------------------------------------------ */
+__device__ void ps_moe_combine(const ps_moe_args &a)
+{
+  const int lane = threadIdx.x & 31;
+  const int warps = gridDim.x * (blockDim.x >> 5);
+  const int w0 = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  perseus_recv rv(a.dc, a.hcomb);
+  for (int t = w0; t < a.T; t += warps) {
+    if (lane < a.k) { /* every destination this token used has returned everything */
+      int dst = a.st.topk_idx[t * a.k + lane] / a.L;
+      rv.wait(dst, a.st.tot_c[dst]);
+    }
+    __syncwarp();
+    for (int c = lane * 2; c < a.H; c += 64) {
+      float s0 = 0.f, s1 = 0.f;
+      for (int i = 0; i < a.k; i++) {
+        int e = a.st.topk_idx[t * a.k + i], dst = e / a.L, j = e % a.L;
+        int row = a.st.soff[dst * a.L + j] + a.st.slot[t * a.k + i];
+        float w = a.st.topk_w[t * a.k + i];
+        const volatile uint32_t *p =
+            (const volatile uint32_t *)(ps_win_ptr(a, ps_row_off(a, a.off_comb, dst, row)) + c);
+        uint32_t bits = *p; /* written by a peer: read past the cache's stale copy */
+        float2 v = __bfloat1622float2(*(const __nv_bfloat162 *)&bits);
+        s0 += w * v.x, s1 += w * v.y;
+      }
+      *(__nv_bfloat162 *)(a.out + (size_t)t * a.H + c) = __floats2bfloat162_rn(s0, s1);
+    }
+  }
+}
+
+#endif

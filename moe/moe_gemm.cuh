@@ -1,0 +1,142 @@
+/* moe_gemm.cuh: the expert GEMM tile of the fused MoE kernel, on bf16
+ * tensor cores (mma.sync m16n8k16, fp32 accumulation).
+ *
+ * One CTA of PS_GEMM_THREADS computes C[m][n] = sum_k A[m][k] * B_b[n][k]
+ * for up to PS_GEMM_M gathered rows m (row m of A at rows[m], K contiguous)
+ * and PS_GEMM_N columns n (B_b row-major [N][K], K contiguous: the weight
+ * layout), for NB weight matrices at once (GEMM1 needs W1 and W3 on the
+ * same rows). Tiles of A and B stream through shared memory with cp.async,
+ * two stages; rows past the valid count are zero-filled. The epilogue is a
+ * functor called per output pair (m, n, n+1) with the NB accumulators. */
+#ifndef PS_MOE_GEMM_CUH
+#define PS_MOE_GEMM_CUH
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#define PS_GEMM_M 64
+#define PS_GEMM_N 64
+#define PS_GEMM_K 32 /* per stage: 64-byte rows */
+#define PS_GEMM_THREADS 256
+#define PS_GEMM_STAGES 2
+
+/* Shared memory per CTA for NB weight matrices. */
+#define PS_GEMM_SMEM(NB) \
+  (PS_GEMM_STAGES * (PS_GEMM_M + (NB) * PS_GEMM_N) * PS_GEMM_K * 2)
+
+/* Rows are 4 chunks of 16 bytes; chunk c of row r lives at c ^ ((r >> 1) & 3)
+ * so that the 8 rows one ldmatrix phase reads fall in distinct banks. */
+__device__ __forceinline__ uint32_t ps_gemm_swz(int r, int c)
+{
+  return (uint32_t)(r * PS_GEMM_K * 2 + ((c ^ ((r >> 1) & 3)) << 4));
+}
+
+__device__ __forceinline__ void ps_cp_async16(uint32_t dst, const void *src, bool valid)
+{
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+__device__ __forceinline__ void ps_ldmatrix_x4(uint32_t addr, uint32_t r[4])
+{
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ps_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
+                                            uint32_t b1)
+{
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* rows[m] (m < mrows) points at row m of A; b[i] at row 0 of this tile's
+ * PS_GEMM_N rows of weight matrix i; K a multiple of PS_GEMM_K. Every thread
+ * of the CTA calls it; `smem` holds PS_GEMM_SMEM(NB) bytes. Epi is called as
+ * epi(m, n, acc) for each m < mrows and even n, acc[i][0..1] being columns
+ * n and n+1 of matrix i. */
+template <int NB, typename Epi>
+__device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
+                             const __nv_bfloat16 *const b[NB], int K, char *smem, Epi epi)
+{
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp & 3, wn = warp >> 2; /* 4 x 2 warps: 16 rows x 32 columns each */
+  const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
+  const uint32_t a_bytes = PS_GEMM_M * PS_GEMM_K * 2, b_bytes = PS_GEMM_N * PS_GEMM_K * 2;
+  const uint32_t stage_bytes = a_bytes + NB * b_bytes;
+  float acc[NB][4][4];
+#pragma unroll
+  for (int i = 0; i < NB; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+
+  /* one 16-byte chunk per thread per matrix per stage: row tid / 4, chunk tid % 4 */
+  const int lr = tid >> 2, lc = tid & 3;
+  const bool arow_ok = lr < mrows;
+  const __nv_bfloat16 *arow = rows[arow_ok ? lr : 0];
+  auto load = [&](int stage, int k0) {
+    uint32_t st = s0 + stage * stage_bytes;
+    ps_cp_async16(st + ps_gemm_swz(lr, lc), arow + k0 + lc * 8, arow_ok);
+#pragma unroll
+    for (int i = 0; i < NB; i++)
+      ps_cp_async16(st + a_bytes + i * b_bytes + ps_gemm_swz(lr, lc),
+                    b[i] + (size_t)lr * K + k0 + lc * 8, true);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+
+  const int nk = K / PS_GEMM_K;
+  load(0, 0);
+  for (int kt = 0; kt < nk; kt++) {
+    if (kt + 1 < nk) {
+      load((kt + 1) & 1, (kt + 1) * PS_GEMM_K);
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+    } else {
+      asm volatile("cp.async.wait_group 0;" ::: "memory");
+    }
+    __syncthreads();
+    const uint32_t st = s0 + (kt & 1) * stage_bytes;
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++) { /* two k16 steps per stage */
+      uint32_t a[4];
+      {
+        int r = wm * 16 + (lane & 15), c = kk * 2 + (lane >> 4);
+        ps_ldmatrix_x4(st + ps_gemm_swz(r, c), a);
+      }
+#pragma unroll
+      for (int i = 0; i < NB; i++) {
+#pragma unroll
+        for (int np = 0; np < 2; np++) { /* two n8 tiles per ldmatrix.x4 */
+          uint32_t bf[4];
+          int r = wn * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+          int c = kk * 2 + ((lane >> 3) & 1);
+          ps_ldmatrix_x4(st + a_bytes + i * b_bytes + ps_gemm_swz(r, c), bf);
+          ps_mma_bf16(acc[i][np * 2], a, bf[0], bf[1]);
+          ps_mma_bf16(acc[i][np * 2 + 1], a, bf[2], bf[3]);
+        }
+      }
+    }
+    __syncthreads(); /* the stage is free for the load two steps on */
+  }
+
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    int n = wn * 32 + j * 8 + t * 2;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      int m = wm * 16 + g + h * 8;
+      if (m < mrows) {
+        float v[NB][2];
+#pragma unroll
+        for (int i = 0; i < NB; i++) v[i][0] = acc[i][j][h * 2], v[i][1] = acc[i][j][h * 2 + 1];
+        epi(m, n, v);
+      }
+    }
+  }
+}
+
+#endif

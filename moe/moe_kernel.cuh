@@ -1,0 +1,277 @@
+/* moe_kernel.cuh: the fused MoE forward, one persistent cooperative kernel.
+ *
+ * Phases (every CTA, grid barriers only where a whole-rank table is needed):
+ *   route    warp per token: gate logits, top-k, weights; each routed row
+ *            takes a slot in its (destination, local expert) segment.
+ *   --- barrier: segment sizes final
+ *   offsets  one thread per destination: segment offsets, the header (row
+ *            count per expert) and the return-trip total.
+ *   --- barrier
+ *   dispatch header put per destination (control handle, one signal); every
+ *            routed row goes out: NVLink peers by direct stores, one
+ *            perseus_batch tile per row on the expert's handle, a signal per
+ *            `batch` rows and a flush by the segment's last row; GIN peers
+ *            gather into the send window and the segment's last row puts it
+ *            in chunks of `batch` rows, one signal each.
+ *   headers  one thread per source: wait for its header, segment table and
+ *            the cumulative tile total per (expert, source).
+ *   --- barrier
+ *   experts  a queue of tasks claimed in order: per local expert, F/64 GEMM1
+ *            tiles (W1 and W3 on the same rows, SiLU-gated, bf16 activation)
+ *            that start when that expert's rows from every source arrived,
+ *            then H/64 GEMM2 tiles that start when GEMM1 is done; the last
+ *            GEMM2 tile of an expert returns each source's rows in one put.
+ *   combine  warp per token: wait for the destinations it used, weighted sum.
+ *   --- barrier; CTA 0 clears the per-forward counters.
+ * Everything cumulative (tiles per handle) stays monotonic across forwards,
+ * so nothing is reset that a peer could still be adding to. */
+#ifndef PS_MOE_KERNEL_CUH
+#define PS_MOE_KERNEL_CUH
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include "moe_gemm.cuh"
+#include "perseus/device.cuh"
+#include "perseus/moe_config.h"
+
+#define PS_MOE_THREADS PS_GEMM_THREADS
+#define PS_MOE_SMEM PS_GEMM_SMEM(2)
+
+typedef __nv_bfloat16 ps_bf16;
+
+/* Per-forward counters (zeroed at the end of each forward) and cumulative
+ * state, in plain device memory; R ranks, L local experts. */
+struct ps_moe_state {
+  int *scnt;          /* [R][L] rows this rank sends to (dst, expert) */
+  int *soff;          /* [R][L] their offset in dst's receive region for us */
+  int *sdone;         /* [R][L] rows put so far (last one closes the segment) */
+  int *rcnt, *roff;   /* [R][L] rows from (src, expert) and their offset */
+  int *g1done;        /* [L] GEMM1 tiles done */
+  int *g2done;        /* [L] GEMM2 tiles done */
+  int *task;          /* next task of the queue */
+  uint64_t *tot;      /* [L][R] cumulative tiles expected from src on expert handle */
+  uint64_t *tot_c;    /* [R] cumulative returned segments expected from dst */
+  float *logits;      /* [T][E] */
+  int32_t *topk_idx;  /* [T][k] */
+  float *topk_w;      /* [T][k] */
+  int32_t *slot;      /* [T][k] row within its segment */
+  perseus_batch_handle *hexp; /* [L] one handle per local expert */
+};
+
+struct ps_moe_args {
+  ncclDevComm dc;
+  ncclWindow_t win;
+  perseus_batch_handle hctl, hcomb;
+  ps_moe_state st;
+  const ps_bf16 *gate, *w1, *w3, *w2; /* [E][H]; [L][F][H] x2; [L][H][F] */
+  ps_bf16 *act;                       /* [R*P][F] */
+  const ps_bf16 *x;                   /* user input [T][H] */
+  ps_bf16 *out;                       /* user output [T][H] */
+  /* window layout, byte offsets */
+  size_t off_xin, off_recv, off_send, off_comb, off_y, off_hdr_out, off_hdr_in;
+  int H, F, E, L, k, R, P, T, renorm, batch;
+  uint64_t fwd; /* forwards before this one */
+};
+
+__device__ __forceinline__ ps_bf16 *ps_win_ptr(const ps_moe_args &a, size_t off)
+{
+  return (ps_bf16 *)ncclGetLocalPointer(a.win, off);
+}
+
+/* Byte offset of row `row` of region [peer][P][H] at `base`. */
+__device__ __forceinline__ size_t ps_row_off(const ps_moe_args &a, size_t base, int peer, int row)
+{
+  return base + ((size_t)peer * a.P + row) * a.H * sizeof(ps_bf16);
+}
+
+__device__ __forceinline__ float ps_warp_sum(float v)
+{
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* ---- route ---------------------------------------------------------------- */
+__device__ void ps_moe_route(const ps_moe_args &a)
+{
+  const int lane = threadIdx.x & 31;
+  const int warps = gridDim.x * (blockDim.x >> 5), w0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int H8 = a.H / 8;
+  for (int t = w0; t < a.T; t += warps) {
+    const uint4 *xr = (const uint4 *)(a.x + (size_t)t * a.H);
+    uint4 *xin = (uint4 *)(ps_win_ptr(a, a.off_xin) + (size_t)t * a.H);
+    for (int i = lane; i < H8; i += 32) xin[i] = xr[i]; /* the puts' source */
+    float *lg = a.st.logits + (size_t)t * a.E;
+    for (int e = 0; e < a.E; e++) {
+      const uint4 *gr = (const uint4 *)(a.gate + (size_t)e * a.H);
+      float s = 0.f;
+      for (int i = lane; i < H8; i += 32) {
+        uint4 xv = xr[i], gv = gr[i];
+        const __nv_bfloat162 *xp = (const __nv_bfloat162 *)&xv, *gp = (const __nv_bfloat162 *)&gv;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+          float2 xf = __bfloat1622float2(xp[q]), gf = __bfloat1622float2(gp[q]);
+          s += xf.x * gf.x + xf.y * gf.y;
+        }
+      }
+      s = ps_warp_sum(s);
+      if (lane == 0) lg[e] = s;
+    }
+    __syncwarp();
+    /* softmax denominator, then k rounds of arg-max (ties: lower id) */
+    float mx = -INFINITY;
+    for (int e = lane; e < a.E; e += 32) mx = fmaxf(mx, lg[e]);
+    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float den = 0.f;
+    for (int e = lane; e < a.E; e += 32) den += __expf(lg[e] - mx);
+    den = ps_warp_sum(den);
+    float wsum = 0.f, wk[PERSEUS_MOE_MAX_TOPK];
+    int ek[PERSEUS_MOE_MAX_TOPK];
+    for (int i = 0; i < a.k; i++) {
+      float bv = -INFINITY;
+      int be = a.E;
+      for (int e = lane; e < a.E; e += 32) {
+        bool taken = false;
+        for (int q = 0; q < i; q++) taken |= ek[q] == e;
+        float v = lg[e];
+        if (!taken && (v > bv || (v == bv && e < be))) bv = v, be = e;
+      }
+      for (int o = 16; o; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oe = __shfl_xor_sync(0xffffffffu, be, o);
+        if (ov > bv || (ov == bv && oe < be)) bv = ov, be = oe;
+      }
+      ek[i] = be;
+      wk[i] = __expf(bv - mx) / den;
+      wsum += wk[i];
+    }
+    if (lane < a.k) {
+      int e = ek[0];
+      float w = wk[0];
+      for (int q = 1; q < a.k; q++)
+        if (q == lane) e = ek[q], w = wk[q];
+      if (a.renorm) w /= wsum;
+      int dst = e / a.L, j = e % a.L;
+      a.st.topk_idx[t * a.k + lane] = e;
+      a.st.topk_w[t * a.k + lane] = w;
+      a.st.slot[t * a.k + lane] = atomicAdd(&a.st.scnt[dst * a.L + j], 1);
+    }
+  }
+}
+
+/* ---- offsets and headers (one thread per destination) ----------------------- */
+__device__ void ps_moe_offsets(const ps_moe_args &a, int dst)
+{
+  int *hdr = (int *)ncclGetLocalPointer(a.win, a.off_hdr_out + (size_t)dst * a.L * sizeof(int));
+  int off = 0, segs = 0;
+  for (int j = 0; j < a.L; j++) {
+    int c = a.st.scnt[dst * a.L + j];
+    a.st.soff[dst * a.L + j] = off;
+    hdr[j] = c;
+    off += c;
+    segs += c > 0;
+  }
+  a.st.tot_c[dst] += (uint64_t)segs; /* the expert owners return one put per segment */
+}
+
+/* Tiles a (peer, expert) segment of `rows` rows takes: one per row by stores
+ * (NVLink), one per chunk of `batch` rows (or one) through GIN. */
+__device__ __forceinline__ uint64_t ps_seg_tiles(const ps_moe_args &a, int peer, int rows)
+{
+  if (rows == 0) return 0;
+  if (perseus_lsa_index(a.dc, peer) >= 0) return (uint64_t)rows;
+  return a.batch ? (uint64_t)((rows + a.batch - 1) / a.batch) : 1;
+}
+
+/* ---- dispatch -------------------------------------------------------------- */
+__device__ void ps_moe_dispatch(const ps_moe_args &a)
+{
+  const int lane = threadIdx.x & 31;
+  const int gtid = blockIdx.x * blockDim.x + threadIdx.x;
+  if (gtid < a.R) { /* the header to destination gtid: one tile, one signal */
+    perseus_batch(a.dc, a.hctl, 1)
+        .put(ncclCoopThread(), gtid, a.win, a.off_hdr_in + (size_t)a.dc.rank * a.L * sizeof(int),
+             a.win, a.off_hdr_out + (size_t)gtid * a.L * sizeof(int), a.L * sizeof(int));
+  }
+  const int warps = gridDim.x * (blockDim.x >> 5), w0 = gtid >> 5;
+  const size_t row_bytes = (size_t)a.H * sizeof(ps_bf16);
+  ncclCoopWarp warp;
+  for (int r = w0; r < a.T * a.k; r += warps) {
+    int t = r / a.k, e = a.st.topk_idx[r], dst = e / a.L, j = e % a.L;
+    int seg = dst * a.L + j, row = a.st.soff[seg] + a.st.slot[r], n = a.st.scnt[seg];
+    perseus_batch_handle h = a.st.hexp[j];
+    size_t src_off = a.off_xin + (size_t)t * row_bytes;
+    size_t dst_off = ps_row_off(a, a.off_recv, a.dc.rank, row);
+    if (perseus_lsa_index(a.dc, dst) >= 0) {
+      perseus_batch pb(a.dc, h, a.batch ? (uint32_t)a.batch : 0xffffffffu);
+      pb.put(warp, dst, a.win, dst_off, a.win, src_off, row_bytes);
+      if (lane == 0 && atomicAdd(&a.st.sdone[seg], 1) == n - 1) pb.flush(dst);
+    } else {
+      perseus_tile_copy(warp, (char *)ps_win_ptr(a, ps_row_off(a, a.off_send, dst, row)),
+                        (const char *)ps_win_ptr(a, src_off), row_bytes);
+      __syncwarp();
+      if (lane == 0) {
+        __threadfence();
+        if (atomicAdd(&a.st.sdone[seg], 1) == n - 1) { /* the segment is gathered */
+          __threadfence_system();
+          int first = a.st.soff[seg], chunk = a.batch ? a.batch : n;
+          perseus_batch pb(a.dc, h, 1);
+          for (int c = 0; c < n; c += chunk) {
+            int m = n - c < chunk ? n - c : chunk;
+            pb.put(ncclCoopThread(), dst, a.win, ps_row_off(a, a.off_recv, a.dc.rank, first + c),
+                   a.win, ps_row_off(a, a.off_send, dst, first + c), (size_t)m * row_bytes);
+          }
+        }
+      }
+      __syncwarp();
+    }
+  }
+}
+
+/* ---- headers in (one thread per source) ----------------------------------- */
+__device__ void ps_moe_headers(const ps_moe_args &a, int src)
+{
+  perseus_recv(a.dc, a.hctl).wait(src, a.fwd + 1);
+  const volatile int *hdr =
+      (const volatile int *)ncclGetLocalPointer(a.win, a.off_hdr_in + (size_t)src * a.L * sizeof(int));
+  int off = 0;
+  for (int j = 0; j < a.L; j++) {
+    int c = hdr[j];
+    a.st.rcnt[src * a.L + j] = c;
+    a.st.roff[src * a.L + j] = off;
+    off += c;
+    a.st.tot[j * a.R + src] += ps_seg_tiles(a, src, c);
+  }
+}
+
+#include "moe_experts.cuh"
+
+__global__ void __launch_bounds__(PS_MOE_THREADS) ps_moe_forward_kernel(ps_moe_args a)
+{
+  extern __shared__ __align__(128) char smem[];
+  cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+  const int gtid = blockIdx.x * blockDim.x + threadIdx.x;
+  ps_moe_route(a);
+  grid.sync();
+  if (gtid < a.R) ps_moe_offsets(a, gtid);
+  grid.sync();
+  ps_moe_dispatch(a);
+  if (gtid < a.R) ps_moe_headers(a, gtid);
+  grid.sync();
+  ps_moe_experts(a, smem);
+  ps_moe_combine(a);
+  if (a.dc.ginContextCount > 0) {
+    ncclGin gin{a.dc, 0};
+    gin.flush(ncclCoopCta()); /* no put of ours outlives the kernel */
+  }
+  grid.sync();
+  if (blockIdx.x == 0) { /* the per-forward counters, for the next forward */
+    for (int i = threadIdx.x; i < a.R * a.L; i += blockDim.x) a.st.scnt[i] = 0, a.st.sdone[i] = 0;
+    for (int i = threadIdx.x; i < a.L; i += blockDim.x) a.st.g1done[i] = 0, a.st.g2done[i] = 0;
+    if (threadIdx.x == 0) *a.st.task = 0;
+  }
+}
+
+#endif
