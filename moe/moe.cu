@@ -25,6 +25,7 @@ struct perseus_moe {
   ps_moe_args args; /* everything but the per-forward fields */
   void *dev;        /* one allocation: state, weights, activation */
   uint64_t fwd;
+  cudaEvent_t done; /* recorded behind each forward */
 };
 
 /* On failure: the reason (the call, its error, the context given as a
@@ -90,6 +91,7 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   size_t o_idx = ps_take(&at, (size_t)T * k * sizeof(int32_t)), o_w = ps_take(&at, (size_t)T * k * sizeof(float));
   size_t o_slot = ps_take(&at, (size_t)T * k * sizeof(int32_t));
   size_t o_hexp = ps_take(&at, (size_t)L * sizeof(perseus_batch_handle));
+  size_t o_prof = ps_take(&at, 2 * PS_PROF_N * sizeof(unsigned long long));
   size_t o_gate = ps_take(&at, (size_t)E * m->cfg.hidden * sizeof(ps_bf16));
   size_t wexp = (size_t)L * m->cfg.ffn * m->cfg.hidden * sizeof(ps_bf16);
   size_t o_w1 = ps_take(&at, wexp), o_w3 = ps_take(&at, wexp), o_w2 = ps_take(&at, wexp);
@@ -114,6 +116,10 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   s.logits = (float *)(d + o_logits), s.topk_idx = (int32_t *)(d + o_idx);
   s.topk_w = (float *)(d + o_w), s.slot = (int32_t *)(d + o_slot);
   s.hexp = (perseus_batch_handle *)(d + o_hexp);
+  m->args.prof = (unsigned long long *)(d + o_prof);
+  unsigned long long marks[PS_PROF_N] = {0}; /* the first forward's: min slots start high */
+  marks[PS_PROF_START] = marks[PS_PROF_HEADERS] = ~0ull;
+  PS_MOE_CUDA(cudaMemcpy(m->args.prof, marks, sizeof(marks), cudaMemcpyHostToDevice), "marks");
   m->args.gate = (const ps_bf16 *)(d + o_gate);
   m->args.w1 = (const ps_bf16 *)(d + o_w1), m->args.w3 = (const ps_bf16 *)(d + o_w3);
   m->args.w2 = (const ps_bf16 *)(d + o_w2);
@@ -186,6 +192,7 @@ static ncclResult_t ps_moe_setup(perseus_moe *m)
   PS_MOE_CUDA(cudaMemset(m->win_ptr, 0, m->win_bytes), "%zu-byte window", m->win_bytes);
   rc = ps_moe_devcomm(m);
   if (rc != ncclSuccess) return rc;
+  PS_MOE_CUDA(cudaEventCreateWithFlags(&m->done, cudaEventDisableTiming), "rank %d", m->rank);
   int dev = 0, sms = 0, per_sm = 0;
   PS_MOE_CUDA(cudaGetDevice(&dev), "rank %d", m->rank);
   PS_MOE_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "device %d", dev);
@@ -204,6 +211,7 @@ static ncclResult_t ps_moe_setup(perseus_moe *m)
   a.dc = m->dc, a.win = m->win;
   a.H = m->cfg.hidden, a.F = m->cfg.ffn, a.E = m->cfg.experts, a.L = m->L, a.k = m->cfg.topk;
   a.R = m->nranks, a.P = m->P, a.renorm = m->cfg.renormalize, a.batch = m->cfg.batch;
+  a.gate_kc = a.H;
   return ncclSuccess;
 }
 
@@ -248,10 +256,11 @@ extern "C" ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_
   }
   size_t g = (size_t)m->cfg.experts * m->cfg.hidden * sizeof(uint16_t);
   size_t w = (size_t)m->L * m->cfg.ffn * m->cfg.hidden * sizeof(uint16_t);
-  PS_MOE_CUDA(cudaMemcpy((void *)m->args.gate, gate, g, cudaMemcpyHostToDevice), "gate, %zu bytes", g);
-  PS_MOE_CUDA(cudaMemcpy((void *)m->args.w1, w1, w, cudaMemcpyHostToDevice), "w1, %zu bytes", w);
-  PS_MOE_CUDA(cudaMemcpy((void *)m->args.w3, w3, w, cudaMemcpyHostToDevice), "w3, %zu bytes", w);
-  PS_MOE_CUDA(cudaMemcpy((void *)m->args.w2, w2, w, cudaMemcpyHostToDevice), "w2, %zu bytes", w);
+  /* cudaMemcpyDefault: host or device pointers alike (unified addressing) */
+  PS_MOE_CUDA(cudaMemcpy((void *)m->args.gate, gate, g, cudaMemcpyDefault), "gate, %zu bytes", g);
+  PS_MOE_CUDA(cudaMemcpy((void *)m->args.w1, w1, w, cudaMemcpyDefault), "w1, %zu bytes", w);
+  PS_MOE_CUDA(cudaMemcpy((void *)m->args.w3, w3, w, cudaMemcpyDefault), "w3, %zu bytes", w);
+  PS_MOE_CUDA(cudaMemcpy((void *)m->args.w2, w2, w, cudaMemcpyDefault), "w2, %zu bytes", w);
   return ncclSuccess;
 }
 
@@ -275,12 +284,66 @@ extern "C" ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, voi
   }
   ps_moe_args a = m->args;
   a.x = (const ps_bf16 *)x, a.out = (ps_bf16 *)out, a.T = ntokens, a.fwd = m->fwd;
+  { /* split the gate's K so that there are about two tasks per CTA, slices of >= 256 */
+    int tiles = (ntokens + PS_GEMM_M - 1) / PS_GEMM_M * ((a.E + PS_GEMM_N - 1) / PS_GEMM_N);
+    int splits = tiles ? (2 * m->grid + tiles - 1) / tiles : 1, most = a.H / 256;
+    splits = splits < 1 ? 1 : splits > most ? (most > 0 ? most : 1) : splits;
+    a.gate_kc = (a.H / splits + PS_GEMM_K - 1) / PS_GEMM_K * PS_GEMM_K;
+  }
   void *params[] = {&a};
   PS_MOE_CUDA(cudaLaunchCooperativeKernel((const void *)ps_moe_forward_kernel, dim3(m->grid),
                                           dim3(PS_MOE_THREADS), params, PS_MOE_SMEM, stream),
               "grid %d x %d threads, %d bytes of shared memory", m->grid, PS_MOE_THREADS,
               PS_MOE_SMEM);
+  PS_MOE_CUDA(cudaEventRecord(m->done, stream), "forward %llu", (unsigned long long)m->fwd);
   m->fwd++;
+  return ncclSuccess;
+}
+
+extern "C" ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_profile_t *out)
+{
+  ps_moe_clear_error();
+  if (!m || !out) {
+    ps_moe_set_error("perseus_moe_last_profile: a NULL argument");
+    return ncclInvalidArgument;
+  }
+  memset(out, 0, sizeof(*out));
+  if (m->fwd == 0) return ncclSuccess;
+  PS_MOE_CUDA(cudaEventSynchronize(m->done), "forward %llu", (unsigned long long)(m->fwd - 1));
+  const int RL = m->nranks * m->L;
+  unsigned long long t[PS_PROF_N];
+  int *cnt = (int *)malloc(2 * (size_t)RL * sizeof(int));
+  if (!cnt) {
+    ps_moe_set_error("perseus_moe_last_profile: out of host memory");
+    return ncclSystemError;
+  }
+  cudaError_t e = cudaMemcpy(t, m->args.prof + ((m->fwd - 1) & 1) * PS_PROF_N, sizeof(t),
+                             cudaMemcpyDeviceToHost);
+  if (e == cudaSuccess)
+    e = cudaMemcpy(cnt, m->args.st.rcnt, RL * sizeof(int), cudaMemcpyDeviceToHost);
+  if (e == cudaSuccess) /* what we sent: the headers we wrote */
+    e = cudaMemcpy(cnt + RL, (char *)m->win_ptr + m->args.off_hdr_out, RL * sizeof(int),
+                   cudaMemcpyDeviceToHost);
+  if (e != cudaSuccess) {
+    free(cnt);
+    PS_MOE_CUDA(e, "reading the profile");
+  }
+  auto us = [&](int a, int b) { return t[b] > t[a] ? (double)(t[b] - t[a]) / 1e3 : 0.0; };
+  out->total_us = us(PS_PROF_START, PS_PROF_COMBINE);
+  out->route_us = us(PS_PROF_START, PS_PROF_ROUTE);
+  out->dispatch_us = us(PS_PROF_ROUTE, PS_PROF_DISPATCH);
+  out->wait_us = us(PS_PROF_DISPATCH, PS_PROF_HEADERS);
+  out->experts_us = us(PS_PROF_HEADERS, PS_PROF_EXPERTS);
+  out->combine_us = us(PS_PROF_EXPERTS, PS_PROF_COMBINE);
+  for (int j = 0; j < m->L; j++) {
+    long long rows = 0;
+    for (int s = 0; s < m->nranks; s++) rows += cnt[s * m->L + j];
+    out->rows_in += rows;
+    out->active_experts += rows > 0;
+  }
+  for (int i = 0; i < RL; i++) out->rows_out += cnt[RL + i];
+  out->gemm_flops = 2.0 * (double)out->rows_in * 3.0 * m->cfg.hidden * m->cfg.ffn;
+  free(cnt);
   return ncclSuccess;
 }
 
@@ -313,6 +376,7 @@ extern "C" ncclResult_t perseus_moe_destroy(perseus_moe_t *m)
     rc = r;
   }
   if (m->dev) cudaFree(m->dev);
+  if (m->done) cudaEventDestroy(m->done);
   free(m);
   return rc;
 }

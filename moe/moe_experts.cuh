@@ -60,7 +60,7 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
     int n = ps_expert_rows(a, j, m0, g);
     if (threadIdx.x < n) rows[threadIdx.x] = recv + (size_t)g[threadIdx.x] * a.H;
     __syncthreads();
-    ps_gemm_tile<2>(rows, n, b, a.H, smem, [&](int m, int c, float (*v)[2]) {
+    ps_gemm_tile<2>(rows, n, b, PS_GEMM_N, a.H, a.H, smem, [&](int m, int c, float (*v)[2]) {
       float h0 = v[0][0], h1 = v[0][1];
       float y0 = h0 / (1.f + __expf(-h0)) * v[1][0], y1 = h1 / (1.f + __expf(-h1)) * v[1][1];
       *(__nv_bfloat162 *)(a.act + (size_t)g[m] * a.F + n0 + c) = __floats2bfloat162_rn(y0, y1);
@@ -83,7 +83,7 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
     int n = ps_expert_rows(a, j, m0, g);
     if (threadIdx.x < n) rows[threadIdx.x] = a.act + (size_t)g[threadIdx.x] * a.F;
     __syncthreads();
-    ps_gemm_tile<1>(rows, n, b, a.F, smem, [&](int m, int c, float (*v)[2]) {
+    ps_gemm_tile<1>(rows, n, b, PS_GEMM_N, a.F, a.F, smem, [&](int m, int c, float (*v)[2]) {
       *(__nv_bfloat162 *)(y + (size_t)g[m] * a.H + h0 + c) = __floats2bfloat162_rn(v[0][0], v[0][1]);
     });
     __syncthreads();
@@ -109,15 +109,19 @@ __device__ void ps_expert_return(const ps_moe_args &a, int j)
 __device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
 {
   __shared__ int task;
-  const int n1 = a.F / PS_GEMM_N, n2 = a.H / PS_GEMM_N, per = n1 + n2;
+  /* every GEMM1 tile (expert by expert) before any GEMM2 tile: a CTA that
+   * holds a GEMM2 tile waits for its expert's GEMM1, so GEMM2 tiles queued
+   * early would idle CTAs that could stream weights meanwhile */
+  const int n1 = a.F / PS_GEMM_N, n2 = a.H / PS_GEMM_N;
   for (;;) {
     if (threadIdx.x == 0) task = atomicAdd(a.st.task, 1);
     __syncthreads();
     int tk = task;
     __syncthreads();
-    if (tk >= a.L * per) break;
-    int j = tk / per, i = tk % per;
-    if (i < n1) {
+    if (tk >= a.L * (n1 + n2)) break;
+    bool g1 = tk < a.L * n1;
+    int j = g1 ? tk / n1 : (tk - a.L * n1) / n2, i = g1 ? tk % n1 : n1 + (tk - a.L * n1) % n2;
+    if (g1) {
       ps_expert_gemm1(a, j, i * PS_GEMM_N, smem);
       __syncthreads();
       if (threadIdx.x == 0) {

@@ -6,7 +6,7 @@
  * and PS_GEMM_N columns n (B_b row-major [N][K], K contiguous: the weight
  * layout), for NB weight matrices at once (GEMM1 needs W1 and W3 on the
  * same rows). Tiles of A and B stream through shared memory with cp.async,
- * two stages; rows past the valid count are zero-filled. The epilogue is a
+ * PS_GEMM_STAGES deep; rows past the valid count are zero-filled. The epilogue is a
  * functor called per output pair (m, n, n+1) with the NB accumulators. */
 #ifndef PS_MOE_GEMM_CUH
 #define PS_MOE_GEMM_CUH
@@ -16,19 +16,21 @@
 
 #define PS_GEMM_M 64
 #define PS_GEMM_N 64
-#define PS_GEMM_K 32 /* per stage: 64-byte rows */
+#define PS_GEMM_K 64 /* per stage: 128-byte rows, 8 chunks of 16 bytes */
+#define PS_GEMM_CH (PS_GEMM_K / 8)
 #define PS_GEMM_THREADS 256
-#define PS_GEMM_STAGES 2
+#define PS_GEMM_STAGES 3 /* loads in flight: weight streaming is latency-bound */
 
 /* Shared memory per CTA for NB weight matrices. */
 #define PS_GEMM_SMEM(NB) \
   (PS_GEMM_STAGES * (PS_GEMM_M + (NB) * PS_GEMM_N) * PS_GEMM_K * 2)
 
-/* Rows are 4 chunks of 16 bytes; chunk c of row r lives at c ^ ((r >> 1) & 3)
- * so that the 8 rows one ldmatrix phase reads fall in distinct banks. */
+/* Rows are PS_GEMM_CH chunks of 16 bytes; chunk c of row r lives at
+ * c ^ (r % PS_GEMM_CH) so that the 8 rows one ldmatrix phase reads (same
+ * c, consecutive r) fall in distinct banks. */
 __device__ __forceinline__ uint32_t ps_gemm_swz(int r, int c)
 {
-  return (uint32_t)(r * PS_GEMM_K * 2 + ((c ^ ((r >> 1) & 3)) << 4));
+  return (uint32_t)(r * PS_GEMM_K * 2 + ((c ^ (r % PS_GEMM_CH)) << 4));
 }
 
 __device__ __forceinline__ void ps_cp_async16(uint32_t dst, const void *src, bool valid)
@@ -55,13 +57,16 @@ __device__ __forceinline__ void ps_mma_bf16(float c[4], const uint32_t a[4], uin
 }
 
 /* rows[m] (m < mrows) points at row m of A; b[i] at row 0 of this tile's
- * PS_GEMM_N rows of weight matrix i; K a multiple of PS_GEMM_K. Every thread
- * of the CTA calls it; `smem` holds PS_GEMM_SMEM(NB) bytes. Epi is called as
- * epi(m, n, acc) for each m < mrows and even n, acc[i][0..1] being columns
- * n and n+1 of matrix i. */
+ * PS_GEMM_N rows of weight matrix i, rows `ldb` elements apart, of which the
+ * first `nrows` exist (the rest read as zero); K (a multiple of PS_GEMM_K)
+ * elements of each row are summed over. Every thread of the CTA calls it;
+ * `smem` holds PS_GEMM_SMEM(NB) bytes. Epi is called as epi(m, n, acc) for
+ * each m < mrows and even n, acc[i][0..1] being columns n and n+1 of matrix
+ * i (columns past nrows hold zeros). */
 template <int NB, typename Epi>
 __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
-                             const __nv_bfloat16 *const b[NB], int K, char *smem, Epi epi)
+                             const __nv_bfloat16 *const b[NB], int nrows, size_t ldb, int K,
+                             char *smem, Epi epi)
 {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp & 3, wn = warp >> 2; /* 4 x 2 warps: 16 rows x 32 columns each */
@@ -74,33 +79,54 @@ __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
 #pragma unroll
     for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 
-  /* one 16-byte chunk per thread per matrix per stage: row tid / 4, chunk tid % 4 */
-  const int lr = tid >> 2, lc = tid & 3;
-  const bool arow_ok = lr < mrows;
-  const __nv_bfloat16 *arow = rows[arow_ok ? lr : 0];
+  /* PS_GEMM_CH / 4 chunks of 16 bytes per thread per matrix per stage:
+   * chunk q of thread t is row (t + 256 q) / CH, column (t + 256 q) % CH */
+  constexpr int PER = PS_GEMM_M * PS_GEMM_CH / PS_GEMM_THREADS;
+  const __nv_bfloat16 *arow[PER];
+  size_t boff[PER];
+  bool aok[PER], bok[PER];
+  int lr[PER], lc[PER];
+#pragma unroll
+  for (int q = 0; q < PER; q++) {
+    int idx = tid + q * PS_GEMM_THREADS;
+    lr[q] = idx / PS_GEMM_CH, lc[q] = idx % PS_GEMM_CH;
+    aok[q] = lr[q] < mrows, bok[q] = lr[q] < nrows;
+    arow[q] = rows[aok[q] ? lr[q] : 0];
+    boff[q] = (size_t)(bok[q] ? lr[q] : 0) * ldb;
+  }
   auto load = [&](int stage, int k0) {
     uint32_t st = s0 + stage * stage_bytes;
-    ps_cp_async16(st + ps_gemm_swz(lr, lc), arow + k0 + lc * 8, arow_ok);
 #pragma unroll
-    for (int i = 0; i < NB; i++)
-      ps_cp_async16(st + a_bytes + i * b_bytes + ps_gemm_swz(lr, lc),
-                    b[i] + (size_t)lr * K + k0 + lc * 8, true);
+    for (int q = 0; q < PER; q++) {
+      ps_cp_async16(st + ps_gemm_swz(lr[q], lc[q]), arow[q] + k0 + lc[q] * 8, aok[q]);
+#pragma unroll
+      for (int i = 0; i < NB; i++)
+        ps_cp_async16(st + a_bytes + i * b_bytes + ps_gemm_swz(lr[q], lc[q]),
+                      b[i] + boff[q] + k0 + lc[q] * 8, bok[q]);
+    }
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
 
   const int nk = K / PS_GEMM_K;
-  load(0, 0);
-  for (int kt = 0; kt < nk; kt++) {
-    if (kt + 1 < nk) {
-      load((kt + 1) & 1, (kt + 1) * PS_GEMM_K);
-      asm volatile("cp.async.wait_group 1;" ::: "memory");
-    } else {
-      asm volatile("cp.async.wait_group 0;" ::: "memory");
-    }
-    __syncthreads();
-    const uint32_t st = s0 + (kt & 1) * stage_bytes;
+  /* every step commits one group (empty past the end), so "all but the
+   * newest STAGES-2 groups done" always means "step kt's tiles are in" */
 #pragma unroll
-    for (int kk = 0; kk < 2; kk++) { /* two k16 steps per stage */
+  for (int s = 0; s < PS_GEMM_STAGES - 1; s++) {
+    if (s < nk) load(s, s * PS_GEMM_K);
+    else asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+  for (int kt = 0; kt < nk; kt++) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(PS_GEMM_STAGES - 2) : "memory");
+    __syncthreads(); /* step kt's tiles are visible; step kt-1's stage is free */
+    {
+      int next = kt + PS_GEMM_STAGES - 1;
+      if (next < nk) load(next % PS_GEMM_STAGES, next * PS_GEMM_K);
+      else asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    const uint32_t st = s0 + (kt % PS_GEMM_STAGES) * stage_bytes;
+    if (wm * 16 >= mrows) continue; /* warp-uniform: this warp's rows are all padding */
+#pragma unroll
+    for (int kk = 0; kk < PS_GEMM_K / 16; kk++) { /* k16 steps per stage */
       uint32_t a[4];
       {
         int r = wm * 16 + (lane & 15), c = kk * 2 + (lane >> 4);
@@ -119,8 +145,9 @@ __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
         }
       }
     }
-    __syncthreads(); /* the stage is free for the load two steps on */
   }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  __syncthreads(); /* shared memory is free for the caller's next tile */
 
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll

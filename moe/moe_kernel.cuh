@@ -1,8 +1,10 @@
 /* moe_kernel.cuh: the fused MoE forward, one persistent cooperative kernel.
  *
  * Phases (every CTA, grid barriers only where a whole-rank table is needed):
- *   route    warp per token: gate logits, top-k, weights; each routed row
- *            takes a slot in its (destination, local expert) segment.
+ *   gate     the gate GEMM on tensor cores (split-K, fp32 atomics).
+ *   --- barrier: logits final
+ *   route    warp per token: softmax, top-k, weights; each routed row takes
+ *            a slot in its (destination, local expert) segment.
  *   --- barrier: segment sizes final
  *   offsets  one thread per destination: segment offsets, the header (row
  *            count per expert) and the return-trip total.
@@ -16,11 +18,12 @@
  *   headers  one thread per source: wait for its header, segment table and
  *            the cumulative tile total per (expert, source).
  *   --- barrier
- *   experts  a queue of tasks claimed in order: per local expert, F/64 GEMM1
- *            tiles (W1 and W3 on the same rows, SiLU-gated, bf16 activation)
- *            that start when that expert's rows from every source arrived,
- *            then H/64 GEMM2 tiles that start when GEMM1 is done; the last
- *            GEMM2 tile of an expert returns each source's rows in one put.
+ *   experts  a queue of tasks claimed in order: every expert's F/64 GEMM1
+ *            tiles (W1 and W3 on the same rows, SiLU-gated, bf16 activation),
+ *            each starting when that expert's rows from every source arrived,
+ *            then every expert's H/64 GEMM2 tiles, each starting when its
+ *            expert's GEMM1 is done; the last GEMM2 tile of an expert returns
+ *            each source's rows in one put.
  *   combine  warp per token: wait for the destinations it used, weighted sum.
  *   --- barrier; CTA 0 clears the per-forward counters.
  * Everything cumulative (tiles per handle) stays monotonic across forwards,
@@ -73,8 +76,31 @@ struct ps_moe_args {
   /* window layout, byte offsets */
   size_t off_xin, off_recv, off_send, off_comb, off_y, off_hdr_out, off_hdr_in;
   int H, F, E, L, k, R, P, T, renorm, batch;
+  int gate_kc; /* hidden elements per gate task (split-K) */
   uint64_t fwd; /* forwards before this one */
+  unsigned long long *prof; /* [2][PS_PROF_N]: this forward uses half fwd % 2 */
 };
+
+/* Phase marks in global-timer ns: START is the earliest CTA's, HEADERS the
+ * earliest past the header barrier, the others the latest CTA's. */
+enum { PS_PROF_START, PS_PROF_ROUTE, PS_PROF_DISPATCH, PS_PROF_HEADERS, PS_PROF_EXPERTS,
+       PS_PROF_COMBINE, PS_PROF_N };
+
+__device__ __forceinline__ unsigned long long ps_now_ns()
+{
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/* One thread per CTA records (after a __syncthreads of its phase). */
+__device__ __forceinline__ void ps_prof(const ps_moe_args &a, int slot, bool earliest)
+{
+  if (threadIdx.x) return;
+  unsigned long long *p = a.prof + (a.fwd & 1) * PS_PROF_N + slot, t = ps_now_ns();
+  if (earliest) atomicMin(p, t);
+  else atomicMax(p, t);
+}
 
 __device__ __forceinline__ ps_bf16 *ps_win_ptr(const ps_moe_args &a, size_t off)
 {
@@ -93,33 +119,45 @@ __device__ __forceinline__ float ps_warp_sum(float v)
   return v;
 }
 
-/* ---- route ---------------------------------------------------------------- */
-__device__ void ps_moe_route(const ps_moe_args &a)
+/* ---- route ----------------------------------------------------------------
+ * The gate is a GEMM on tensor cores: tasks of 64 tokens x 64 experts x a
+ * slice of hidden (split so that there are about two tasks per CTA even at
+ * decode sizes), accumulated into fp32 logits with atomics (zeroed at the
+ * end of the previous forward). Then a warp per token: softmax, top-k, slots. */
+__device__ void ps_moe_gate(const ps_moe_args &a, char *smem)
+{
+  __shared__ const ps_bf16 *rows[PS_GEMM_M];
+  const int mb = (a.T + PS_GEMM_M - 1) / PS_GEMM_M, nb = (a.E + PS_GEMM_N - 1) / PS_GEMM_N;
+  const int ks = (a.H + a.gate_kc - 1) / a.gate_kc;
+  for (int task = blockIdx.x; task < mb * nb * ks; task += gridDim.x) {
+    int m0 = task / (nb * ks) * PS_GEMM_M, e0 = task / ks % nb * PS_GEMM_N;
+    int k0 = task % ks * a.gate_kc, kn = min(a.gate_kc, a.H - k0);
+    int mrows = min(PS_GEMM_M, a.T - m0);
+    if (threadIdx.x < mrows) rows[threadIdx.x] = a.x + (size_t)(m0 + threadIdx.x) * a.H + k0;
+    __syncthreads();
+    const ps_bf16 *b[1] = {a.gate + (size_t)e0 * a.H + k0};
+    ps_gemm_tile<1>(rows, mrows, b, min(PS_GEMM_N, a.E - e0), a.H, kn, smem,
+                    [&](int m, int n, float (*v)[2]) {
+                      float *lg = a.st.logits + (size_t)(m0 + m) * a.E + e0 + n;
+                      if (e0 + n < a.E) atomicAdd(lg, v[0][0]);
+                      if (e0 + n + 1 < a.E) atomicAdd(lg + 1, v[0][1]);
+                    });
+    __syncthreads();
+  }
+  /* the rows the puts read, in the window */
+  const size_t n16 = (size_t)a.T * a.H / 8;
+  uint4 *xin = (uint4 *)ps_win_ptr(a, a.off_xin);
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n16;
+       i += (size_t)gridDim.x * blockDim.x)
+    xin[i] = ((const uint4 *)a.x)[i];
+}
+
+__device__ void ps_moe_topk(const ps_moe_args &a)
 {
   const int lane = threadIdx.x & 31;
   const int warps = gridDim.x * (blockDim.x >> 5), w0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int H8 = a.H / 8;
   for (int t = w0; t < a.T; t += warps) {
-    const uint4 *xr = (const uint4 *)(a.x + (size_t)t * a.H);
-    uint4 *xin = (uint4 *)(ps_win_ptr(a, a.off_xin) + (size_t)t * a.H);
-    for (int i = lane; i < H8; i += 32) xin[i] = xr[i]; /* the puts' source */
-    float *lg = a.st.logits + (size_t)t * a.E;
-    for (int e = 0; e < a.E; e++) {
-      const uint4 *gr = (const uint4 *)(a.gate + (size_t)e * a.H);
-      float s = 0.f;
-      for (int i = lane; i < H8; i += 32) {
-        uint4 xv = xr[i], gv = gr[i];
-        const __nv_bfloat162 *xp = (const __nv_bfloat162 *)&xv, *gp = (const __nv_bfloat162 *)&gv;
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-          float2 xf = __bfloat1622float2(xp[q]), gf = __bfloat1622float2(gp[q]);
-          s += xf.x * gf.x + xf.y * gf.y;
-        }
-      }
-      s = ps_warp_sum(s);
-      if (lane == 0) lg[e] = s;
-    }
-    __syncwarp();
+    const float *lg = a.st.logits + (size_t)t * a.E;
     /* softmax denominator, then k rounds of arg-max (ties: lower id) */
     float mx = -INFINITY;
     for (int e = lane; e < a.E; e += 32) mx = fmaxf(mx, lg[e]);
@@ -253,25 +291,42 @@ __global__ void __launch_bounds__(PS_MOE_THREADS) ps_moe_forward_kernel(ps_moe_a
   extern __shared__ __align__(128) char smem[];
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int gtid = blockIdx.x * blockDim.x + threadIdx.x;
-  ps_moe_route(a);
+  ps_prof(a, PS_PROF_START, true);
+  ps_moe_gate(a, smem);
+  grid.sync();
+  ps_moe_topk(a);
+  __syncthreads();
+  ps_prof(a, PS_PROF_ROUTE, false);
   grid.sync();
   if (gtid < a.R) ps_moe_offsets(a, gtid);
   grid.sync();
   ps_moe_dispatch(a);
+  __syncthreads();
+  ps_prof(a, PS_PROF_DISPATCH, false);
   if (gtid < a.R) ps_moe_headers(a, gtid);
   grid.sync();
+  ps_prof(a, PS_PROF_HEADERS, true);
   ps_moe_experts(a, smem);
+  ps_prof(a, PS_PROF_EXPERTS, false);
   ps_moe_combine(a);
+  __syncthreads();
+  ps_prof(a, PS_PROF_COMBINE, false);
   if (a.dc.ginContextCount > 0) {
     ncclGin gin{a.dc, 0};
     gin.flush(ncclCoopCta()); /* no put of ours outlives the kernel */
   }
   grid.sync();
-  if (blockIdx.x == 0) { /* the per-forward counters, for the next forward */
+  if (blockIdx.x == 0) { /* the per-forward counters and marks, for the next forward */
     for (int i = threadIdx.x; i < a.R * a.L; i += blockDim.x) a.st.scnt[i] = 0, a.st.sdone[i] = 0;
     for (int i = threadIdx.x; i < a.L; i += blockDim.x) a.st.g1done[i] = 0, a.st.g2done[i] = 0;
     if (threadIdx.x == 0) *a.st.task = 0;
+    unsigned long long *next = a.prof + ((a.fwd + 1) & 1) * PS_PROF_N;
+    if (threadIdx.x < PS_PROF_N)
+      next[threadIdx.x] = threadIdx.x == PS_PROF_START || threadIdx.x == PS_PROF_HEADERS ? ~0ull : 0;
   }
+  /* the logits the next forward's gate accumulates into */
+  for (size_t i = gtid; i < (size_t)a.T * a.E; i += (size_t)gridDim.x * blockDim.x)
+    a.st.logits[i] = 0.f;
 }
 
 #endif

@@ -40,7 +40,7 @@ typedef struct perseus_moe perseus_moe_t;
 ncclResult_t perseus_moe_create(ncclComm_t comm, const perseus_moe_config_t *cfg,
                                 perseus_moe_t **out);
 
-/* Loads the weights, from host memory, bf16 (uint16 bit patterns):
+/* Loads the weights, from host or device memory, bf16 (uint16 bit patterns):
  *   gate [experts][hidden] (the same on every rank),
  *   w1, w3 [local][ffn][hidden] and w2 [local][hidden][ffn] for this rank's
  *   local = experts / nranks experts, in expert order.
@@ -59,6 +59,24 @@ ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, void *out, int
  * [max_tokens][topk] expert ids (int32) and weights (fp32); valid for the
  * first ntokens rows once that forward completed. */
 ncclResult_t perseus_moe_routing(perseus_moe_t *m, const int32_t **expert, const float **weight);
+
+/* Where the last forward's time went, from the GPU's global timer (phase
+ * ends are the latest CTA's, so phases may overlap their neighbours), and
+ * what it moved. Waits for that forward to complete. */
+typedef struct {
+  double total_us;    /* kernel start to the last CTA's end */
+  double route_us;    /* gate, top-k, slots: start to the last CTA done */
+  double dispatch_us; /* until every row and header of ours was issued */
+  double wait_us;     /* until every peer's header was in (the last grid barrier) */
+  double experts_us;  /* from there until the last expert task ended */
+  double combine_us;  /* from there until the last token was combined */
+  long long rows_out;       /* routed rows this rank sent (itself included) */
+  long long rows_in;        /* rows its experts received */
+  long long active_experts; /* its experts with at least one row */
+  double gemm_flops;        /* of its expert GEMMs: 2 * rows_in * 3 * hidden * ffn */
+} perseus_moe_profile_t;
+
+ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_profile_t *out);
 
 /* Frees everything (collective: windows are deregistered). NULL is fine. */
 ncclResult_t perseus_moe_destroy(perseus_moe_t *m);
