@@ -156,19 +156,29 @@ __device__ void ps_moe_combine(const ps_moe_args &a)
       rv.wait(dst, a.st.tot_c[dst]);
     }
     __syncwarp();
-    for (int c = lane * 2; c < a.H; c += 64) {
-      float s0 = 0.f, s1 = 0.f;
+    /* 8 columns per lane per step, no cross-lane traffic (hidden is a
+     * multiple of 64, not of 256: lanes may take different trip counts);
+     * rows written by peers are read at L2 (__ldcg), past any copy this
+     * SM's L1 could hold */
+    for (int c = lane * 8; c < a.H; c += 256) {
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       for (int i = 0; i < a.k; i++) {
         int e = a.st.topk_idx[t * a.k + i], dst = e / a.L, j = e % a.L;
         int row = a.st.soff[dst * a.L + j] + a.st.slot[t * a.k + i];
-        float w = a.st.topk_w[t * a.k + i];
-        const volatile uint32_t *p =
-            (const volatile uint32_t *)(ps_win_ptr(a, ps_row_off(a, a.off_comb, dst, row)) + c);
-        uint32_t bits = *p; /* written by a peer: read past the cache's stale copy */
-        float2 v = __bfloat1622float2(*(const __nv_bfloat162 *)&bits);
-        s0 += w * v.x, s1 += w * v.y;
+        float wi = a.st.topk_w[t * a.k + i];
+        uint4 v = __ldcg((const uint4 *)(ps_win_ptr(a, ps_row_off(a, a.off_comb, dst, row)) + c));
+        const __nv_bfloat162 *b = (const __nv_bfloat162 *)&v;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+          float2 f = __bfloat1622float2(b[q]);
+          acc[2 * q] += wi * f.x, acc[2 * q + 1] += wi * f.y;
+        }
       }
-      *(__nv_bfloat162 *)(a.out + (size_t)t * a.H + c) = __floats2bfloat162_rn(s0, s1);
+      uint4 o;
+      __nv_bfloat162 *ob = (__nv_bfloat162 *)&o;
+#pragma unroll
+      for (int q = 0; q < 4; q++) ob[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+      *(uint4 *)(a.out + (size_t)t * a.H + c) = o;
     }
   }
 }

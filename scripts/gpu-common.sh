@@ -1,11 +1,12 @@
 # shellcheck shell=bash
-# Shared by scripts/gpu-gin.sh and scripts/gpu-tile.sh (sourced, not run):
+# Shared by scripts/gpu-gin.sh, gpu-tile.sh and gpu-moe.sh (sourced, not run):
 # the build check, NCCL and libfabric discovery, the environment both set up,
 # env.txt and the GPU count, one logged run with its verdict, and the summary.
 # The sourcing script sets GPU_SCRIPT (its name, for messages), LOGDIR, BUILD,
 # TEST_BIN, PLUGIN_DIR, PYTHON and RUN_TIMEOUT first, GPU_ENV_FABRIC (1: env.txt
 # names the plugin's libfabric), and for run() RUN_NAME_WIDTH (the name column)
-# and RUN_GREP (what a failed run's log shows).
+# and RUN_GREP (what a failed run's log shows); GPU_MIN (default 2) is the
+# fewest GPUs worth running on.
 
 # ldconfig -p, where there is one (quietly nothing otherwise)
 gpu_ldconfig_p() {
@@ -68,8 +69,8 @@ gpu_export_env() {
 }
 
 # gpu_start: sets ngpus, writes LOGDIR/env.txt (with the plugin's libfabric
-# where GPU_ENV_FABRIC=1), exits 77 with fewer than 2 GPUs, else empties the
-# summary and zeroes the counts run() keeps.
+# where GPU_ENV_FABRIC=1), exits 77 with fewer than GPU_MIN GPUs, else empties
+# the summary and zeroes the counts run() keeps.
 gpu_start() {
   ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   {
@@ -85,8 +86,8 @@ gpu_start() {
     nvidia-smi -L 2>&1 | sed 's/^/# /'
   } | tee "$LOGDIR/env.txt"
 
-  if [ "$ngpus" -lt 2 ]; then
-    echo "$GPU_SCRIPT: $ngpus GPU(s) visible, 2 needed: skipped" | tee "$LOGDIR/summary.txt"
+  if [ "$ngpus" -lt "${GPU_MIN:-2}" ]; then
+    echo "$GPU_SCRIPT: $ngpus GPU(s) visible, ${GPU_MIN:-2} needed: skipped" | tee "$LOGDIR/summary.txt"
     exit 77
   fi
 

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# perseus' fused MoE layer (docs/moe.md) on a GPU host: perseus_moe_test
+# against the fp64 CPU reference on 1, 2 and 4 GPUs (as many as there are)
+# over the LSA path (NVLink) and, from 2 GPUs, the GIN path through the
+# perseus plugin, plus a larger shape with a fixed batch; then
+# perseus_moe_perf (fused against the NCCL + cuBLAS baseline, every preset,
+# decode and prefill). Run from the repository root of a tree built elsewhere
+# and carried over:
+#
+#   scripts/gpu-moe.sh [LOGDIR [BUILDDIR]]     (defaults: ./moe-logs, $PERSEUS_BUILD_DIR or build)
+#
+# Environment (optional): PERSEUS_NCCL_LIB, PYTHON, PERSEUS_PROVIDER,
+# PERSEUS_IFACE as for gpu-gin.sh; PERSEUS_CUBLAS_LIB (the directory holding
+# libcublas.so.13; default: the PyTorch environment's nvidia/cu13/lib or
+# nvidia/cublas/lib); MOE_TEST_ARGS (e.g. "-n 20"), MOE_PERF_ARGS (e.g.
+# "-t decode -n 20"; "none" skips the benchmark), MOE_RUN_TIMEOUT (default 900 s).
+# Exit status: 0 every run passed (or was skipped), 1 a run failed, 77 no GPU.
+set -uo pipefail
+
+LOGDIR=${1:-./moe-logs}
+BUILD=${2:-${PERSEUS_BUILD_DIR:-build}}
+TEST_BIN=$BUILD/gpu/perseus_moe_test
+PERF_BIN=$BUILD/gpu/perseus_moe_perf
+PLUGIN_DIR=$BUILD/plugin
+PYTHON=${PYTHON:-python3}
+RUN_TIMEOUT=${MOE_RUN_TIMEOUT:-900}
+
+GPU_SCRIPT=gpu-moe.sh RUN_NAME_WIDTH=36 GPU_ENV_FABRIC=0 GPU_MIN=1
+RUN_GREP='mismatch|routing|outputs off|watchdog|failed|error|where each rank'
+# shellcheck source=scripts/gpu-common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh" || exit 1
+
+gpu_need_built "" "$TEST_BIN" "$PLUGIN_DIR/libnccl-net-perseus.so"
+gpu_find_nccl
+gpu_find_fabric
+gpu_export_env
+unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE # the programs choose per path (-p)
+cublas=${PERSEUS_CUBLAS_LIB:-}
+if [ -z "$cublas" ]; then
+  site=$("$PYTHON" -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/null) || site=""
+  for d in "$site/cu13/lib" "$site/cublas/lib"; do
+    if [ -n "$site" ] && [ -e "$d/libcublas.so.13" ]; then cublas=$d; break; fi
+  done
+fi
+[ -n "$cublas" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cublas"
+gpu_start
+
+counts="1"
+[ "$ngpus" -ge 2 ] && counts="$counts 2"
+[ "$ngpus" -ge 4 ] && counts="$counts 4"
+for g in $counts; do
+  # shellcheck disable=SC2086  # MOE_TEST_ARGS is a list of options
+  run "moe_test-g$g-lsa" "$TEST_BIN" -g "$g" -p lsa ${MOE_TEST_ARGS:-}
+  if [ "$g" -ge 2 ]; then
+    # shellcheck disable=SC2086
+    run "moe_test-g$g-gin" "$TEST_BIN" -g "$g" -p gin ${MOE_TEST_ARGS:-}
+  fi
+done
+g=${counts##* }
+# shellcheck disable=SC2086
+# hidden 576: not a multiple of 256 (the combine's 8 columns x 32 lanes)
+run "moe_test-g$g-lsa-large" "$TEST_BIN" -g "$g" -p lsa -H 576 -F 256 -E 32 -k 8 -T 256 -B 3 \
+  ${MOE_TEST_ARGS:-}
+
+if [ "${MOE_PERF_ARGS:-}" != none ]; then
+  if [ ! -e "$PERF_BIN" ]; then
+    echo "gpu-moe.sh: $PERF_BIN not built (no libcublas.so where it was built): benchmark skipped"
+  else
+    # shellcheck disable=SC2086
+    run "moe_perf-g$ngpus" "$PERF_BIN" -g "$ngpus" ${MOE_PERF_ARGS:-}
+    sed -n '/^# HBM/,$p' "$LOGDIR/moe_perf-g$ngpus.log" 2>/dev/null
+  fi
+fi
+
+gpu_finish
