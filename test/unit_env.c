@@ -13,32 +13,7 @@
 
 #include "unit_check.h"
 
-/* --- capturing what ps_log writes to stderr (no logger set) --- */
-static char captured[8192];
-static int saved_fd = -1;
-static FILE *cap_file;
-
-static void capture_begin(void) {
-  fflush(stderr);
-  cap_file = tmpfile();
-  if (!cap_file) {
-    perror("tmpfile");
-    exit(2);
-  }
-  saved_fd = dup(STDERR_FILENO);
-  dup2(fileno(cap_file), STDERR_FILENO);
-}
-
-static const char *capture_end(void) {
-  fflush(stderr);
-  dup2(saved_fd, STDERR_FILENO);
-  close(saved_fd);
-  rewind(cap_file);
-  size_t n = fread(captured, 1, sizeof captured - 1, cap_file);
-  captured[n] = '\0';
-  fclose(cap_file);
-  return captured;
-}
+#include "unit_capture.h" /* capture_begin/capture_end around what writes to stderr */
 
 /* --- ps_env_int --- */
 static ncclResult_t env_int(const char *value, int64_t def, int64_t lo, int64_t hi, int64_t *out) {

@@ -16,32 +16,7 @@
 
 #include "unit_check.h"
 
-/* --- capturing stderr --- */
-static char captured[4096];
-static int saved_fd = -1;
-static FILE *cap_file;
-
-static void capture_begin(void) {
-  fflush(stderr);
-  cap_file = tmpfile();
-  if (!cap_file) {
-    perror("tmpfile");
-    exit(2);
-  }
-  saved_fd = dup(STDERR_FILENO);
-  dup2(fileno(cap_file), STDERR_FILENO);
-}
-
-static const char *capture_end(void) {
-  fflush(stderr);
-  dup2(saved_fd, STDERR_FILENO);
-  close(saved_fd);
-  rewind(cap_file);
-  size_t n = fread(captured, 1, sizeof captured - 1, cap_file);
-  captured[n] = '\0';
-  fclose(cap_file);
-  return captured;
-}
+#include "unit_capture.h" /* capture_begin/capture_end around what writes to stderr */
 
 static uint16_t bf(float f) { return ps_float_to_bf16(f); }
 static int is_nan_bf16(uint16_t b) { return (b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0; }

@@ -36,7 +36,10 @@ typedef struct perseus_moe perseus_moe_t;
 /* Collective over `comm` (every rank calls it with the same config): checks
  * the config (an impossible one is refused naming the value), allocates the
  * symmetric windows and the device communicator on the current CUDA device.
- * Same-node peers are reached by NVLink stores, the others by ncclGin. */
+ * Same-node peers are reached by NVLink stores, the others by ncclGin. A
+ * failure on some ranks only (e.g. too little free memory on one GPU) leaves
+ * the others in NCCL's collective registration: treat it as fatal for the
+ * communicator, as NCCL does its own collective errors. */
 ncclResult_t perseus_moe_create(ncclComm_t comm, const perseus_moe_config_t *cfg,
                                 perseus_moe_t **out);
 
