@@ -123,21 +123,19 @@ static void mp_row(gc_world *w, const mp_cfg *c, int pi, int ti, double gbps, do
   GC_CUDA(cudaMalloc(&yb, (size_t)T * H * 2), "out");
   GC_CUDA(cudaStreamSynchronize(w->stream), "fill");
   perseus_moe_t *m;
-  ps_moe_baseline_t *bv[2]; /* exact, grouped (the variant is read at create) */
+  ps_moe_baseline_t *bv[2]; /* exact, grouped */
   gp_progress(NULL, -1, "%d tokens: create", T);
   if (perseus_moe_create(w->comm, &mc, &m) != ncclSuccess)
     gc_die(__FILE__, __LINE__, "perseus_moe_create(%s, %d tokens): %s", pr->name, T,
            perseus_moe_last_error());
   for (int i = 0; i < 2; i++) {
-    if (i) setenv("PS_MOE_BASELINE_H", "bf16", 1);
-    else unsetenv("PS_MOE_BASELINE_H");
-    if (ps_moe_baseline_create(w->comm, &mc, &bv[i]) != ncclSuccess)
+    ps_moe_baseline_variant_t var = i ? PS_MOE_BASELINE_GROUPED : PS_MOE_BASELINE_EXACT;
+    if (ps_moe_baseline_create(w->comm, &mc, var, &bv[i]) != ncclSuccess)
       gc_die(__FILE__, __LINE__, "ps_moe_baseline_create(%s, %d tokens, %s): %s", pr->name, T,
              i ? "grouped" : "exact", perseus_moe_last_error());
     if (ps_moe_baseline_load_weights(bv[i], gate, w1, w3, w2) != ncclSuccess)
       gc_die(__FILE__, __LINE__, "loading weights: %s", perseus_moe_last_error());
   }
-  unsetenv("PS_MOE_BASELINE_H");
   if (perseus_moe_load_weights(m, gate, w1, w3, w2) != ncclSuccess)
     gc_die(__FILE__, __LINE__, "loading weights: %s", perseus_moe_last_error());
   cudaFree(gate), cudaFree(w1), cudaFree(w3), cudaFree(w2);

@@ -12,11 +12,11 @@
  *          results in the same order before they go back
  *   xe     [R * P] the same rows by (local expert, source); reused for the
  *          GEMM2 output (GEMM1 has read it by then)
- *   h13    [R * P][2F] GEMM1 output, W1 half then W3 half, fp32 (bf16 with
- *          PS_MOE_BASELINE_H=bf16); act [R * P][F] bf16
+ *   h13    [R * P][2F] GEMM1 output, W1 half then W3 half, fp32 (bf16 in
+ *          the grouped variant); act [R * P][F] bf16
  * GEMMs (moe_baseline.h says why): GEMM1 cublasGemmEx per expert, fp32 out;
- * GEMM2 cublasGemmGroupedBatchedEx. PS_MOE_BASELINE_H=bf16: GEMM1 grouped
- * too, bf16 out. PS_MOE_BASELINE_GEMM=loop: every GEMM per expert.
+ * GEMM2 cublasGemmGroupedBatchedEx. Grouped variant: GEMM1 grouped too,
+ * bf16 out. Loop variant: every GEMM per expert.
  * The host learns the counts once per forward (the synchronization) and
  * plans: per-peer send/receive rows and offsets, per-expert rows, the
  * permutation's segment table and the GEMMs' pointer arrays, which go to the
@@ -128,7 +128,7 @@ static int bl_grid_warps(long long n)
   return (int)std::max(1LL, std::min(g, 65535LL * 16));
 }
 
-static ncclResult_t bl_setup(ps_moe_baseline *b)
+static ncclResult_t bl_setup(ps_moe_baseline *b, ps_moe_baseline_variant_t variant)
 {
   BL_NCCL(b, ncclCommCount(b->comm, &b->R), "comm %p", (void *)b->comm);
   BL_NCCL(b, ncclCommUserRank(b->comm, &b->rank), "comm %p", (void *)b->comm);
@@ -152,10 +152,8 @@ static ncclResult_t bl_setup(ps_moe_baseline *b)
                      R, b->P, T, k, L, rows, INT32_MAX);
     return ncclInvalidArgument;
   }
-  const char *g = getenv("PS_MOE_BASELINE_GEMM");
-  b->grouped = !(g && !strcmp(g, "loop"));
-  g = getenv("PS_MOE_BASELINE_H");
-  b->h_bf16 = g && !strcmp(g, "bf16");
+  b->grouped = variant != PS_MOE_BASELINE_LOOP;
+  b->h_bf16 = variant == PS_MOE_BASELINE_GROUPED;
 
   /* device memory (the config check bounds every size: no overflow) */
   size_t at = 0, bf = sizeof(bl_bf16);
@@ -214,12 +212,20 @@ static ncclResult_t bl_setup(ps_moe_baseline *b)
 }
 
 extern "C" ncclResult_t ps_moe_baseline_create(ncclComm_t comm, const perseus_moe_config_t *cfg,
+                                               ps_moe_baseline_variant_t variant,
                                                ps_moe_baseline_t **out)
 {
   ps_moe_clear_error();
   if (!comm || !cfg || !out) {
     ps_moe_set_error("ps_moe_baseline_create: comm %p, cfg %p, out %p: none may be NULL", (void *)comm,
                      (const void *)cfg, (void *)out);
+    return ncclInvalidArgument;
+  }
+  if (variant != PS_MOE_BASELINE_EXACT && variant != PS_MOE_BASELINE_GROUPED &&
+      variant != PS_MOE_BASELINE_LOOP) {
+    ps_moe_set_error("ps_moe_baseline_create: variant %d, expected %d (exact), %d (grouped) or "
+                     "%d (loop)", (int)variant, PS_MOE_BASELINE_EXACT, PS_MOE_BASELINE_GROUPED,
+                     PS_MOE_BASELINE_LOOP);
     return ncclInvalidArgument;
   }
   *out = NULL;
@@ -229,7 +235,7 @@ extern "C" ncclResult_t ps_moe_baseline_create(ncclComm_t comm, const perseus_mo
     return ncclSystemError;
   }
   b->comm = comm, b->cfg = *cfg;
-  ncclResult_t rc = bl_setup(b);
+  ncclResult_t rc = bl_setup(b, variant);
   if (rc != ncclSuccess) {
     char why[512];
     snprintf(why, sizeof(why), "%s", perseus_moe_last_error());

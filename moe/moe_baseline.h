@@ -25,12 +25,15 @@
  * one rounding more than the layer's definition; it fails the fused layer's
  * test tolerance (2e-2 relative + 2e-2 x rms) on a few outputs per forward
  * (H 512, F 256: up to 9 of 131k, max error 0.09 x rms; fp32: 0.04 x rms, no
- * failure). Environment, read at create (each object keeps its choice):
- * PS_MOE_BASELINE_H=bf16: GEMM1 grouped too, bf16 output, as grouped-GEMM
- * MoE stacks (Transformer Engine) do: faster (one launch for all experts
- * instead of small serialized GEMMs, and no host-side algorithm choice for
- * every new row count), not the exact math;
- * PS_MOE_BASELINE_GEMM=loop: every GEMM a cublasGemmEx per expert.
+ * failure). The variant is chosen at create:
+ *   PS_MOE_BASELINE_EXACT   GEMM1 per expert (fp32 output), GEMM2 grouped;
+ *   PS_MOE_BASELINE_GROUPED GEMM1 grouped too, bf16 output, as grouped-GEMM
+ *                           MoE stacks (Transformer Engine) do: faster (one
+ *                           launch for all experts instead of small
+ *                           serialized GEMMs, and no host-side algorithm
+ *                           choice for every new row count), not the exact
+ *                           math;
+ *   PS_MOE_BASELINE_LOOP    every GEMM a cublasGemmEx per expert.
  * Accumulation is fp32 throughout (reduced-precision split-K reductions are
  * disallowed).
  *
@@ -52,6 +55,12 @@ extern "C" {
 
 typedef struct ps_moe_baseline ps_moe_baseline_t;
 
+typedef enum {
+  PS_MOE_BASELINE_EXACT = 0,
+  PS_MOE_BASELINE_GROUPED = 1,
+  PS_MOE_BASELINE_LOOP = 2
+} ps_moe_baseline_variant_t;
+
 /* Phase times of the last forward in milliseconds, from CUDA events on its
  * stream: route (gate GEMM, top-k, scatter), dispatch (counts exchange, host
  * synchronization and planning, token all-to-all-v), experts (permutation,
@@ -66,7 +75,7 @@ typedef struct {
  * device buffers sized for max_tokens in the worst case, on the current CUDA
  * device (which must be comm's). Frees what it allocated on failure. */
 ncclResult_t ps_moe_baseline_create(ncclComm_t comm, const perseus_moe_config_t *cfg,
-                                    ps_moe_baseline_t **out);
+                                    ps_moe_baseline_variant_t variant, ps_moe_baseline_t **out);
 
 /* From host or device memory, bf16 bit patterns, the layouts of perseus_moe_load_weights:
  * gate [experts][hidden]; w1, w3 [L][ffn][hidden]; w2 [L][hidden][ffn] for
