@@ -25,7 +25,7 @@
  *            expert's GEMM1 is done; the last GEMM2 tile of an expert returns
  *            each source's rows in one put.
  *   combine  warp per token: wait for the destinations it used, weighted sum.
- *   --- barrier; CTA 0 clears the per-forward counters.
+ *   --- barrier; CTA 0 clears the per-forward counters, every CTA the logits.
  * Everything cumulative (tiles per handle) stays monotonic across forwards,
  * so nothing is reset that a peer could still be adding to. */
 #ifndef PS_MOE_KERNEL_CUH
