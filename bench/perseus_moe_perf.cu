@@ -92,20 +92,25 @@ static int mp_cmp(const void *a, const void *b)
   return x < y ? -1 : x > y;
 }
 
-/* Elementwise max over ranks of n doubles (in place), through NCCL. */
-static void mp_max(gc_world *w, double *v, int n, double *d_buf)
+/* Elementwise reduction over ranks (ncclMax, ncclSum) of n doubles in
+ * place, through NCCL; a device buffer of its own (n is the forwards count
+ * at most three times over: any size). */
+static void mp_reduce(gc_world *w, double *v, int n, ncclRedOp_t op)
 {
-  GC_CUDA(cudaMemcpy(d_buf, v, n * sizeof(double), cudaMemcpyHostToDevice), "max");
-  GC_NCCL(ncclAllReduce(d_buf, d_buf, n, ncclDouble, ncclMax, w->comm, w->stream), "max");
+  double *d;
+  GC_CUDA(cudaMalloc(&d, n * sizeof(double)), "%d values", n);
+  GC_CUDA(cudaMemcpy(d, v, n * sizeof(double), cudaMemcpyHostToDevice), "reduce");
+  GC_NCCL(ncclAllReduce(d, d, n, ncclDouble, op, w->comm, w->stream), "%d values", n);
   gc_wait_stream(w, "allreduce", NULL, NULL);
-  GC_CUDA(cudaMemcpy(v, d_buf, n * sizeof(double), cudaMemcpyDeviceToHost), "max");
+  GC_CUDA(cudaMemcpy(v, d, n * sizeof(double), cudaMemcpyDeviceToHost), "reduce");
+  GC_CUDA(cudaFree(d), "reduce");
 }
 
 /* What one (preset, regime) row reports; every field a max over ranks. */
 enum { R_FUSED, R_BASE, R_BASEG, R_ROUTE, R_DISP, R_WAIT, R_EXP, R_COMB, R_BEXP, R_FLOOR, R_CAP, R_FTF,
        R_BTF, R_ERR, R_N };
 
-static void mp_row(gc_world *w, const mp_cfg *c, int pi, int ti, double gbps, double *d_buf)
+static void mp_row(gc_world *w, const mp_cfg *c, int pi, int ti, double gbps)
 {
   const ps_moe_preset_t *pr = &ps_moe_presets(NULL)[c->presets[pi]];
   int T = c->tokens[ti], n = c->ngpus, me = w->rank;
@@ -170,7 +175,7 @@ static void mp_row(gc_world *w, const mp_cfg *c, int pi, int ti, double gbps, do
     }
   }
   /* the slowest rank per forward, then the median over the timed ones */
-  mp_max(w, tf, 3 * total, d_buf);
+  mp_reduce(w, tf, 3 * total, ncclMax);
   for (int i = 0; i < 3; i++) qsort(tf + i * total + c->warmup, c->iters, sizeof(double), mp_cmp);
 
   double v[R_N] = {0};
@@ -217,14 +222,9 @@ static void mp_row(gc_world *w, const mp_cfg *c, int pi, int ti, double gbps, do
     v[R_ERR] = T ? err / sqrt(ss / ((double)T * H)) : 0;
     free(hf), free(hb);
   }
-  mp_max(w, v, R_N, d_buf);
-  double bytes_all = (double)pf.rows_out * H * 2;
-  { /* the sum of the ranks' dispatch bytes */
-    GC_CUDA(cudaMemcpy(d_buf, &bytes_all, sizeof(double), cudaMemcpyHostToDevice), "sum");
-    GC_NCCL(ncclAllReduce(d_buf, d_buf, 1, ncclDouble, ncclSum, w->comm, w->stream), "sum");
-    gc_wait_stream(w, "allreduce", NULL, NULL);
-    GC_CUDA(cudaMemcpy(&bytes_all, d_buf, sizeof(double), cudaMemcpyDeviceToHost), "sum");
-  }
+  mp_reduce(w, v, R_N, ncclMax);
+  double bytes_all = (double)pf.rows_out * H * 2; /* the ranks' dispatch bytes, summed */
+  mp_reduce(w, &bytes_all, 1, ncclSum);
   if (me == 0) {
     double padded = v[R_CAP] * (double)E * n * H * 2; /* n sources x E experts x cap rows */
     double best = v[R_BASE] < v[R_BASEG] ? v[R_BASE] : v[R_BASEG];
@@ -249,10 +249,9 @@ static int mp_child(int rank, void *arg)
   gc_world w;
   gp_progress("init", -1, "starting");
   if (gc_world_init(&w, rank, c->ngpus) != ncclSuccess) return GP_EXIT_REFUSED;
-  double gbps = mp_hbm_gbps(w.stream), *d_buf;
-  GC_CUDA(cudaMalloc(&d_buf, R_N * sizeof(double) * 64), "buffer");
+  double gbps = mp_hbm_gbps(w.stream);
   double g = -gbps; /* the slowest rank's bandwidth */
-  mp_max(&w, &g, 1, d_buf);
+  mp_reduce(&w, &g, 1, ncclMax);
   gbps = -g;
   if (rank == 0) {
     printf("# HBM: %.0f GB/s (device-to-device copy, read + write, slowest rank)\n", gbps);
@@ -263,8 +262,7 @@ static int mp_child(int rank, void *arg)
            c->check ? " | err/rms" : "");
   }
   for (int pi = 0; pi < c->npresets; pi++)
-    for (int ti = 0; ti < c->nregimes; ti++) mp_row(&w, c, pi, ti, gbps, d_buf);
-  cudaFree(d_buf);
+    for (int ti = 0; ti < c->nregimes; ti++) mp_row(&w, c, pi, ti, gbps);
   gc_world_destroy(&w);
   return 0;
 }

@@ -175,8 +175,8 @@ static ncclResult_t ps_moe_setup(perseus_moe *m)
   if (perseus_moe_check_config(&m->cfg, m->nranks)) return ncclInvalidArgument;
   ps_moe_layout_t lay;
   if (ps_moe_layout(&m->cfg, m->nranks, &lay)) return ncclInvalidArgument;
-  m->L = m->cfg.experts / m->nranks;
-  m->P = m->cfg.max_tokens * (m->cfg.topk < m->L ? m->cfg.topk : m->L);
+  m->L = lay.local_experts;
+  m->P = (int)lay.rows_per_peer; /* at most max_tokens (2^20) x topk (16) */
   m->gin = ncclTeamLsa(m->comm).nRanks != m->nranks;
   ps_moe_window_layout(m, &lay);
   ncclResult_t rc = ps_moe_alloc_dev(m, &lay);
