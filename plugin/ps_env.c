@@ -1,6 +1,7 @@
 #include "ps_env.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -22,8 +23,10 @@ ncclResult_t ps_env_int(const char *name, int64_t def, int64_t lo, int64_t hi, i
   errno = 0;
   long long x = strtoll(v, &end, 0);
   if (errno || end == v || *end != '\0' || x < lo || x > hi) {
-    PS_WARN("%s='%s' is invalid: expected an integer in [%lld, %lld] (default %lld)", name, v,
-            (long long)lo, (long long)hi, (long long)def);
+    char dflt[48] = "the provider's"; /* a default below lo stands for "unset" */
+    if (def >= lo) snprintf(dflt, sizeof dflt, "%lld", (long long)def);
+    PS_WARN("%s='%s' is invalid: expected an integer in [%lld, %lld] (default %s)", name, v,
+            (long long)lo, (long long)hi, dflt);
     return ncclInvalidArgument;
   }
   *out = x;
@@ -72,5 +75,6 @@ ncclResult_t ps_config_load(ps_config_t *cfg) {
   PS_CHECK(ps_env_bool("PERSEUS_STATS", 0, &cfg->stats));
   PS_CHECK(ps_env_int("PERSEUS_STAGING_BYTES", 64 << 20, 64 << 10, 1LL << 36, &cfg->staging_bytes));
   PS_CHECK(ps_env_int("PERSEUS_STAGING_CHUNK", 512 << 10, 4096, 64 << 20, &cfg->staging_chunk));
+  PS_CHECK(ps_env_int("PERSEUS_RMA_INFLIGHT", -1, 0, 65536, &cfg->rma_inflight));
   return ncclSuccess;
 }

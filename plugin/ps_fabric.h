@@ -35,6 +35,7 @@ typedef struct {
   int rma_fence;          /* native FI_ATOMIC with FI_FENCE */
   uint64_t rma_msg_order; /* FI_ORDER_* both tx and rx keep */
   size_t cq_data_size;    /* remote CQ data bytes a write can carry */
+  uint32_t rma_inflight;  /* default bound on posted one-sided ops per peer, 0 = none */
 } ps_device_t;
 
 /* Opens the devices on first use; later calls return the cached result. */

@@ -181,6 +181,8 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   c->timeout_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
   ncclResult_t rc = (c->addr && c->peers) ? ncclSuccess : ncclSystemError;
   if (rc == ncclSuccess) rc = choose_ordering(c->ep.dev, &c->ordering);
+  int64_t inflight = ps_fabric_config()->rma_inflight; /* -1: unset, the provider's default */
+  c->max_posted = inflight >= 0 ? (uint64_t)inflight : c->ep.dev->rma_inflight;
   for (int p = 0; rc == ncclSuccess && p < nranks; p++) {
     ps_handle_t h;
     rc = ps_handle_decode(handles[p], NCCL_NET_HANDLE_MAXSIZE, ps_fabric_wire_hash(), &h);
@@ -201,8 +203,10 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
     ps_rma_close_coll(c);
     return rc;
   }
-  PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: rank %d of %d on %s, ordering %s", rank, nranks,
-          c->ep.dev->name, ps_ordering_names[c->ordering]);
+  char bound[24] = "no bound";
+  if (c->max_posted) snprintf(bound, sizeof bound, "%llu", (unsigned long long)c->max_posted);
+  PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: rank %d of %d on %s, ordering %s, posted operations per peer: %s",
+          rank, nranks, c->ep.dev->name, ps_ordering_names[c->ordering], bound);
   *coll_comm = c;
   return ncclSuccess;
 }

@@ -207,9 +207,16 @@ struct ps_rma_comm {
   uint64_t now_ns;      /* clock of the current progress pass */
   uint64_t next_check_ns;
   uint64_t timeout_ns;  /* PERSEUS_PEER_TIMEOUT_MS */
+  uint64_t max_posted;  /* per peer, posted and not completed (PERSEUS_RMA_INFLIGHT); 0 = no bound */
   ncclResult_t error;
   char error_msg[256];
 };
+
+/* The peer has as many operations posted as PERSEUS_RMA_INFLIGHT allows:
+ * the rest wait in its queues for a completion. */
+static inline int ps_rma_peer_full(const ps_rma_comm_t *c, const ps_rma_peer_t *p) {
+  return c->max_posted && p->outstanding >= c->max_posted;
+}
 
 static inline ps_rma_comm_t *ps_rma_live(void *coll) {
   ps_rma_comm_t *c = coll;

@@ -84,6 +84,7 @@ static void req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
 
 void ps_rma_op_started(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   if (!p->outstanding++) p->active_ns = c->now_ns;
+  if (p->outstanding > p->st.inflight_max) p->st.inflight_max = p->outstanding;
 }
 /* An idle peer gets work: its liveness clock starts now. */
 static void wake(ps_rma_peer_t *p) {
@@ -198,6 +199,7 @@ static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
         break;
       }
     } else {
+      if (ps_rma_peer_full(c, p)) goto refused;
       ncclResult_t rc = post_data(c, r, &posted);
       if (rc != ncclSuccess) {
         r->status = rc;
@@ -209,17 +211,14 @@ static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
       if (!r->is_get) p->posted_below = r->seq + 1;
     }
     if (r->data_stage != PS_STAGE_DONE) r->data_stage = PS_STAGE_POSTED;
-    if (!r->is_get) {
-      p->st.puts++;
-      if (p->posted_below - p->done.below > p->st.inflight_max)
-        p->st.inflight_max = p->posted_below - p->done.below;
-    }
+    if (!r->is_get) p->st.puts++;
     if (p->prep_req == r) p->prep_req = r->next;
     p->dq_head = r->next;
     if (!p->dq_head) p->dq_tail = NULL;
   }
   while (p->sq_head && !c->error && sig_ready(c, p, p->sq_head)) {
     ps_rma_req_t *r = p->sq_head;
+    if (ps_rma_peer_full(c, p)) goto refused;
     ncclResult_t rc = post_sig(c, r, &posted);
     if (rc != ncclSuccess) {
       r->status = rc;

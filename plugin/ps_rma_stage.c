@@ -245,6 +245,7 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
   ps_stage_t *st = c->stage;
   *all = 0, *refused = 0;
   while (r->posted_chunks < r->nchunks) {
+    if (ps_rma_peer_full(c, p)) return ncclSuccess; /* waits for a completion */
     ps_stage_slot_t *s = p->prep_head;
     if (!s || s->req != r) return ncclSuccess; /* waits for a send slot */
     if (s->ev) {

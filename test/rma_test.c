@@ -156,6 +156,11 @@ static int invariant(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
            (unsigned long long)st.fences_avoided, st.blocked_ns / 1e6, (unsigned long long)st.inflight_max);
   CHECK(st.puts == tiles && st.signals == (uint64_t)B, "stats to %d: %llu puts, %llu signals; sent %llu tiles in %d batches",
         to, (unsigned long long)st.puts, (unsigned long long)st.signals, (unsigned long long)tiles, B);
+  /* PERSEUS_RMA_INFLIGHT bounds the operations posted and not completed per peer */
+  const char *bound = getenv("PERSEUS_RMA_INFLIGHT");
+  if (bound && atoi(bound) > 0)
+    CHECK(st.inflight_max <= (uint64_t)atoi(bound), "%llu operations in flight to rank %d, PERSEUS_RMA_INFLIGHT=%s",
+          (unsigned long long)st.inflight_max, to, bound);
   CHECK(!drv_gin_barrier(r, g, cc, 60), "final barrier"); /* nobody closes while peers still read */
   CHECK(g->dereg_sym(cc, data_mh) == ncclSuccess && g->dereg_sym(cc, src_mh) == ncclSuccess &&
         g->dereg_sym(cc, sig_mh) == ncclSuccess, "deregMrSym");

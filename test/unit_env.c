@@ -131,7 +131,7 @@ static void test_enum(void) {
 /* --- ps_config_load --- */
 static const char *const config_vars[] = {
     "PERSEUS_PROVIDER", "FI_PROVIDER", "PERSEUS_IFACE", "PERSEUS_NET_REQUESTS", "PERSEUS_MAX_RECVS",
-    "PERSEUS_KEEPALIVE_MS", "PERSEUS_PEER_TIMEOUT_MS", "PERSEUS_EAGAIN_RETRIES", NULL};
+    "PERSEUS_KEEPALIVE_MS", "PERSEUS_PEER_TIMEOUT_MS", "PERSEUS_EAGAIN_RETRIES", "PERSEUS_RMA_INFLIGHT", NULL};
 
 static void clear_config_env(void) {
   for (int i = 0; config_vars[i]; i++) unsetenv(config_vars[i]);
@@ -148,6 +148,8 @@ static void test_config(void) {
   EXPECT(c.keepalive_ms == 1000, "default PERSEUS_KEEPALIVE_MS %lld", (long long)c.keepalive_ms);
   EXPECT(c.peer_timeout_ms == 5000, "default PERSEUS_PEER_TIMEOUT_MS %lld", (long long)c.peer_timeout_ms);
   EXPECT(c.eagain_retries == 64, "default PERSEUS_EAGAIN_RETRIES %lld", (long long)c.eagain_retries);
+  EXPECT(c.rma_inflight == -1, "PERSEUS_RMA_INFLIGHT unset must leave the bound to the provider, got %lld",
+         (long long)c.rma_inflight);
 
   setenv("FI_PROVIDER", "sockets", 1);
   EXPECT(ps_config_load(&c) == ncclSuccess && c.provider && !strcmp(c.provider, "sockets"),
@@ -166,7 +168,9 @@ static void test_config(void) {
   setenv("PERSEUS_KEEPALIVE_MS", "10", 1);
   setenv("PERSEUS_PEER_TIMEOUT_MS", "3600000", 1);
   setenv("PERSEUS_EAGAIN_RETRIES", "0", 1);
+  setenv("PERSEUS_RMA_INFLIGHT", "0", 1);
   EXPECT(ps_config_load(&c) == ncclSuccess, "valid values: load failed");
+  EXPECT(c.rma_inflight == 0, "PERSEUS_RMA_INFLIGHT=0 (no bound) not taken: %lld", (long long)c.rma_inflight);
   EXPECT(c.iface && !strcmp(c.iface, "lo,eth0"), "PERSEUS_IFACE");
   EXPECT(c.net_requests == 4096 && c.max_recvs == 1 && c.keepalive_ms == 10 &&
              c.peer_timeout_ms == 3600000 && c.eagain_retries == 0,
@@ -186,7 +190,8 @@ static void test_config(void) {
       {"PERSEUS_KEEPALIVE_MS", "3600001"}, {"PERSEUS_PEER_TIMEOUT_MS", "abc"},
       {"PERSEUS_PEER_TIMEOUT_MS", "-1"},  {"PERSEUS_PEER_TIMEOUT_MS", "5000.0"},
       {"PERSEUS_EAGAIN_RETRIES", "-1"},   {"PERSEUS_EAGAIN_RETRIES", "1000001"},
-      {"PERSEUS_EAGAIN_RETRIES", "1O"},
+      {"PERSEUS_EAGAIN_RETRIES", "1O"},    {"PERSEUS_RMA_INFLIGHT", "-1"},
+      {"PERSEUS_RMA_INFLIGHT", "65537"},  {"PERSEUS_RMA_INFLIGHT", "8 ops"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     clear_config_env();

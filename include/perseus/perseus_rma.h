@@ -18,7 +18,7 @@ typedef struct {
   uint64_t fences_posted;  /* signals that had to wait for (or fence behind) earlier puts */
   uint64_t fences_avoided; /* signals that needed no wait: ordering came for free */
   uint64_t blocked_ns;     /* time the calling thread was blocked (drain only) */
-  uint64_t inflight_max;   /* most puts outstanding at once */
+  uint64_t inflight_max;   /* most operations (puts, signals) posted and not completed at once */
 } perseus_rma_peer_stats_t;
 
 /* `comm`: a collective comm (ncclGin v11/v12 connect) or a context
