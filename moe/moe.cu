@@ -25,6 +25,7 @@ struct perseus_moe {
   ps_moe_args args; /* everything but the per-forward fields */
   void *dev;        /* one allocation: state, weights, activation */
   uint64_t fwd;
+  int last_tokens;  /* ntokens of the last forward */
   cudaEvent_t done; /* recorded behind each forward */
 };
 
@@ -284,6 +285,7 @@ extern "C" ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, voi
   }
   ps_moe_args a = m->args;
   a.x = (const ps_bf16 *)x, a.out = (ps_bf16 *)out, a.T = ntokens, a.fwd = m->fwd;
+  m->last_tokens = ntokens;
   { /* split the gate's K so that there are about two tasks per CTA, slices of >= 256 */
     int tiles = (ntokens + PS_GEMM_M - 1) / PS_GEMM_M * ((a.E + PS_GEMM_N - 1) / PS_GEMM_N);
     int splits = tiles ? (2 * m->grid + tiles - 1) / tiles : 1, most = a.H / 256;
@@ -335,6 +337,9 @@ extern "C" ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_p
   out->wait_us = us(PS_PROF_DISPATCH, PS_PROF_HEADERS);
   out->experts_us = us(PS_PROF_HEADERS, PS_PROF_EXPERTS);
   out->combine_us = us(PS_PROF_EXPERTS, PS_PROF_COMBINE);
+  out->wait_rows_us = (double)t[PS_PROF_WAIT_ROWS] / 1e3 / m->grid;
+  out->wait_gemm1_us = (double)t[PS_PROF_WAIT_GEMM1] / 1e3 / m->grid;
+  out->wait_combine_us = m->last_tokens ? (double)t[PS_PROF_WAIT_COMBINE] / 1e3 / m->last_tokens : 0;
   for (int j = 0; j < m->L; j++) {
     long long rows = 0;
     for (int s = 0; s < m->nranks; s++) rows += cnt[s * m->L + j];

@@ -50,9 +50,11 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
 {
   __shared__ int g[PS_GEMM_M];
   __shared__ const ps_bf16 *rows[PS_GEMM_M];
+  const unsigned long long t0 = ps_now_ns();
   for (int s = threadIdx.x; s < a.R; s += blockDim.x) /* this expert's rows from every source */
     perseus_recv(a.dc, a.st.hexp[j]).wait(s, a.st.tot[j * a.R + s]);
   __syncthreads();
+  if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_WAIT_ROWS, ps_now_ns() - t0);
   const ps_bf16 *recv = ps_win_ptr(a, a.off_recv);
   const ps_bf16 *b[2] = {a.w1 + ((size_t)j * a.F + n0) * a.H, a.w3 + ((size_t)j * a.F + n0) * a.H};
   int total = ps_expert_rows_total(a, j);
@@ -74,7 +76,11 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
 {
   __shared__ int g[PS_GEMM_M];
   __shared__ const ps_bf16 *rows[PS_GEMM_M];
-  if (threadIdx.x == 0) ps_spin_until(&a.st.g1done[j], a.F / PS_GEMM_N);
+  if (threadIdx.x == 0) {
+    const unsigned long long t0 = ps_now_ns();
+    ps_spin_until(&a.st.g1done[j], a.F / PS_GEMM_N);
+    ps_prof_add(a, PS_PROF_WAIT_GEMM1, ps_now_ns() - t0);
+  }
   __syncthreads();
   ps_bf16 *y = ps_win_ptr(a, a.off_y);
   const ps_bf16 *b[1] = {a.w2 + ((size_t)j * a.H + h0) * a.F};
@@ -150,12 +156,18 @@ __device__ void ps_moe_combine(const ps_moe_args &a)
   const int warps = gridDim.x * (blockDim.x >> 5);
   const int w0 = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   perseus_recv rv(a.dc, a.hcomb);
+  __shared__ unsigned long long waited_cta; /* this CTA's tokens' waits, ns */
+  unsigned long long waited = 0;
+  if (threadIdx.x == 0) waited_cta = 0;
+  __syncthreads();
   for (int t = w0; t < a.T; t += warps) {
+    const unsigned long long t0 = ps_now_ns();
     if (lane < a.k) { /* every destination this token used has returned everything */
       int dst = a.st.topk_idx[t * a.k + lane] / a.L;
       rv.wait(dst, a.st.tot_c[dst]);
     }
     __syncwarp();
+    waited += ps_now_ns() - t0;
     /* 8 columns per lane per step, no cross-lane traffic (hidden is a
      * multiple of 64, not of 256: lanes may take different trip counts);
      * rows written by peers are read at L2 (__ldcg), past any copy this
@@ -181,6 +193,9 @@ __device__ void ps_moe_combine(const ps_moe_args &a)
       *(uint4 *)(a.out + (size_t)t * a.H + c) = o;
     }
   }
+  if (lane == 0) atomicAdd(&waited_cta, waited);
+  __syncthreads();
+  if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_WAIT_COMBINE, waited_cta);
 }
 
 #endif

@@ -82,9 +82,12 @@ struct ps_moe_args {
 };
 
 /* Phase marks in global-timer ns: START is the earliest CTA's, HEADERS the
- * earliest past the header barrier, the others the latest CTA's. */
+ * earliest past the header barrier, the others the latest CTA's. The WAIT
+ * slots are sums of ns spent waiting: expert tasks for their rows (per CTA),
+ * GEMM2 tasks for their expert's GEMM1 (per CTA), combine for the returned
+ * rows (per token); they tell idle time from weight streaming. */
 enum { PS_PROF_START, PS_PROF_ROUTE, PS_PROF_DISPATCH, PS_PROF_HEADERS, PS_PROF_EXPERTS,
-       PS_PROF_COMBINE, PS_PROF_N };
+       PS_PROF_COMBINE, PS_PROF_WAIT_ROWS, PS_PROF_WAIT_GEMM1, PS_PROF_WAIT_COMBINE, PS_PROF_N };
 
 __device__ __forceinline__ unsigned long long ps_now_ns()
 {
@@ -100,6 +103,12 @@ __device__ __forceinline__ void ps_prof(const ps_moe_args &a, int slot, bool ear
   unsigned long long *p = a.prof + (a.fwd & 1) * PS_PROF_N + slot, t = ps_now_ns();
   if (earliest) atomicMin(p, t);
   else atomicMax(p, t);
+}
+
+/* Adds ns to one of the WAIT sums of this forward. */
+__device__ __forceinline__ void ps_prof_add(const ps_moe_args &a, int slot, unsigned long long ns)
+{
+  atomicAdd(a.prof + (a.fwd & 1) * PS_PROF_N + slot, ns);
 }
 
 __device__ __forceinline__ ps_bf16 *ps_win_ptr(const ps_moe_args &a, size_t off)

@@ -77,6 +77,11 @@ typedef struct {
   long long rows_in;        /* rows its experts received */
   long long active_experts; /* its experts with at least one row */
   double gemm_flops;        /* of its expert GEMMs: 2 * rows_in * 3 * hidden * ffn */
+  /* idle time inside the phases, from the same timer: what the experts phase
+   * did not spend on GEMMs, and what combine spent waiting for results */
+  double wait_rows_us;    /* expert tasks waiting for their rows to arrive, average per CTA */
+  double wait_gemm1_us;   /* GEMM2 tasks waiting for their expert's GEMM1, average per CTA */
+  double wait_combine_us; /* a token waiting for its experts' results, average per token */
 } perseus_moe_profile_t;
 
 ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_profile_t *out);
