@@ -178,12 +178,39 @@ static int sig_ready(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r) {
   return 1;
 }
 
-/* Posts what the provider takes from this peer's queues, in order. */
-static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
+/* Posts this peer's signals whose puts allow it, in order. Returns 0 when
+ * none is left that could go, 1 when the provider or PERSEUS_RMA_INFLIGHT
+ * held one back, -1 when the comm failed. */
+static int post_ready_sigs(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   int posted;
+  while (p->sq_head && !c->error && sig_ready(c, p, p->sq_head)) {
+    ps_rma_req_t *r = p->sq_head;
+    if (ps_rma_peer_full(c, p)) return 1;
+    ncclResult_t rc = post_sig(c, r, &posted);
+    if (rc != ncclSuccess) {
+      r->status = rc;
+      ps_rma_fail(c, rc, "signal to rank %u could not be posted", r->peer);
+      return -1;
+    }
+    if (!posted) return 1;
+    r->sig_stage = PS_STAGE_POSTED;
+    ps_rma_op_started(c, p);
+    p->st.signals++;
+    p->sq_head = r->next_sig;
+    if (!p->sq_head) p->sq_tail = NULL;
+  }
+  return c->error ? -1 : 0;
+}
+
+/* Posts what the provider takes from this peer's queues, in call order: a
+ * signal goes as soon as the puts it covers are posted, before later puts,
+ * so that a bound on posted operations never holds it behind them. */
+static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
+  int posted, sigs;
   c->now_ns = ps_now_ns(); /* completions read while posting are stamped with it */
   if (c->stage && p->prep_req) ps_stage_prepare(c, p);
   while (p->dq_head && !c->error) {
+    if ((sigs = post_ready_sigs(c, p)) != 0) goto held;
     ps_rma_req_t *r = p->dq_head;
     if (r->staged) { /* chunk by chunk, as their copies finish and credits allow */
       int all = 0, refused = 0;
@@ -195,7 +222,7 @@ static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
       }
       if (refused) goto refused;
       if (!all) {
-        c->backlog = 1; /* waits for a copy, a slot or a credit: progress retries */
+        c->backlog = 1; /* waits for a copy, a slot, a credit or a completion */
         break;
       }
     } else {
@@ -216,25 +243,11 @@ static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
     p->dq_head = r->next;
     if (!p->dq_head) p->dq_tail = NULL;
   }
-  while (p->sq_head && !c->error && sig_ready(c, p, p->sq_head)) {
-    ps_rma_req_t *r = p->sq_head;
-    if (ps_rma_peer_full(c, p)) goto refused;
-    ncclResult_t rc = post_sig(c, r, &posted);
-    if (rc != ncclSuccess) {
-      r->status = rc;
-      ps_rma_fail(c, rc, "signal to rank %u could not be posted", r->peer);
-      return;
-    }
-    if (!posted) goto refused;
-    r->sig_stage = PS_STAGE_POSTED;
-    ps_rma_op_started(c, p);
-    p->st.signals++;
-    p->sq_head = r->next_sig;
-    if (!p->sq_head) p->sq_tail = NULL;
-  }
-  return;
+  sigs = post_ready_sigs(c, p);
+held:
+  if (sigs <= 0) return;
 refused:
-  c->backlog = 1; /* the provider's queues are full: progress retries */
+  c->backlog = 1; /* the provider's queues or PERSEUS_RMA_INFLIGHT are full: progress retries */
 }
 
 /* Checks the regions and queues the put (or get) part of a request. */
