@@ -47,7 +47,7 @@ static const char *rma_delivery_quirk(const char *prov) {
  * one until its acknowledgement is sent, which waits for the connection's
  * outgoing side. Two ranks writing to each other by the hundred filled both
  * tables and neither read again (perseus_rma_test, 3 ranks: 4 of 310 runs
- * stalled without a bound, 0 of 750 with 16 per peer). */
+ * stalled without a bound, 0 of 950 with 16 per peer). */
 static uint32_t rma_inflight_quirk(const char *prov) {
   return !strcmp(prov, "sockets") ? 16 : 0;
 }
