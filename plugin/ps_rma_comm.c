@@ -25,6 +25,10 @@ static const char *missing_for(const ps_device_t *d, ps_ordering_t s) {
   /* the test-only unordered NIC keeps no order and has no fence */
   if (s == PS_ORD_ORDERED || s == PS_ORD_FENCE) return "ordering (the test's unordered NIC has none)";
 #endif
+#ifdef PS_LATENCY_TEST
+  /* the test-only distant NIC delays writes and messages, not atomics */
+  if (s == PS_ORD_FENCE) return "fenced atomics (the test's distant NIC holds none)";
+#endif
   switch (s) {
   case PS_ORD_ORDERED:
     return (d->rma_msg_order & FI_ORDER_SAW) ? NULL : "sends ordered after RMA writes (FI_ORDER_SAW)";

@@ -198,10 +198,12 @@ struct ps_rma_comm {
   struct fid_mr *sig_slots_mr;
   void *sig_slots_desc;
   ps_stage_t *stage;    /* NULL until a GPU window is staged */
-#ifdef PS_REORDER_TEST
-  struct ps_held_write *held; /* writes an "unordered NIC" has not sent yet */
-  int nheld, cap_held;
-  uint64_t rng;
+#if defined(PS_REORDER_TEST) || defined(PS_LATENCY_TEST)
+  struct ps_held_op *held; /* what a test build's model NIC has not sent yet */
+  int nheld, cap_held, held_head;
+  uint64_t rng;            /* unordered NIC */
+  uint64_t latency_ns;     /* distant NIC: PERSEUS_TEST_LATENCY_US */
+  int latency_read;
 #endif
   int backlog;          /* something is queued: progress must try to post it */
   uint64_t now_ns;      /* clock of the current progress pass */
@@ -247,6 +249,8 @@ void ps_rma_apply_ready(ps_rma_comm_t *c, ps_rma_peer_t *p);
 /* ps_rma_post.c: everything that reaches the provider's data path */
 ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_rma *m,
                                uint64_t flags, int *posted);
+ncclResult_t ps_rma_post_sig_send(ps_rma_comm_t *c, uint32_t peer, void *buf, size_t len,
+                                  void *desc, uint64_t tag, ps_op_t *op, int *posted);
 void ps_rma_release_held(ps_rma_comm_t *c);
 void ps_rma_free_held(ps_rma_comm_t *c);
 /* ps_rma_comm.c */

@@ -159,8 +159,8 @@ static ncclResult_t post_data(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
 static ncclResult_t post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
   r->sig_op = (ps_op_t){.cb = sig_done, .owner = r};
   if (c->ordering != PS_ORD_FENCE)
-    return ps_ep_tsend(&c->ep, &r->sig, sizeof r->sig, r->chunk_desc, c->addr[r->peer],
-                       PS_TAG_RMA_SIG, &r->sig_op, posted);
+    return ps_rma_post_sig_send(c, r->peer, &r->sig, sizeof r->sig, r->chunk_desc, PS_TAG_RMA_SIG,
+                                &r->sig_op, posted);
   r->operand = r->sig.op == NCCL_NET_SIGNAL_OP_INC ? 1 : r->sig.value;
   struct fi_ioc ioc = {.addr = &r->operand, .count = 1};
   struct fi_msg_atomic m = {.msg_iov = &ioc, .desc = &r->chunk_desc, .iov_count = 1,
