@@ -463,14 +463,9 @@ int main(int argc, char **argv) {
          "warmup %d, check %d\n", o.abi, o.stream ? "stream" : "batch", o.tiles, d.nranks - 1,
          o.qdepth, o.iters, o.warmup, o.check);
   const char *plugin = o.plugin ? o.plugin : getenv("PERSEUS_PLUGIN_PATH");
-  if (plugin && strstr(plugin, "perseus-latency")) { /* the test build with a model of a distant NIC */
-    const char *us = getenv("PERSEUS_TEST_LATENCY_US");
-    printf("# plugin %s: every write and signal message reaches the provider %s us after it was\n"
-           "# posted, in order (emulated fabric latency, PERSEUS_TEST_LATENCY_US)\n",
-           plugin, us && *us ? us : "50");
-  } else if (plugin) {
-    printf("# plugin %s\n", plugin);
-  }
+  const char *latency = getenv("PERSEUS_TEST_LATENCY_US"); /* read by the distant-NIC test build */
+  if (plugin) printf("# plugin %s%s%s\n", plugin, latency ? ", PERSEUS_TEST_LATENCY_US=" : "",
+                     latency ? latency : "");
   if (d.nranks > sysconf(_SC_NPROCESSORS_ONLN))
     printf("# note: more ranks than cores: drain polls inside the plugin on a core that the peer\n"
            "# it waits for needs, so its blocked time includes scheduler time slices\n");

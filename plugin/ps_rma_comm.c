@@ -175,9 +175,6 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   pthread_mutex_init(&c->lock, &attr);
   pthread_mutexattr_destroy(&attr);
   c->rank = rank, c->nranks = nranks;
-#ifdef PS_REORDER_TEST
-  c->rng = 0x9e3779b97f4a7c15ULL ^ (uint64_t)rank;
-#endif
   c->ep = *lep;            /* the endpoint listen opened becomes the comm's */
   memset(lep, 0, sizeof *lep);
   c->addr = calloc((size_t)nranks, sizeof *c->addr);
@@ -185,6 +182,7 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   c->timeout_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
   ncclResult_t rc = (c->addr && c->peers) ? ncclSuccess : ncclSystemError;
   if (rc == ncclSuccess) rc = choose_ordering(c->ep.dev, &c->ordering);
+  if (rc == ncclSuccess) rc = ps_rma_model_nic_init(c);
   int64_t inflight = ps_fabric_config()->rma_inflight; /* -1: unset, the provider's default */
   c->max_posted = inflight >= 0 ? (uint64_t)inflight : c->ep.dev->rma_inflight;
   for (int p = 0; rc == ncclSuccess && p < nranks; p++) {

@@ -203,7 +203,6 @@ struct ps_rma_comm {
   int nheld, cap_held, held_head;
   uint64_t rng;            /* unordered NIC */
   uint64_t latency_ns;     /* distant NIC: PERSEUS_TEST_LATENCY_US */
-  int latency_read;
 #endif
   int backlog;          /* something is queued: progress must try to post it */
   uint64_t now_ns;      /* clock of the current progress pass */
@@ -251,6 +250,9 @@ ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, uint32_t peer, const struct fi_
                                uint64_t flags, int *posted);
 ncclResult_t ps_rma_post_sig_send(ps_rma_comm_t *c, uint32_t peer, void *buf, size_t len,
                                   void *desc, uint64_t tag, ps_op_t *op, int *posted);
+/* The test builds' model NIC, from the comm's rank and the environment
+ * (PERSEUS_TEST_LATENCY_US, checked here so a bad value fails connect). */
+ncclResult_t ps_rma_model_nic_init(ps_rma_comm_t *c);
 void ps_rma_release_held(ps_rma_comm_t *c);
 void ps_rma_free_held(ps_rma_comm_t *c);
 /* ps_rma_comm.c */

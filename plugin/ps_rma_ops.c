@@ -210,7 +210,8 @@ static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   c->now_ns = ps_now_ns(); /* completions read while posting are stamped with it */
   if (c->stage && p->prep_req) ps_stage_prepare(c, p);
   while (p->dq_head && !c->error) {
-    if ((sigs = post_ready_sigs(c, p)) != 0) goto held;
+    if ((sigs = post_ready_sigs(c, p)) < 0) return;
+    if (sigs) goto refused;
     ps_rma_req_t *r = p->dq_head;
     if (r->staged) { /* chunk by chunk, as their copies finish and credits allow */
       int all = 0, refused = 0;
@@ -243,9 +244,7 @@ static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
     p->dq_head = r->next;
     if (!p->dq_head) p->dq_tail = NULL;
   }
-  sigs = post_ready_sigs(c, p);
-held:
-  if (sigs <= 0) return;
+  if (post_ready_sigs(c, p) <= 0) return;
 refused:
   c->backlog = 1; /* the provider's queues or PERSEUS_RMA_INFLIGHT are full: progress retries */
 }

@@ -13,6 +13,7 @@
 
 #include "ps_comm.h"
 #include "ps_env.h"
+#include "ps_log.h"
 #include "ps_rma_int.h"
 
 #if defined(PS_REORDER_TEST) || defined(PS_LATENCY_TEST)
@@ -58,6 +59,11 @@ void ps_rma_free_held(ps_rma_comm_t *c) { free(c->held); }
 #endif
 
 #ifdef PS_REORDER_TEST
+ncclResult_t ps_rma_model_nic_init(ps_rma_comm_t *c) {
+  c->rng = 0x9e3779b97f4a7c15ULL ^ (uint64_t)c->rank;
+  return ncclSuccess;
+}
+
 static uint64_t next_rand(ps_rma_comm_t *c) {
   c->rng = c->rng * 6364136223846793005ULL + 1442695040888963407ULL;
   return c->rng >> 17;
@@ -88,13 +94,14 @@ void ps_rma_release_held(ps_rma_comm_t *c) {
   }
 }
 #elif defined(PS_LATENCY_TEST)
+ncclResult_t ps_rma_model_nic_init(ps_rma_comm_t *c) {
+  int64_t us = 0;
+  PS_CHECK(ps_env_int("PERSEUS_TEST_LATENCY_US", 50, 0, 10000000, &us));
+  c->latency_ns = (uint64_t)us * 1000;
+  return ncclSuccess;
+}
+
 static ncclResult_t hold_for_latency(ps_rma_comm_t *c, struct ps_held_op *op, int *posted) {
-  if (!c->latency_read) { /* once per comm: a bad value fails its first post, by name */
-    int64_t us = 0;
-    if (ps_env_int("PERSEUS_TEST_LATENCY_US", 50, 0, 10000000, &us) != ncclSuccess)
-      return ncclInvalidArgument;
-    c->latency_ns = (uint64_t)us * 1000, c->latency_read = 1;
-  }
   op->release_ns = ps_now_ns() + c->latency_ns;
   return hold(c, op, posted);
 }
@@ -128,6 +135,10 @@ void ps_rma_release_held(ps_rma_comm_t *c) {
   if (c->held_head == c->nheld) c->held_head = c->nheld = 0;
 }
 #else
+ncclResult_t ps_rma_model_nic_init(ps_rma_comm_t *c) {
+  (void)c;
+  return ncclSuccess;
+}
 ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_rma *m,
                                uint64_t flags, int *posted) {
   return ps_ep_writemsg(&c->ep, c->lanes ? c->lanes[peer] : c->ep.ep, m, flags, posted);
