@@ -34,9 +34,19 @@ extern "C" {
 
 struct mp_cfg {
   int ngpus, iters, warmup, path, batch, check, watchdog_s;
+  int experts; /* -E: overrides the presets' expert count (0: theirs) */
   int npresets, presets[MP_MAX], nregimes, tokens[MP_MAX];
   uint64_t seed;
 };
+
+/* The preset's shape for regime ti, with -E's expert count if given. */
+static perseus_moe_config_t mp_config(const mp_cfg *c, int pi, int ti)
+{
+  perseus_moe_config_t mc =
+      ps_moe_preset_config(&ps_moe_presets(NULL)[c->presets[pi]], c->tokens[ti], c->batch);
+  if (c->experts) mc.experts = c->experts;
+  return mc;
+}
 
 /* Uniform bf16 in [-scale, scale) from a counter hash: weights of any size
  * without a host copy. */
@@ -114,7 +124,7 @@ static void mp_row(gc_world *w, const mp_cfg *c, int pi, int ti, double gbps)
 {
   const ps_moe_preset_t *pr = &ps_moe_presets(NULL)[c->presets[pi]];
   int T = c->tokens[ti], n = c->ngpus, me = w->rank;
-  perseus_moe_config_t mc = ps_moe_preset_config(pr, T, c->batch);
+  perseus_moe_config_t mc = mp_config(c, pi, ti);
   size_t H = mc.hidden, F = mc.ffn, E = mc.experts, L = E / n;
   gp_progress(pr->name, -1, "%d tokens: weights", T);
   /* the same gate everywhere, each rank's own experts, the same for both layers */
@@ -280,6 +290,8 @@ static void usage(FILE *f)
     "  -g N     GPUs (default: all visible)     -p PATH  lsa or gin (default lsa)\n"
     "  -n N     timed forwards (default 10)     -w N     warmup forwards (default 3)\n"
     "  -B N     dispatch rows per signal (default 0: one per destination and expert)\n"
+    "  -E N     experts instead of the presets' (e.g. -g 1 -E 32: one rank's share of a\n"
+    "           128-expert layer on 4 GPUs, with the rows per expert of that run)\n"
     "  -c 0|1   compare the two layers' outputs (default 1)\n"
     "  -s SEED  seed (default 1)                -W SEC   watchdog (default 300)\n"
     "Columns: median of the slowest rank per forward (fused; baselines exact: GEMM1 fp32 out,\n"
@@ -299,7 +311,7 @@ int main(int argc, char **argv)
   c.iters = 10, c.warmup = 3, c.path = TT_LSA, c.check = 1, c.watchdog_s = 300, c.seed = 1;
   const char *mlist = NULL, *tlist = "decode,prefill";
   int opt, bad = 0;
-  while (!bad && (opt = getopt(argc, argv, "m:t:g:p:n:w:B:c:s:W:h")) != -1) {
+  while (!bad && (opt = getopt(argc, argv, "m:t:g:p:n:w:B:E:c:s:W:h")) != -1) {
     switch (opt) {
     case 'm': mlist = optarg; break;
     case 't': tlist = optarg; break;
@@ -312,6 +324,7 @@ int main(int argc, char **argv)
     case 'n': bad = gp_parse_int(optarg, 1, 100000, &c.iters); break;
     case 'w': bad = gp_parse_int(optarg, 0, 100000, &c.warmup); break;
     case 'B': bad = gp_parse_int(optarg, 0, 1 << 20, &c.batch); break;
+    case 'E': bad = gp_parse_int(optarg, 1, 1 << 20, &c.experts); break;
     case 'c': bad = gp_parse_int(optarg, 0, 1, &c.check); break;
     case 's': bad = gp_parse_seed(optarg, &c.seed); break;
     case 'W': bad = gp_parse_int(optarg, 1, 24 * 3600, &c.watchdog_s); break;
@@ -358,7 +371,7 @@ int main(int argc, char **argv)
   if (rc >= 0) return rc;
   for (int pi = 0; pi < c.npresets; pi++)
     for (int ti = 0; ti < c.nregimes; ti++) {
-      perseus_moe_config_t mc = ps_moe_preset_config(&all[c.presets[pi]], c.tokens[ti], c.batch);
+      perseus_moe_config_t mc = mp_config(&c, pi, ti);
       if (perseus_moe_check_config(&mc, c.ngpus)) {
         fprintf(stderr, "perseus_moe_perf: %s on %d GPUs: %s\n", all[c.presets[pi]].name,
                 c.ngpus, perseus_moe_last_error());
@@ -371,6 +384,7 @@ int main(int argc, char **argv)
   for (int d = 0; d < c.ngpus; d++) printf(" [%d] %s", d, gp_sh->gpu_name[d]);
   printf("\n# path %s, batch %d, %d forwards (+%d warmup), seed %" PRIu64 "\n",
          tt_path_names[c.path], c.batch, c.iters, c.warmup, c.seed);
+  if (c.experts) printf("# experts: %d (-E), not the presets'\n", c.experts);
   int codes[GP_MAX_RANKS];
   int failed = gp_run(c.ngpus, 0, mp_child, &c, c.watchdog_s, "moe perf", NULL, NULL, codes);
   return failed ? 1 : 0;

@@ -6,7 +6,7 @@
  *   route    warp per token: softmax, top-k, weights; each routed row takes
  *            a slot in its (destination, local expert) segment.
  *   --- barrier: segment sizes final
- *   offsets  one thread per destination: segment offsets, the header (row
+ *   offsets  a warp per destination: segment offsets, the header (row
  *            count per expert) and the return-trip total.
  *   --- barrier
  *   dispatch header put per destination (control handle, one signal); every
@@ -15,7 +15,7 @@
  *            `batch` rows and a flush by the segment's last row; GIN peers
  *            gather into the send window and the segment's last row puts it
  *            in chunks of `batch` rows, one signal each.
- *   headers  one thread per source: wait for its header, segment table and
+ *   headers  a warp per source: wait for its header, segment table and
  *            the cumulative tile total per (expert, source).
  *   --- barrier
  *   experts  a queue of tasks claimed in order: every expert's F/64 GEMM1
@@ -208,19 +208,31 @@ __device__ void ps_moe_topk(const ps_moe_args &a)
   }
 }
 
-/* ---- offsets and headers (one thread per destination) ----------------------- */
-__device__ void ps_moe_offsets(const ps_moe_args &a, int dst)
+/* ---- offsets and headers (a warp per peer) ----------------------------------
+ * Inclusive prefix sum of v over the warp's lanes. */
+__device__ __forceinline__ int ps_warp_scan(int v, int lane)
+{
+  for (int o = 1; o < 32; o <<= 1) {
+    int u = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += u;
+  }
+  return v;
+}
+
+/* Segment offsets of our rows for destination dst, its header (row count
+ * per expert) and the returns to expect from it; L experts 32 at a time. */
+__device__ void ps_moe_offsets(const ps_moe_args &a, int dst, int lane)
 {
   int *hdr = (int *)ncclGetLocalPointer(a.win, a.off_hdr_out + (size_t)dst * a.L * sizeof(int));
-  int off = 0, segs = 0;
-  for (int j = 0; j < a.L; j++) {
-    int c = a.st.scnt[dst * a.L + j];
-    a.st.soff[dst * a.L + j] = off;
-    hdr[j] = c;
-    off += c;
-    segs += c > 0;
+  int base = 0, segs = 0;
+  for (int j0 = 0; j0 < a.L; j0 += 32) {
+    int j = j0 + lane, c = j < a.L ? a.st.scnt[dst * a.L + j] : 0;
+    int incl = ps_warp_scan(c, lane);
+    if (j < a.L) a.st.soff[dst * a.L + j] = base + incl - c, hdr[j] = c;
+    base += __shfl_sync(0xffffffffu, incl, 31);
+    segs += __popc(__ballot_sync(0xffffffffu, c > 0));
   }
-  a.st.tot_c[dst] += (uint64_t)segs; /* the expert owners return one put per segment */
+  if (lane == 0) a.st.tot_c[dst] += (uint64_t)segs; /* the expert owners return one put per segment */
 }
 
 /* Tiles a (peer, expert) segment of `rows` rows takes: one per row by stores
@@ -277,29 +289,35 @@ __device__ void ps_moe_dispatch(const ps_moe_args &a)
   }
 }
 
-/* ---- headers in (one thread per source) ----------------------------------- */
-__device__ void ps_moe_headers(const ps_moe_args &a, int src)
+/* ---- headers in (a warp per source) --------------------------------------- */
+__device__ void ps_moe_headers(const ps_moe_args &a, int src, int lane)
 {
-  perseus_recv(a.dc, a.hctl).wait(src, a.fwd + 1);
+  perseus_recv(a.dc, a.hctl).wait(src, a.fwd + 1); /* every lane: each acquires */
   const volatile int *hdr =
       (const volatile int *)ncclGetLocalPointer(a.win, a.off_hdr_in + (size_t)src * a.L * sizeof(int));
-  int off = 0;
-  for (int j = 0; j < a.L; j++) {
-    int c = hdr[j];
-    a.st.rcnt[src * a.L + j] = c;
-    a.st.roff[src * a.L + j] = off;
-    off += c;
-    a.st.tot[j * a.R + src] += ps_seg_tiles(a, src, c);
+  int base = 0;
+  for (int j0 = 0; j0 < a.L; j0 += 32) {
+    int j = j0 + lane, c = j < a.L ? hdr[j] : 0;
+    int incl = ps_warp_scan(c, lane);
+    if (j < a.L) {
+      a.st.rcnt[src * a.L + j] = c;
+      a.st.roff[src * a.L + j] = base + incl - c;
+      a.st.tot[j * a.R + src] += ps_seg_tiles(a, src, c);
+    }
+    base += __shfl_sync(0xffffffffu, incl, 31);
   }
 }
 
 #include "moe_experts.cuh"
 
-__global__ void __launch_bounds__(PS_MOE_THREADS) ps_moe_forward_kernel(ps_moe_args a)
+#ifndef PS_MOE_MIN_CTAS
+#define PS_MOE_MIN_CTAS 2 /* 128 registers a thread; 1 lets ptxas take 160+ */
+#endif
+__global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forward_kernel(ps_moe_args a)
 {
   extern __shared__ __align__(128) char smem[];
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
-  const int gtid = blockIdx.x * blockDim.x + threadIdx.x;
+  const int gtid = blockIdx.x * blockDim.x + threadIdx.x, gwarp = gtid >> 5, lane = threadIdx.x & 31;
   ps_prof(a, PS_PROF_START, true);
   ps_moe_gate(a, smem);
   grid.sync();
@@ -307,12 +325,12 @@ __global__ void __launch_bounds__(PS_MOE_THREADS) ps_moe_forward_kernel(ps_moe_a
   __syncthreads();
   ps_prof(a, PS_PROF_ROUTE, false);
   grid.sync();
-  if (gtid < a.R) ps_moe_offsets(a, gtid);
+  if (gwarp < a.R) ps_moe_offsets(a, gwarp, lane); /* warp-uniform */
   grid.sync();
   ps_moe_dispatch(a);
   __syncthreads();
   ps_prof(a, PS_PROF_DISPATCH, false);
-  if (gtid < a.R) ps_moe_headers(a, gtid);
+  if (gwarp < a.R) ps_moe_headers(a, gwarp, lane);
   grid.sync();
   ps_prof(a, PS_PROF_HEADERS, true);
   ps_moe_experts(a, smem);
