@@ -340,6 +340,8 @@ extern "C" ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_p
   out->wait_rows_us = (double)t[PS_PROF_WAIT_ROWS] / 1e3 / m->grid;
   out->wait_gemm1_us = (double)t[PS_PROF_WAIT_GEMM1] / 1e3 / m->grid;
   out->wait_combine_us = m->last_tokens ? (double)t[PS_PROF_WAIT_COMBINE] / 1e3 / m->last_tokens : 0;
+  out->grid = m->grid;
+  out->wgmma = t[PS_PROF_WGMMA] == 2;
   for (int j = 0; j < m->L; j++) {
     long long rows = 0;
     for (int s = 0; s < m->nranks; s++) rows += cnt[s * m->L + j];

@@ -1,6 +1,12 @@
 /* moe_gemm.cuh: the expert GEMM tile of the fused MoE kernel, on bf16
  * tensor cores (mma.sync m16n8k16, fp32 accumulation).
  *
+ * Built for sm_90a (H100/H200) the tile runs on wgmma: each of the two warp
+ * groups multiplies all 64 rows by its 32 columns, operands read straight
+ * from shared memory, whose layout below is the hardware's 128-byte swizzle.
+ * Elsewhere (the compute_90 PTX, JIT-compiled on later GPUs) it runs on
+ * mma.sync m16n8k16 from ldmatrix fragments; the epilogue is the same.
+ *
  * One CTA of PS_GEMM_THREADS computes C[m][n] = sum_k A[m][k] * B_b[n][k]
  * for up to PS_GEMM_M gathered rows m (row m of A at rows[m], K contiguous)
  * and PS_GEMM_N columns n (B_b row-major [N][K], K contiguous: the weight
@@ -23,13 +29,21 @@
 #define PS_GEMM_STAGES 4 /* loads in flight: weight streaming is latency-bound (3: -6% decode) */
 #endif
 
-/* Shared memory per CTA for NB weight matrices. */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define PS_GEMM_WGMMA 1
+#else
+#define PS_GEMM_WGMMA 0
+#endif
+
+/* Shared memory per CTA for NB weight matrices, plus the slack that aligns
+ * the stages to 1 KiB (the swizzle pattern repeats every 8 rows of 128 B). */
 #define PS_GEMM_SMEM(NB) \
-  (PS_GEMM_STAGES * (PS_GEMM_M + (NB) * PS_GEMM_N) * PS_GEMM_K * 2)
+  (PS_GEMM_STAGES * (PS_GEMM_M + (NB) * PS_GEMM_N) * PS_GEMM_K * 2 + 1024)
 
 /* Rows are PS_GEMM_CH chunks of 16 bytes; chunk c of row r lives at
  * c ^ (r % PS_GEMM_CH) so that the 8 rows one ldmatrix phase reads (same
- * c, consecutive r) fall in distinct banks. */
+ * c, consecutive r) fall in distinct banks. From a 1 KiB aligned base this
+ * is wgmma's 128-byte swizzle of a K-major operand. */
 __device__ __forceinline__ uint32_t ps_gemm_swz(int r, int c)
 {
   return (uint32_t)(r * PS_GEMM_K * 2 + ((c ^ (r % PS_GEMM_CH)) << 4));
@@ -58,6 +72,32 @@ __device__ __forceinline__ void ps_mma_bf16(float c[4], const uint32_t a[4], uin
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* wgmma operand descriptor of a K-major tile in the layout above: 8-row
+ * groups 1 KiB apart (stride offset), 128-byte swizzle; the leading offset
+ * is unused in that mode. k16 step s starts 32 * s bytes further. */
+__device__ __forceinline__ uint64_t ps_wgmma_desc(uint32_t saddr)
+{
+  return (uint64_t)((saddr & 0x3ffff) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 |
+         (uint64_t)1 << 62;
+}
+
+#if PS_GEMM_WGMMA
+/* d[64 x 32] += A[64 x 16] B[32 x 16]^T for the calling warp group; the
+ * accumulator fragment is mma.sync's m16n8 one per warp (rows 16 w .. +15
+ * of the group's warp w), four n8 tiles along. */
+__device__ __forceinline__ void ps_wgmma_m64n32(float d[16], uint64_t da, uint64_t db)
+{
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+               "%16, %17, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "l"(da), "l"(db));
+}
+#endif
+
 /* rows[m] (m < mrows) points at row m of A; b[i] at row 0 of this tile's
  * PS_GEMM_N rows of weight matrix i, rows `ldb` elements apart, of which the
  * first `nrows` exist (the rest read as zero); K (a multiple of PS_GEMM_K)
@@ -72,7 +112,7 @@ __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
 {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp & 3, wn = warp >> 2; /* 4 x 2 warps: 16 rows x 32 columns each */
-  const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
+  const uint32_t s0 = ((uint32_t)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
   const uint32_t a_bytes = PS_GEMM_M * PS_GEMM_K * 2, b_bytes = PS_GEMM_N * PS_GEMM_K * 2;
   const uint32_t stage_bytes = a_bytes + NB * b_bytes;
   float acc[NB][4][4];
@@ -119,6 +159,9 @@ __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
   }
   for (int kt = 0; kt < nk; kt++) {
     asm volatile("cp.async.wait_group %0;" ::"n"(PS_GEMM_STAGES - 2) : "memory");
+#if PS_GEMM_WGMMA /* cp.async wrote through the generic proxy, wgmma reads through the async one */
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
     __syncthreads(); /* step kt's tiles are visible; step kt-1's stage is free */
     {
       int next = kt + PS_GEMM_STAGES - 1;
@@ -126,6 +169,20 @@ __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
       else asm volatile("cp.async.commit_group;" ::: "memory");
     }
     const uint32_t st = s0 + (kt % PS_GEMM_STAGES) * stage_bytes;
+#if PS_GEMM_WGMMA
+    (void)wm;
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < PS_GEMM_K / 16; kk++) {
+      uint64_t da = ps_wgmma_desc(st + kk * 32);
+#pragma unroll
+      for (int i = 0; i < NB; i++)
+        ps_wgmma_m64n32(&acc[i][0][0], da,
+                        ps_wgmma_desc(st + a_bytes + i * b_bytes + wn * 32 * PS_GEMM_K * 2 + kk * 32));
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); /* before the stage is reloaded */
+#else
     if (wm * 16 >= mrows) continue; /* warp-uniform: this warp's rows are all padding */
 #pragma unroll
     for (int kk = 0; kk < PS_GEMM_K / 16; kk++) { /* k16 steps per stage */
@@ -147,6 +204,7 @@ __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
         }
       }
     }
+#endif
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads(); /* shared memory is free for the caller's next tile */

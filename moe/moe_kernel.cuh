@@ -87,7 +87,9 @@ struct ps_moe_args {
  * GEMM2 tasks for their expert's GEMM1 (per CTA), combine for the returned
  * rows (per token); they tell idle time from weight streaming. */
 enum { PS_PROF_START, PS_PROF_ROUTE, PS_PROF_DISPATCH, PS_PROF_HEADERS, PS_PROF_EXPERTS,
-       PS_PROF_COMBINE, PS_PROF_WAIT_ROWS, PS_PROF_WAIT_GEMM1, PS_PROF_WAIT_COMBINE, PS_PROF_N };
+       PS_PROF_COMBINE, PS_PROF_WAIT_ROWS, PS_PROF_WAIT_GEMM1, PS_PROF_WAIT_COMBINE,
+       PS_PROF_WGMMA, /* 1 + whether the GEMMs ran on wgmma (0: no forward yet) */
+       PS_PROF_N };
 
 __device__ __forceinline__ unsigned long long ps_now_ns()
 {
@@ -319,6 +321,7 @@ __global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forwar
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int gtid = blockIdx.x * blockDim.x + threadIdx.x, gwarp = gtid >> 5, lane = threadIdx.x & 31;
   ps_prof(a, PS_PROF_START, true);
+  if (gtid == 0) a.prof[(a.fwd & 1) * PS_PROF_N + PS_PROF_WGMMA] = 1 + PS_GEMM_WGMMA;
   ps_moe_gate(a, smem);
   grid.sync();
   ps_moe_topk(a);

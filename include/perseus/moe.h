@@ -82,6 +82,8 @@ typedef struct {
   double wait_rows_us;    /* expert tasks waiting for their rows to arrive, average per CTA */
   double wait_gemm1_us;   /* GEMM2 tasks waiting for their expert's GEMM1, average per CTA */
   double wait_combine_us; /* a token waiting for its experts' results, average per token */
+  int grid;               /* CTAs of the persistent kernel (occupancy x SMs) */
+  int wgmma;              /* 1: the GEMMs ran on wgmma (sm_90a code), 0: on mma.sync */
 } perseus_moe_profile_t;
 
 ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_profile_t *out);
