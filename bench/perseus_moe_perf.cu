@@ -236,9 +236,9 @@ static void mp_row(gc_world *w, const mp_cfg *c, int pi, int ti, double gbps)
   mp_reduce(w, v, R_N, ncclMax);
   double bytes_all = (double)pf.rows_out * H * 2; /* the ranks' dispatch bytes, summed */
   mp_reduce(w, &bytes_all, 1, ncclSum);
-  static int said_kernel; /* one line, before the first row */
-  if (me == 0 && !said_kernel++)
-    printf("# fused kernel: %d CTAs, expert GEMMs on %s\n", pf.grid, pf.wgmma ? "wgmma" : "mma.sync");
+  if (me == 0)
+    printf("# fused kernel: %d CTAs, %d-row GEMM tiles on %s\n", pf.grid, pf.tile_rows,
+           pf.wgmma ? "wgmma" : "mma.sync");
   if (me == 0) {
     double padded = v[R_CAP] * (double)E * n * H * 2; /* n sources x E experts x cap rows */
     double best = v[R_BASE] < v[R_BASEG] ? v[R_BASE] : v[R_BASEG];

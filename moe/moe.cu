@@ -16,7 +16,10 @@ extern "C" {
 struct perseus_moe {
   ncclComm_t comm;
   perseus_moe_config_t cfg;
-  int rank, nranks, L, P, grid, gin;
+  int rank, nranks, L, P, gin;
+  int grid[2];     /* CTAs of the forward kernel with 64- and 128-row GEMM tiles */
+  int tile_rows;   /* PERSEUS_MOE_TILE_ROWS (0: by the rows per expert) */
+  int last_kernel; /* index into grid of the last forward */
   ncclDevComm dc;
   int have_dc;
   void *win_ptr;
@@ -52,6 +55,13 @@ struct perseus_moe {
       return r_;                                                                                  \
     }                                                                                             \
   } while (0)
+
+/* The forward kernel with 64-row (i = 0) or 128-row (1) GEMM tiles. */
+static const void *ps_moe_kernel(int i)
+{
+  return i ? (const void *)ps_moe_forward_kernel<128> : (const void *)ps_moe_forward_kernel<64>;
+}
+static int ps_moe_smem(int i) { return i ? PS_MOE_SMEM(128) : PS_MOE_SMEM(64); }
 
 static size_t ps_align(size_t v) { return (v + 255) & ~(size_t)255; }
 
@@ -194,20 +204,24 @@ static ncclResult_t ps_moe_setup(perseus_moe *m)
   rc = ps_moe_devcomm(m);
   if (rc != ncclSuccess) return rc;
   PS_MOE_CUDA(cudaEventCreateWithFlags(&m->done, cudaEventDisableTiming), "rank %d", m->rank);
-  int dev = 0, sms = 0, per_sm = 0;
+  if (ps_moe_env_tile_rows(&m->tile_rows)) return ncclInvalidArgument;
+  int dev = 0, sms = 0;
   PS_MOE_CUDA(cudaGetDevice(&dev), "rank %d", m->rank);
   PS_MOE_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "device %d", dev);
-  PS_MOE_CUDA(cudaFuncSetAttribute(ps_moe_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   PS_MOE_SMEM), "%d bytes", PS_MOE_SMEM);
-  PS_MOE_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ps_moe_forward_kernel,
-                                                           PS_MOE_THREADS, PS_MOE_SMEM),
-              "%d threads, %d bytes of shared memory", PS_MOE_THREADS, PS_MOE_SMEM);
-  if (per_sm < 1) {
-    ps_moe_set_error("the forward kernel does not fit on an SM of device %d (%d threads, %d bytes "
-                     "of shared memory)", dev, PS_MOE_THREADS, PS_MOE_SMEM);
-    return ncclInvalidUsage;
+  for (int i = 0; i < 2; i++) { /* the grid from the occupancy of each kernel */
+    const void *kernel = ps_moe_kernel(i);
+    int smem = ps_moe_smem(i), per_sm = 0;
+    PS_MOE_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                "%d bytes", smem);
+    PS_MOE_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, PS_MOE_THREADS, smem),
+                "%d threads, %d bytes of shared memory", PS_MOE_THREADS, smem);
+    if (per_sm < 1) {
+      ps_moe_set_error("the forward kernel does not fit on an SM of device %d (%d threads, %d bytes "
+                       "of shared memory)", dev, PS_MOE_THREADS, smem);
+      return ncclInvalidUsage;
+    }
+    m->grid[i] = per_sm * sms;
   }
-  m->grid = per_sm * sms;
   ps_moe_args &a = m->args;
   a.dc = m->dc, a.win = m->win;
   a.H = m->cfg.hidden, a.F = m->cfg.ffn, a.E = m->cfg.experts, a.L = m->L, a.k = m->cfg.topk;
@@ -286,17 +300,20 @@ extern "C" ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, voi
   ps_moe_args a = m->args;
   a.x = (const ps_bf16 *)x, a.out = (ps_bf16 *)out, a.T = ntokens, a.fwd = m->fwd;
   m->last_tokens = ntokens;
+  const int bm = ps_moe_tile_rows(&m->cfg, m->nranks, ntokens, m->tile_rows), ki = bm == 128;
+  const int grid = m->grid[ki], smem = ps_moe_smem(ki);
   { /* split the gate's K so that there are about two tasks per CTA, slices of >= 256 */
-    int tiles = (ntokens + PS_GEMM_M - 1) / PS_GEMM_M * ((a.E + PS_GEMM_N - 1) / PS_GEMM_N);
-    int splits = tiles ? (2 * m->grid + tiles - 1) / tiles : 1, most = a.H / 256;
+    int tiles = (ntokens + bm - 1) / bm * ((a.E + PS_GEMM_N - 1) / PS_GEMM_N);
+    int splits = tiles ? (2 * grid + tiles - 1) / tiles : 1, most = a.H / 256;
     splits = splits < 1 ? 1 : splits > most ? (most > 0 ? most : 1) : splits;
     a.gate_kc = (a.H / splits + PS_GEMM_K - 1) / PS_GEMM_K * PS_GEMM_K;
   }
   void *params[] = {&a};
-  PS_MOE_CUDA(cudaLaunchCooperativeKernel((const void *)ps_moe_forward_kernel, dim3(m->grid),
-                                          dim3(PS_MOE_THREADS), params, PS_MOE_SMEM, stream),
-              "grid %d x %d threads, %d bytes of shared memory", m->grid, PS_MOE_THREADS,
-              PS_MOE_SMEM);
+  PS_MOE_CUDA(cudaLaunchCooperativeKernel(ps_moe_kernel(ki), dim3(grid), dim3(PS_MOE_THREADS),
+                                          params, smem, stream),
+              "grid %d x %d threads, %d bytes of shared memory, %d-row tiles", grid, PS_MOE_THREADS,
+              smem, bm);
+  m->last_kernel = ki;
   PS_MOE_CUDA(cudaEventRecord(m->done, stream), "forward %llu", (unsigned long long)m->fwd);
   m->fwd++;
   return ncclSuccess;
@@ -337,10 +354,12 @@ extern "C" ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_p
   out->wait_us = us(PS_PROF_DISPATCH, PS_PROF_HEADERS);
   out->experts_us = us(PS_PROF_HEADERS, PS_PROF_EXPERTS);
   out->combine_us = us(PS_PROF_EXPERTS, PS_PROF_COMBINE);
-  out->wait_rows_us = (double)t[PS_PROF_WAIT_ROWS] / 1e3 / m->grid;
-  out->wait_gemm1_us = (double)t[PS_PROF_WAIT_GEMM1] / 1e3 / m->grid;
+  const int grid = m->grid[m->last_kernel];
+  out->wait_rows_us = (double)t[PS_PROF_WAIT_ROWS] / 1e3 / grid;
+  out->wait_gemm1_us = (double)t[PS_PROF_WAIT_GEMM1] / 1e3 / grid;
   out->wait_combine_us = m->last_tokens ? (double)t[PS_PROF_WAIT_COMBINE] / 1e3 / m->last_tokens : 0;
-  out->grid = m->grid;
+  out->grid = grid;
+  out->tile_rows = m->last_kernel ? 128 : 64;
   out->wgmma = t[PS_PROF_WGMMA] == 2;
   for (int j = 0; j < m->L; j++) {
     long long rows = 0;

@@ -39,6 +39,30 @@ void ps_moe_set_error(const char *fmt, ...) {
   if (ps_moe_log_enabled()) fprintf(stderr, "perseus moe: %s\n", ps_moe_err);
 }
 
+/* --- GEMM tile rows --- */
+
+int ps_moe_env_tile_rows(int *out) {
+  const char *v = getenv("PERSEUS_MOE_TILE_ROWS");
+  *out = 0;
+  if (!v || !*v) return 0;
+  char *end;
+  long n = strtol(v, &end, 10);
+  if (*end || (n != 0 && n != 64 && n != 128)) {
+    ps_moe_set_error("PERSEUS_MOE_TILE_ROWS '%s': expected 0 (automatic), 64 or 128", v);
+    return -1;
+  }
+  *out = (int)n;
+  return 0;
+}
+
+int ps_moe_tile_rows(const perseus_moe_config_t *cfg, int nranks, int ntokens, int forced) {
+  if (forced) return forced;
+  uint64_t rows = (uint64_t)ntokens * (uint64_t)cfg->topk * (uint64_t)nranks;
+  /* measured on one H200 (docs/results.md): 128 rows faster from 64 per
+   * expert on average, 64 rows faster at 32; the switch half-way */
+  return rows >= 48 * (uint64_t)cfg->experts ? 128 : 64;
+}
+
 /* --- layout --- */
 
 static uint64_t ps_moe_buffer_limit(void) {

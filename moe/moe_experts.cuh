@@ -9,13 +9,14 @@
 #ifndef PS_MOE_EXPERTS_CUH
 #define PS_MOE_EXPERTS_CUH
 
-/* Gathered row indices g of rows m0 .. m0+63 of expert j; returns how many. */
+/* Gathered row indices g of rows m0 .. m0+BM-1 of expert j; returns how many. */
+template <int BM>
 __device__ int ps_expert_rows(const ps_moe_args &a, int j, int m0, int *g)
 {
   __shared__ int n;
   if (threadIdx.x == 0) n = 0;
   __syncthreads();
-  if (threadIdx.x < PS_GEMM_M) {
+  if (threadIdx.x < BM) {
     int m = m0 + threadIdx.x, acc = 0;
     for (int s = 0; s < a.R; s++) {
       int c = a.st.rcnt[s * a.L + j];
@@ -46,10 +47,11 @@ __device__ __forceinline__ void ps_spin_until(const int *ctr, int want)
 }
 
 /* GEMM1 tile n0..n0+63 of expert j: act = silu(X W1^T) * (X W3^T). */
+template <int BM>
 __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
 {
-  __shared__ int g[PS_GEMM_M];
-  __shared__ const ps_bf16 *rows[PS_GEMM_M];
+  __shared__ int g[BM];
+  __shared__ const ps_bf16 *rows[BM];
   const unsigned long long t0 = ps_now_ns();
   for (int s = threadIdx.x; s < a.R; s += blockDim.x) /* this expert's rows from every source */
     perseus_recv(a.dc, a.st.hexp[j]).wait(s, a.st.tot[j * a.R + s]);
@@ -58,11 +60,11 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
   const ps_bf16 *recv = ps_win_ptr(a, a.off_recv);
   const ps_bf16 *b[2] = {a.w1 + ((size_t)j * a.F + n0) * a.H, a.w3 + ((size_t)j * a.F + n0) * a.H};
   int total = ps_expert_rows_total(a, j);
-  for (int m0 = 0; m0 < total; m0 += PS_GEMM_M) {
-    int n = ps_expert_rows(a, j, m0, g);
+  for (int m0 = 0; m0 < total; m0 += BM) {
+    int n = ps_expert_rows<BM>(a, j, m0, g);
     if (threadIdx.x < n) rows[threadIdx.x] = recv + (size_t)g[threadIdx.x] * a.H;
     __syncthreads();
-    ps_gemm_tile<2>(rows, n, b, PS_GEMM_N, a.H, a.H, smem, [&](int m, int c, float (*v)[2]) {
+    ps_gemm_tile<BM, 2>(rows, n, b, PS_GEMM_N, a.H, a.H, smem, [&](int m, int c, float (*v)[2]) {
       float h0 = v[0][0], h1 = v[0][1];
       float y0 = h0 / (1.f + __expf(-h0)) * v[1][0], y1 = h1 / (1.f + __expf(-h1)) * v[1][1];
       *(__nv_bfloat162 *)(a.act + (size_t)g[m] * a.F + n0 + c) = __floats2bfloat162_rn(y0, y1);
@@ -72,10 +74,11 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
 }
 
 /* GEMM2 tile h0..h0+63 of expert j: Y = act W2^T, into the y window. */
+template <int BM>
 __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
 {
-  __shared__ int g[PS_GEMM_M];
-  __shared__ const ps_bf16 *rows[PS_GEMM_M];
+  __shared__ int g[BM];
+  __shared__ const ps_bf16 *rows[BM];
   if (threadIdx.x == 0) {
     const unsigned long long t0 = ps_now_ns();
     ps_spin_until(&a.st.g1done[j], a.F / PS_GEMM_N);
@@ -85,11 +88,11 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
   ps_bf16 *y = ps_win_ptr(a, a.off_y);
   const ps_bf16 *b[1] = {a.w2 + ((size_t)j * a.H + h0) * a.F};
   int total = ps_expert_rows_total(a, j);
-  for (int m0 = 0; m0 < total; m0 += PS_GEMM_M) {
-    int n = ps_expert_rows(a, j, m0, g);
+  for (int m0 = 0; m0 < total; m0 += BM) {
+    int n = ps_expert_rows<BM>(a, j, m0, g);
     if (threadIdx.x < n) rows[threadIdx.x] = a.act + (size_t)g[threadIdx.x] * a.F;
     __syncthreads();
-    ps_gemm_tile<1>(rows, n, b, PS_GEMM_N, a.F, a.F, smem, [&](int m, int c, float (*v)[2]) {
+    ps_gemm_tile<BM, 1>(rows, n, b, PS_GEMM_N, a.F, a.F, smem, [&](int m, int c, float (*v)[2]) {
       *(__nv_bfloat162 *)(y + (size_t)g[m] * a.H + h0 + c) = __floats2bfloat162_rn(v[0][0], v[0][1]);
     });
     __syncthreads();
@@ -112,6 +115,7 @@ __device__ void ps_expert_return(const ps_moe_args &a, int j)
   }
 }
 
+template <int BM>
 __device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
 {
   __shared__ int task;
@@ -128,14 +132,14 @@ __device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
     bool g1 = tk < a.L * n1;
     int j = g1 ? tk / n1 : (tk - a.L * n1) / n2, i = g1 ? tk % n1 : n1 + (tk - a.L * n1) % n2;
     if (g1) {
-      ps_expert_gemm1(a, j, i * PS_GEMM_N, smem);
+      ps_expert_gemm1<BM>(a, j, i * PS_GEMM_N, smem);
       __syncthreads();
       if (threadIdx.x == 0) {
         __threadfence();
         atomicAdd(&a.st.g1done[j], 1);
       }
     } else {
-      ps_expert_gemm2(a, j, (i - n1) * PS_GEMM_N, smem);
+      ps_expert_gemm2<BM>(a, j, (i - n1) * PS_GEMM_N, smem);
       __shared__ int last;
       __syncthreads();
       if (threadIdx.x == 0) {

@@ -1,33 +1,36 @@
 /* moe_gemm.cuh: the expert GEMM tile of the fused MoE kernel, on bf16
- * tensor cores (mma.sync m16n8k16, fp32 accumulation).
- *
- * Built for sm_90a (H100/H200) the tile runs on wgmma: each of the two warp
- * groups multiplies all 64 rows by its 32 columns, operands read straight
- * from shared memory, whose layout below is the hardware's 128-byte swizzle.
- * Elsewhere (the compute_90 PTX, JIT-compiled on later GPUs) it runs on
- * mma.sync m16n8k16 from ldmatrix fragments; the epilogue is the same.
+ * tensor cores with fp32 accumulation.
  *
  * One CTA of PS_GEMM_THREADS computes C[m][n] = sum_k A[m][k] * B_b[n][k]
- * for up to PS_GEMM_M gathered rows m (row m of A at rows[m], K contiguous)
- * and PS_GEMM_N columns n (B_b row-major [N][K], K contiguous: the weight
- * layout), for NB weight matrices at once (GEMM1 needs W1 and W3 on the
- * same rows). Tiles of A and B stream through shared memory with cp.async,
- * PS_GEMM_STAGES deep; rows past the valid count are zero-filled. The epilogue is a
- * functor called per output pair (m, n, n+1) with the NB accumulators. */
+ * for up to BM (64 or 128) gathered rows m (row m of A at rows[m], K
+ * contiguous) and PS_GEMM_N columns n (B_b row-major [N][K], K contiguous:
+ * the weight layout), for NB weight matrices at once (GEMM1 needs W1 and W3
+ * on the same rows). Tiles of A and B stream through shared memory with
+ * cp.async, PS_GEMM_STAGES(BM) deep; rows past the valid count are
+ * zero-filled. The epilogue is a functor called per output pair (m, n, n+1)
+ * with the NB accumulators. 64-row tiles are for few rows per expert
+ * (decode: weight streaming, which wants the deeper pipeline), 128-row ones
+ * for many (prefill: half the weight traffic per flop).
+ *
+ * Built for sm_90a (H100/H200) the tile runs on wgmma, operands read straight
+ * from shared memory, whose layout below is the hardware's 128-byte swizzle:
+ * with 64 rows each of the two warp groups takes all rows and 32 columns,
+ * with 128 rows 64 rows and all columns. Elsewhere (the compute_90 PTX,
+ * JIT-compiled on later GPUs) it runs on mma.sync m16n8k16 from ldmatrix
+ * fragments, 4 x 2 warps of BM/4 rows x 32 columns. */
 #ifndef PS_MOE_GEMM_CUH
 #define PS_MOE_GEMM_CUH
 
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#define PS_GEMM_M 64
 #define PS_GEMM_N 64
 #define PS_GEMM_K 64 /* per stage: 128-byte rows, 8 chunks of 16 bytes */
 #define PS_GEMM_CH (PS_GEMM_K / 8)
 #define PS_GEMM_THREADS 256
-#ifndef PS_GEMM_STAGES
-#define PS_GEMM_STAGES 4 /* loads in flight: weight streaming is latency-bound (3: -6% decode) */
-#endif
+/* loads in flight: decode's weight streaming is latency-bound (64 rows: 4
+ * stages, 6% faster than 3); 128 rows: 3, so that 2 CTAs fit on an SM */
+#define PS_GEMM_STAGES(BM) ((BM) == 64 ? 4 : 3)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PS_GEMM_WGMMA 1
@@ -37,8 +40,8 @@
 
 /* Shared memory per CTA for NB weight matrices, plus the slack that aligns
  * the stages to 1 KiB (the swizzle pattern repeats every 8 rows of 128 B). */
-#define PS_GEMM_SMEM(NB) \
-  (PS_GEMM_STAGES * (PS_GEMM_M + (NB) * PS_GEMM_N) * PS_GEMM_K * 2 + 1024)
+#define PS_GEMM_SMEM(BM, NB) \
+  (PS_GEMM_STAGES(BM) * ((BM) + (NB) * PS_GEMM_N) * PS_GEMM_K * 2 + 1024)
 
 /* Rows are PS_GEMM_CH chunks of 16 bytes; chunk c of row r lives at
  * c ^ (r % PS_GEMM_CH) so that the 8 rows one ldmatrix phase reads (same
@@ -96,56 +99,80 @@ __device__ __forceinline__ void ps_wgmma_m64n32(float d[16], uint64_t da, uint64
                  "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
                : "l"(da), "l"(db));
 }
+
+/* The same with 64 columns: eight n8 tiles along. */
+__device__ __forceinline__ void ps_wgmma_m64n64(float d[32], uint64_t da, uint64_t db)
+{
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+               "%32, %33, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                 "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                 "+f"(d[30]), "+f"(d[31])
+               : "l"(da), "l"(db));
+}
 #endif
 
-/* rows[m] (m < mrows) points at row m of A; b[i] at row 0 of this tile's
- * PS_GEMM_N rows of weight matrix i, rows `ldb` elements apart, of which the
- * first `nrows` exist (the rest read as zero); K (a multiple of PS_GEMM_K)
- * elements of each row are summed over. Every thread of the CTA calls it;
- * `smem` holds PS_GEMM_SMEM(NB) bytes. Epi is called as epi(m, n, acc) for
- * each m < mrows and even n, acc[i][0..1] being columns n and n+1 of matrix
- * i (columns past nrows hold zeros). */
-template <int NB, typename Epi>
+/* rows[m] (m < mrows <= BM) points at row m of A; b[i] at row 0 of this
+ * tile's PS_GEMM_N rows of weight matrix i, rows `ldb` elements apart, of
+ * which the first `nrows` exist (the rest read as zero); K (a multiple of
+ * PS_GEMM_K) elements of each row are summed over. Every thread of the CTA
+ * calls it; `smem` holds PS_GEMM_SMEM(BM, NB) bytes. Epi is called as
+ * epi(m, n, acc) for each m < mrows and even n, acc[i][0..1] being columns
+ * n and n+1 of matrix i (columns past nrows hold zeros). */
+template <int BM, int NB, typename Epi>
 __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
                              const __nv_bfloat16 *const b[NB], int nrows, size_t ldb, int K,
                              char *smem, Epi epi)
 {
+  static_assert(BM == 64 || BM == 128, "64- or 128-row tiles");
+  constexpr int STAGES = PS_GEMM_STAGES(BM), MI = BM / 64;
+  /* a thread's accumulator fragments of 16 rows x 8 columns, per matrix */
+  constexpr int FR = 4 * MI;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wm = warp & 3, wn = warp >> 2; /* 4 x 2 warps: 16 rows x 32 columns each */
+  const int wm = warp & 3, wn = warp >> 2; /* wn: the warp group */
   const uint32_t s0 = ((uint32_t)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
-  const uint32_t a_bytes = PS_GEMM_M * PS_GEMM_K * 2, b_bytes = PS_GEMM_N * PS_GEMM_K * 2;
+  const uint32_t a_bytes = BM * PS_GEMM_K * 2, b_bytes = PS_GEMM_N * PS_GEMM_K * 2;
   const uint32_t stage_bytes = a_bytes + NB * b_bytes;
-  float acc[NB][4][4];
+  float acc[NB][FR][4];
 #pragma unroll
   for (int i = 0; i < NB; i++)
 #pragma unroll
-    for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+    for (int f = 0; f < FR; f++) acc[i][f][0] = acc[i][f][1] = acc[i][f][2] = acc[i][f][3] = 0.f;
 
-  /* PS_GEMM_CH / 4 chunks of 16 bytes per thread per matrix per stage:
-   * chunk q of thread t is row (t + 256 q) / CH, column (t + 256 q) % CH */
-  constexpr int PER = PS_GEMM_M * PS_GEMM_CH / PS_GEMM_THREADS;
-  const __nv_bfloat16 *arow[PER];
-  size_t boff[PER];
-  bool aok[PER], bok[PER];
-  int lr[PER], lc[PER];
+  /* 16-byte chunks, 8 per row of a stage: chunk q of thread t is row
+   * (t + 256 q) / 8, column (t + 256 q) % 8; A has BM rows, B 64 */
+  constexpr int PA = BM * PS_GEMM_CH / PS_GEMM_THREADS, PB = PS_GEMM_N * PS_GEMM_CH / PS_GEMM_THREADS;
+  const __nv_bfloat16 *arow[PA];
+  size_t boff[PB];
+  bool aok[PA], bok[PB];
+  const int lc = tid % PS_GEMM_CH, lr = tid / PS_GEMM_CH, rstep = PS_GEMM_THREADS / PS_GEMM_CH;
 #pragma unroll
-  for (int q = 0; q < PER; q++) {
-    int idx = tid + q * PS_GEMM_THREADS;
-    lr[q] = idx / PS_GEMM_CH, lc[q] = idx % PS_GEMM_CH;
-    aok[q] = lr[q] < mrows, bok[q] = lr[q] < nrows;
-    arow[q] = rows[aok[q] ? lr[q] : 0];
-    boff[q] = (size_t)(bok[q] ? lr[q] : 0) * ldb;
+  for (int q = 0; q < PA; q++) {
+    aok[q] = lr + q * rstep < mrows;
+    arow[q] = rows[aok[q] ? lr + q * rstep : 0];
+  }
+#pragma unroll
+  for (int q = 0; q < PB; q++) {
+    bok[q] = lr + q * rstep < nrows;
+    boff[q] = (size_t)(bok[q] ? lr + q * rstep : 0) * ldb;
   }
   auto load = [&](int stage, int k0) {
     uint32_t st = s0 + stage * stage_bytes;
 #pragma unroll
-    for (int q = 0; q < PER; q++) {
-      ps_cp_async16(st + ps_gemm_swz(lr[q], lc[q]), arow[q] + k0 + lc[q] * 8, aok[q]);
+    for (int q = 0; q < PA; q++)
+      ps_cp_async16(st + ps_gemm_swz(lr + q * rstep, lc), arow[q] + k0 + lc * 8, aok[q]);
+#pragma unroll
+    for (int q = 0; q < PB; q++)
 #pragma unroll
       for (int i = 0; i < NB; i++)
-        ps_cp_async16(st + a_bytes + i * b_bytes + ps_gemm_swz(lr[q], lc[q]),
-                      b[i] + boff[q] + k0 + lc[q] * 8, bok[q]);
-    }
+        ps_cp_async16(st + a_bytes + i * b_bytes + ps_gemm_swz(lr + q * rstep, lc),
+                      b[i] + boff[q] + k0 + lc * 8, bok[q]);
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
 
@@ -153,43 +180,49 @@ __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
   /* every step commits one group (empty past the end), so "all but the
    * newest STAGES-2 groups done" always means "step kt's tiles are in" */
 #pragma unroll
-  for (int s = 0; s < PS_GEMM_STAGES - 1; s++) {
+  for (int s = 0; s < STAGES - 1; s++) {
     if (s < nk) load(s, s * PS_GEMM_K);
     else asm volatile("cp.async.commit_group;" ::: "memory");
   }
   for (int kt = 0; kt < nk; kt++) {
-    asm volatile("cp.async.wait_group %0;" ::"n"(PS_GEMM_STAGES - 2) : "memory");
+    asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2) : "memory");
 #if PS_GEMM_WGMMA /* cp.async wrote through the generic proxy, wgmma reads through the async one */
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
     __syncthreads(); /* step kt's tiles are visible; step kt-1's stage is free */
     {
-      int next = kt + PS_GEMM_STAGES - 1;
-      if (next < nk) load(next % PS_GEMM_STAGES, next * PS_GEMM_K);
+      int next = kt + STAGES - 1;
+      if (next < nk) load(next % STAGES, next * PS_GEMM_K);
       else asm volatile("cp.async.commit_group;" ::: "memory");
     }
-    const uint32_t st = s0 + (kt % PS_GEMM_STAGES) * stage_bytes;
+    const uint32_t st = s0 + (kt % STAGES) * stage_bytes;
 #if PS_GEMM_WGMMA
-    (void)wm;
+    if (BM == 128 && wn * 64 >= mrows) continue; /* group-uniform: its rows are all padding */
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int kk = 0; kk < PS_GEMM_K / 16; kk++) {
-      uint64_t da = ps_wgmma_desc(st + kk * 32);
 #pragma unroll
-      for (int i = 0; i < NB; i++)
-        ps_wgmma_m64n32(&acc[i][0][0], da,
-                        ps_wgmma_desc(st + a_bytes + i * b_bytes + wn * 32 * PS_GEMM_K * 2 + kk * 32));
+      for (int i = 0; i < NB; i++) {
+        const uint32_t sb = st + a_bytes + i * b_bytes + kk * 32;
+        if constexpr (BM == 64)
+          ps_wgmma_m64n32(&acc[i][0][0], ps_wgmma_desc(st + kk * 32),
+                          ps_wgmma_desc(sb + wn * 32 * PS_GEMM_K * 2));
+        else
+          ps_wgmma_m64n64(&acc[i][0][0], ps_wgmma_desc(st + wn * 64 * PS_GEMM_K * 2 + kk * 32),
+                          ps_wgmma_desc(sb));
+      }
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); /* before the stage is reloaded */
 #else
-    if (wm * 16 >= mrows) continue; /* warp-uniform: this warp's rows are all padding */
+    if (wm * 16 * MI >= mrows) continue; /* warp-uniform: this warp's rows are all padding */
 #pragma unroll
     for (int kk = 0; kk < PS_GEMM_K / 16; kk++) { /* k16 steps per stage */
-      uint32_t a[4];
-      {
-        int r = wm * 16 + (lane & 15), c = kk * 2 + (lane >> 4);
-        ps_ldmatrix_x4(st + ps_gemm_swz(r, c), a);
+      uint32_t a[MI][4];
+#pragma unroll
+      for (int mi = 0; mi < MI; mi++) {
+        int r = wm * 16 * MI + mi * 16 + (lane & 15), c = kk * 2 + (lane >> 4);
+        ps_ldmatrix_x4(st + ps_gemm_swz(r, c), a[mi]);
       }
 #pragma unroll
       for (int i = 0; i < NB; i++) {
@@ -199,8 +232,11 @@ __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
           int r = wn * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
           int c = kk * 2 + ((lane >> 3) & 1);
           ps_ldmatrix_x4(st + a_bytes + i * b_bytes + ps_gemm_swz(r, c), bf);
-          ps_mma_bf16(acc[i][np * 2], a, bf[0], bf[1]);
-          ps_mma_bf16(acc[i][np * 2 + 1], a, bf[2], bf[3]);
+#pragma unroll
+          for (int mi = 0; mi < MI; mi++) {
+            ps_mma_bf16(acc[i][mi * 4 + np * 2], a[mi], bf[0], bf[1]);
+            ps_mma_bf16(acc[i][mi * 4 + np * 2 + 1], a[mi], bf[2], bf[3]);
+          }
         }
       }
     }
@@ -209,18 +245,21 @@ __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads(); /* shared memory is free for the caller's next tile */
 
+  /* fragment f: rows row0 + g and + 8, columns col0 + 2 t and + 1 */
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int j = 0; j < 4; j++) {
-    int n = wn * 32 + j * 8 + t * 2;
+  for (int f = 0; f < FR; f++) {
+    int row0, col0;
+    if (PS_GEMM_WGMMA && BM == 128) row0 = wn * 64 + wm * 16, col0 = f * 8;
+    else row0 = wm * 16 * MI + f / 4 * 16, col0 = wn * 32 + f % 4 * 8;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      int m = wm * 16 + g + h * 8;
+      int m = row0 + g + h * 8;
       if (m < mrows) {
         float v[NB][2];
 #pragma unroll
-        for (int i = 0; i < NB; i++) v[i][0] = acc[i][j][h * 2], v[i][1] = acc[i][j][h * 2 + 1];
-        epi(m, n, v);
+        for (int i = 0; i < NB; i++) v[i][0] = acc[i][f][h * 2], v[i][1] = acc[i][f][h * 2 + 1];
+        epi(m, col0 + t * 2, v);
       }
     }
   }

@@ -41,7 +41,7 @@
 #include "perseus/moe_config.h"
 
 #define PS_MOE_THREADS PS_GEMM_THREADS
-#define PS_MOE_SMEM PS_GEMM_SMEM(2)
+#define PS_MOE_SMEM(BM) PS_GEMM_SMEM(BM, 2)
 
 typedef __nv_bfloat16 ps_bf16;
 
@@ -135,19 +135,20 @@ __device__ __forceinline__ float ps_warp_sum(float v)
  * slice of hidden (split so that there are about two tasks per CTA even at
  * decode sizes), accumulated into fp32 logits with atomics (zeroed at the
  * end of the previous forward). Then a warp per token: softmax, top-k, slots. */
+template <int BM>
 __device__ void ps_moe_gate(const ps_moe_args &a, char *smem)
 {
-  __shared__ const ps_bf16 *rows[PS_GEMM_M];
-  const int mb = (a.T + PS_GEMM_M - 1) / PS_GEMM_M, nb = (a.E + PS_GEMM_N - 1) / PS_GEMM_N;
+  __shared__ const ps_bf16 *rows[BM];
+  const int mb = (a.T + BM - 1) / BM, nb = (a.E + PS_GEMM_N - 1) / PS_GEMM_N;
   const int ks = (a.H + a.gate_kc - 1) / a.gate_kc;
   for (int task = blockIdx.x; task < mb * nb * ks; task += gridDim.x) {
-    int m0 = task / (nb * ks) * PS_GEMM_M, e0 = task / ks % nb * PS_GEMM_N;
+    int m0 = task / (nb * ks) * BM, e0 = task / ks % nb * PS_GEMM_N;
     int k0 = task % ks * a.gate_kc, kn = min(a.gate_kc, a.H - k0);
-    int mrows = min(PS_GEMM_M, a.T - m0);
+    int mrows = min(BM, a.T - m0);
     if (threadIdx.x < mrows) rows[threadIdx.x] = a.x + (size_t)(m0 + threadIdx.x) * a.H + k0;
     __syncthreads();
     const ps_bf16 *b[1] = {a.gate + (size_t)e0 * a.H + k0};
-    ps_gemm_tile<1>(rows, mrows, b, min(PS_GEMM_N, a.E - e0), a.H, kn, smem,
+    ps_gemm_tile<BM, 1>(rows, mrows, b, min(PS_GEMM_N, a.E - e0), a.H, kn, smem,
                     [&](int m, int n, float (*v)[2]) {
                       float *lg = a.st.logits + (size_t)(m0 + m) * a.E + e0 + n;
                       if (e0 + n < a.E) atomicAdd(lg, v[0][0]);
@@ -315,6 +316,8 @@ __device__ void ps_moe_headers(const ps_moe_args &a, int src, int lane)
 #ifndef PS_MOE_MIN_CTAS
 #define PS_MOE_MIN_CTAS 2 /* 128 registers a thread; 1 lets ptxas take 160+ */
 #endif
+/* BM: the GEMM tiles' rows (64 or 128), chosen per forward by the host */
+template <int BM>
 __global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forward_kernel(ps_moe_args a)
 {
   extern __shared__ __align__(128) char smem[];
@@ -322,7 +325,7 @@ __global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forwar
   const int gtid = blockIdx.x * blockDim.x + threadIdx.x, gwarp = gtid >> 5, lane = threadIdx.x & 31;
   ps_prof(a, PS_PROF_START, true);
   if (gtid == 0) a.prof[(a.fwd & 1) * PS_PROF_N + PS_PROF_WGMMA] = 1 + PS_GEMM_WGMMA;
-  ps_moe_gate(a, smem);
+  ps_moe_gate<BM>(a, smem);
   grid.sync();
   ps_moe_topk(a);
   __syncthreads();
@@ -336,7 +339,7 @@ __global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forwar
   if (gwarp < a.R) ps_moe_headers(a, gwarp, lane);
   grid.sync();
   ps_prof(a, PS_PROF_HEADERS, true);
-  ps_moe_experts(a, smem);
+  ps_moe_experts<BM>(a, smem);
   ps_prof(a, PS_PROF_EXPERTS, false);
   ps_moe_combine(a);
   __syncthreads();

@@ -58,6 +58,16 @@ typedef struct {
  * Does not apply the other limits of perseus_moe_check_config. */
 int ps_moe_layout(const perseus_moe_config_t *cfg, int nranks, ps_moe_layout_t *out);
 
+/* --- GEMM tile rows (moe_config.c) ---
+ * PERSEUS_MOE_TILE_ROWS: 0 (automatic), 64 or 128; -1 with the variable
+ * named in the error if it holds anything else. */
+int ps_moe_env_tile_rows(int *out);
+/* The tile rows a forward uses: `forced` if non-zero, else 128 once the
+ * rows an expert gets on average (ntokens * topk * nranks / experts, every
+ * rank taken to have ntokens) reach 48, so that a tile reads the weights for
+ * more rows, else 64 (a deeper weight pipeline for few rows). */
+int ps_moe_tile_rows(const perseus_moe_config_t *cfg, int nranks, int ntokens, int forced);
+
 /* --- model shapes (moe_presets.c) --- */
 typedef struct {
   const char *name;

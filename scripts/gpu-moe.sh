@@ -58,7 +58,8 @@ for g in $counts; do
 done
 g=${counts##* }
 # shellcheck disable=SC2086
-# hidden 576: not a multiple of 256 (the combine's 8 columns x 32 lanes)
+# hidden 576: not a multiple of 256 (the combine's 8 columns x 32 lanes); 64 rows per
+# expert on average, so 128-row GEMM tiles (the default shape: 64-row ones)
 run "moe_test-g$g-lsa-large" "$TEST_BIN" -g "$g" -p lsa -H 576 -F 256 -E 32 -k 8 -T 256 -B 3 \
   ${MOE_TEST_ARGS:-}
 

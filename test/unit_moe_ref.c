@@ -177,6 +177,35 @@ static void test_config(void) {
   EXPECT(perseus_moe_check_config(&c, 64) == 0, "2^46-byte buffer refused: %s", perseus_moe_last_error());
 }
 
+/* --- GEMM tile rows: the variable and the choice --- */
+static void test_tile_rows(void) {
+  const char *good[] = {"", "0", "64", "128"};
+  const int want[] = {0, 0, 64, 128};
+  for (int i = 0; i < 4; i++) {
+    setenv("PERSEUS_MOE_TILE_ROWS", good[i], 1);
+    int v = -5;
+    EXPECT(ps_moe_env_tile_rows(&v) == 0 && v == want[i], "PERSEUS_MOE_TILE_ROWS '%s': %d", good[i], v);
+  }
+  const char *bad[] = {"32", "96", "x", "64k", "-64", "256"};
+  for (int i = 0; i < 6; i++) {
+    setenv("PERSEUS_MOE_TILE_ROWS", bad[i], 1);
+    int v = -5;
+    EXPECT(ps_moe_env_tile_rows(&v) == -1, "PERSEUS_MOE_TILE_ROWS '%s' accepted", bad[i]);
+    EXPECT(strstr(perseus_moe_last_error(), "PERSEUS_MOE_TILE_ROWS") &&
+               strstr(perseus_moe_last_error(), bad[i]),
+           "error '%s' names neither the variable nor '%s'", perseus_moe_last_error(), bad[i]);
+  }
+  unsetenv("PERSEUS_MOE_TILE_ROWS");
+  perseus_moe_config_t c = base; /* 16 experts, top-4: rows per expert = tokens * 4 * ranks / 16 */
+  EXPECT(ps_moe_tile_rows(&c, 1, 0, 0) == 64, "no tokens: 64-row tiles");
+  EXPECT(ps_moe_tile_rows(&c, 1, 188, 0) == 64, "47 rows per expert: 64-row tiles");
+  EXPECT(ps_moe_tile_rows(&c, 1, 192, 0) == 128, "48 rows per expert: 128-row tiles");
+  EXPECT(ps_moe_tile_rows(&c, 4, 48, 0) == 128, "48 rows per expert from 4 ranks: 128-row tiles");
+  EXPECT(ps_moe_tile_rows(&c, 4, 1 << 20, 0) == 128, "2^20 tokens: 128-row tiles");
+  EXPECT(ps_moe_tile_rows(&c, 4, 1 << 20, 64) == 64, "forced 64 wins");
+  EXPECT(ps_moe_tile_rows(&c, 1, 1, 128) == 128, "forced 128 wins");
+}
+
 static void test_error_log(void) {
   perseus_moe_config_t c = base;
   c.hidden = 1000;
@@ -512,6 +541,7 @@ int main(void) {
   test_bf16();
   test_config();
   test_error_log();
+  test_tile_rows();
   test_thread_local();
   test_layout();
   test_closed_form();

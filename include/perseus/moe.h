@@ -83,6 +83,7 @@ typedef struct {
   double wait_gemm1_us;   /* GEMM2 tasks waiting for their expert's GEMM1, average per CTA */
   double wait_combine_us; /* a token waiting for its experts' results, average per token */
   int grid;               /* CTAs of the persistent kernel (occupancy x SMs) */
+  int tile_rows;          /* rows of its GEMM tiles: 64 or 128 (PERSEUS_MOE_TILE_ROWS) */
   int wgmma;              /* 1: the GEMMs ran on wgmma (sm_90a code), 0: on mma.sync */
 } perseus_moe_profile_t;
 
