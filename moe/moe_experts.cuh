@@ -153,47 +153,69 @@ __device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
   }
 }
 
-/* ---- combine: warp per token ------------------------------------------------ */
+/* ---- combine: warp per (token, column group) ---------------------------------
+ * Items of `per` chunks of 256 columns (8 a lane), as few chunks an item as
+ * still give every warp one: at decode a token spreads over several warps
+ * instead of one warp reading its k x H / 256 row pieces one after another;
+ * at prefill a warp takes a whole token and waits for it once. The rows'
+ * loads are issued together. */
+#define PS_COMBINE_ROWS 8 /* row loads in flight per lane */
 __device__ void ps_moe_combine(const ps_moe_args &a)
 {
   const int lane = threadIdx.x & 31;
   const int warps = gridDim.x * (blockDim.x >> 5);
   const int w0 = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int chunks = (a.H + 255) / 256;
+  const int per = min(chunks, max(1, (int)(((long long)a.T * chunks + warps - 1) / warps)));
+  const int groups = (chunks + per - 1) / per;
   perseus_recv rv(a.dc, a.hcomb);
   __shared__ unsigned long long waited_cta; /* this CTA's tokens' waits, ns */
   unsigned long long waited = 0;
   if (threadIdx.x == 0) waited_cta = 0;
   __syncthreads();
-  for (int t = w0; t < a.T; t += warps) {
+  for (int it = w0; it < a.T * groups; it += warps) {
+    const int t = it / groups, g0 = it % groups * per;
     const unsigned long long t0 = ps_now_ns();
     if (lane < a.k) { /* every destination this token used has returned everything */
       int dst = a.st.topk_idx[t * a.k + lane] / a.L;
       rv.wait(dst, a.st.tot_c[dst]);
     }
     __syncwarp();
-    waited += ps_now_ns() - t0;
-    /* 8 columns per lane per step, no cross-lane traffic (hidden is a
-     * multiple of 64, not of 256: lanes may take different trip counts);
-     * rows written by peers are read at L2 (__ldcg), past any copy this
-     * SM's L1 could hold */
-    for (int c = lane * 8; c < a.H; c += 256) {
+    if (g0 == 0) waited += ps_now_ns() - t0; /* once per token */
+    /* hidden is a multiple of 64, not of 256: lanes may stop at different
+     * chunks, so no cross-lane operation below */
+    for (int ch = g0; ch < g0 + per && ch < chunks; ch++) {
+      const int c = ch * 256 + lane * 8;
+      if (c >= a.H) break;
       float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      for (int i = 0; i < a.k; i++) {
-        int e = a.st.topk_idx[t * a.k + i], dst = e / a.L, j = e % a.L;
-        int row = a.st.soff[dst * a.L + j] + a.st.slot[t * a.k + i];
-        float wi = a.st.topk_w[t * a.k + i];
-        uint4 v = __ldcg((const uint4 *)(ps_win_ptr(a, ps_row_off(a, a.off_comb, dst, row)) + c));
-        const __nv_bfloat162 *b = (const __nv_bfloat162 *)&v;
+      for (int i0 = 0; i0 < a.k; i0 += PS_COMBINE_ROWS) {
+        uint4 v[PS_COMBINE_ROWS];
+        float w[PS_COMBINE_ROWS];
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-          float2 f = __bfloat1622float2(b[q]);
-          acc[2 * q] += wi * f.x, acc[2 * q + 1] += wi * f.y;
+        for (int q = 0; q < PS_COMBINE_ROWS; q++) { /* rows written by peers: read at L2 (__ldcg), past L1 */
+          int i = i0 + q;
+          v[q] = make_uint4(0, 0, 0, 0), w[q] = 0.f;
+          if (i < a.k) {
+            int e = a.st.topk_idx[t * a.k + i], dst = e / a.L, j = e % a.L;
+            int row = a.st.soff[dst * a.L + j] + a.st.slot[t * a.k + i];
+            w[q] = a.st.topk_w[t * a.k + i];
+            v[q] = __ldcg((const uint4 *)(ps_win_ptr(a, ps_row_off(a, a.off_comb, dst, row)) + c));
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < PS_COMBINE_ROWS; q++) {
+          const __nv_bfloat162 *b = (const __nv_bfloat162 *)&v[q];
+#pragma unroll
+          for (int h = 0; h < 4; h++) {
+            float2 f = __bfloat1622float2(b[h]);
+            acc[2 * h] += w[q] * f.x, acc[2 * h + 1] += w[q] * f.y;
+          }
         }
       }
       uint4 o;
       __nv_bfloat162 *ob = (__nv_bfloat162 *)&o;
 #pragma unroll
-      for (int q = 0; q < 4; q++) ob[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+      for (int h = 0; h < 4; h++) ob[h] = __floats2bfloat162_rn(acc[2 * h], acc[2 * h + 1]);
       *(uint4 *)(a.out + (size_t)t * a.H + c) = o;
     }
   }

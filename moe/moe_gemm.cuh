@@ -6,7 +6,7 @@
  * contiguous) and PS_GEMM_N columns n (B_b row-major [N][K], K contiguous:
  * the weight layout), for NB weight matrices at once (GEMM1 needs W1 and W3
  * on the same rows). Tiles of A and B stream through shared memory with
- * cp.async, PS_GEMM_STAGES(BM) deep; rows past the valid count are
+ * cp.async, PS_GEMM_STAGES(BM, NB) deep; rows past the valid count are
  * zero-filled. The epilogue is a functor called per output pair (m, n, n+1)
  * with the NB accumulators. 64-row tiles are for few rows per expert
  * (decode: weight streaming, which wants the deeper pipeline), 128-row ones
@@ -28,9 +28,15 @@
 #define PS_GEMM_K 64 /* per stage: 128-byte rows, 8 chunks of 16 bytes */
 #define PS_GEMM_CH (PS_GEMM_K / 8)
 #define PS_GEMM_THREADS 256
-/* loads in flight: decode's weight streaming is latency-bound (64 rows: 4
- * stages, 6% faster than 3); 128 rows: 3, so that 2 CTAs fit on an SM */
-#define PS_GEMM_STAGES(BM) ((BM) == 64 ? 4 : 3)
+/* Bytes of one pipeline stage: a K slice of A and of the NB matrices. */
+#define PS_GEMM_STAGE_BYTES(BM, NB) (((BM) + (NB) * PS_GEMM_N) * PS_GEMM_K * 2)
+/* Shared memory per CTA: 4 stages of GEMM1 (NB = 2) with 64-row tiles, 3
+ * with 128 (2 CTAs on an SM either way), plus the slack that aligns the
+ * stages to 1 KiB (the swizzle pattern repeats every 8 rows of 128 B). */
+#define PS_GEMM_SMEM(BM) (((BM) == 64 ? 4 : 3) * PS_GEMM_STAGE_BYTES(BM, 2) + 1024)
+/* Loads in flight: as many stages as fit, since decode's weight streaming
+ * is latency-bound (64 rows: 4 stages for GEMM1, 6 for GEMM2 and the gate). */
+#define PS_GEMM_STAGES(BM, NB) ((PS_GEMM_SMEM(BM) - 1024) / PS_GEMM_STAGE_BYTES(BM, NB))
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PS_GEMM_WGMMA 1
@@ -38,10 +44,6 @@
 #define PS_GEMM_WGMMA 0
 #endif
 
-/* Shared memory per CTA for NB weight matrices, plus the slack that aligns
- * the stages to 1 KiB (the swizzle pattern repeats every 8 rows of 128 B). */
-#define PS_GEMM_SMEM(BM, NB) \
-  (PS_GEMM_STAGES(BM) * ((BM) + (NB) * PS_GEMM_N) * PS_GEMM_K * 2 + 1024)
 
 /* Rows are PS_GEMM_CH chunks of 16 bytes; chunk c of row r lives at
  * c ^ (r % PS_GEMM_CH) so that the 8 rows one ldmatrix phase reads (same
@@ -122,7 +124,7 @@ __device__ __forceinline__ void ps_wgmma_m64n64(float d[32], uint64_t da, uint64
  * tile's PS_GEMM_N rows of weight matrix i, rows `ldb` elements apart, of
  * which the first `nrows` exist (the rest read as zero); K (a multiple of
  * PS_GEMM_K) elements of each row are summed over. Every thread of the CTA
- * calls it; `smem` holds PS_GEMM_SMEM(BM, NB) bytes. Epi is called as
+ * calls it; `smem` holds PS_GEMM_SMEM(BM) bytes. Epi is called as
  * epi(m, n, acc) for each m < mrows and even n, acc[i][0..1] being columns
  * n and n+1 of matrix i (columns past nrows hold zeros). */
 template <int BM, int NB, typename Epi>
@@ -131,7 +133,7 @@ __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
                              char *smem, Epi epi)
 {
   static_assert(BM == 64 || BM == 128, "64- or 128-row tiles");
-  constexpr int STAGES = PS_GEMM_STAGES(BM), MI = BM / 64;
+  constexpr int STAGES = PS_GEMM_STAGES(BM, NB), MI = BM / 64;
   /* a thread's accumulator fragments of 16 rows x 8 columns, per matrix */
   constexpr int FR = 4 * MI;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

@@ -24,7 +24,8 @@
  *            then every expert's H/64 GEMM2 tiles, each starting when its
  *            expert's GEMM1 is done; the last GEMM2 tile of an expert returns
  *            each source's rows in one put.
- *   combine  warp per token: wait for the destinations it used, weighted sum.
+ *   combine  warp per (token, column group): wait for the destinations the
+ *            token used, weighted sum of its rows, loads issued together.
  *   --- barrier; CTA 0 clears the per-forward counters, every CTA the logits.
  * Everything cumulative (tiles per handle) stays monotonic across forwards,
  * so nothing is reset that a peer could still be adding to. */
@@ -41,7 +42,7 @@
 #include "perseus/moe_config.h"
 
 #define PS_MOE_THREADS PS_GEMM_THREADS
-#define PS_MOE_SMEM(BM) PS_GEMM_SMEM(BM, 2)
+#define PS_MOE_SMEM(BM) PS_GEMM_SMEM(BM)
 
 typedef __nv_bfloat16 ps_bf16;
 
