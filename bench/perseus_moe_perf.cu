@@ -118,7 +118,7 @@ static void mp_reduce(gc_world *w, double *v, int n, ncclRedOp_t op)
 
 /* What one (preset, regime) row reports; every field a max over ranks. */
 enum { R_FUSED, R_BASE, R_BASEG, R_ROUTE, R_DISP, R_WAIT, R_EXP, R_COMB, R_WROWS, R_WG1, R_WCOMB,
-       R_BEXP, R_FLOOR, R_CAP, R_FTF, R_BTF, R_ERR, R_N };
+       R_RG1, R_RG2, R_XEND, R_BEXP, R_FLOOR, R_CAP, R_FTF, R_BTF, R_ERR, R_N };
 
 static void mp_row(gc_world *w, const mp_cfg *c, int pi, int ti, double gbps)
 {
@@ -204,6 +204,7 @@ static void mp_row(gc_world *w, const mp_cfg *c, int pi, int ti, double gbps)
   v[R_ROUTE] = pf.route_us, v[R_DISP] = pf.dispatch_us, v[R_WAIT] = pf.wait_us;
   v[R_EXP] = pf.experts_us, v[R_COMB] = pf.combine_us, v[R_BEXP] = bt.experts_ms * 1e3;
   v[R_WROWS] = pf.wait_rows_us, v[R_WG1] = pf.wait_gemm1_us, v[R_WCOMB] = pf.wait_combine_us;
+  v[R_RG1] = pf.run_gemm1_us, v[R_RG2] = pf.run_gemm2_us, v[R_XEND] = pf.experts_end_us;
   /* weights of the experts that got rows, read once at the measured bandwidth */
   v[R_FLOOR] = (double)pf.active_experts * 3.0 * H * F * 2.0 / (gbps * 1e3);
   v[R_FTF] = -(pf.experts_us > 0 ? pf.gemm_flops / (pf.experts_us * 1e6) : 0); /* min via max */
@@ -243,9 +244,10 @@ static void mp_row(gc_world *w, const mp_cfg *c, int pi, int ti, double gbps)
     double padded = v[R_CAP] * (double)E * n * H * 2; /* n sources x E experts x cap rows */
     double best = v[R_BASE] < v[R_BASEG] ? v[R_BASE] : v[R_BASEG];
     printf("  %-14s %6d | %9.1f %9.1f %9.1f %6.2fx | %7.1f %7.1f %7.1f %8.1f %7.1f | %6.1f %6.1f %6.1f | "
-           "%6.1f %6.1f | %8.1f %5.2fx | %9.2f %9.2f %5.2fx",
+           "%7.1f %7.1f %7.1f | %6.1f %6.1f | %8.1f %5.2fx | %9.2f %9.2f %5.2fx",
            pr->name, T, v[R_FUSED], v[R_BASE], v[R_BASEG], best / v[R_FUSED], v[R_ROUTE], v[R_DISP],
-           v[R_WAIT], v[R_EXP], v[R_COMB], v[R_WROWS], v[R_WG1], v[R_WCOMB], -v[R_FTF], -v[R_BTF], v[R_FLOOR],
+           v[R_WAIT], v[R_EXP], v[R_COMB], v[R_WROWS], v[R_WG1], v[R_WCOMB], v[R_RG1], v[R_RG2],
+           v[R_XEND], -v[R_FTF], -v[R_BTF], v[R_FLOOR],
            v[R_FUSED] / v[R_FLOOR], bytes_all / 1e6, padded / 1e6, padded / bytes_all);
     if (c->check) printf(" | %.3g", v[R_ERR]);
     printf("\n");
@@ -269,10 +271,11 @@ static int mp_child(int rank, void *arg)
   gbps = -g;
   if (rank == 0) {
     printf("# HBM: %.0f GB/s (device-to-device copy, read + write, slowest rank)\n", gbps);
-    printf("# %-14s %6s | %9s %9s %9s %7s | %7s %7s %7s %8s %7s | %6s %6s %6s | %6s %6s | %8s %6s | "
-           "%9s %9s %6s%s\n",
+    printf("# %-14s %6s | %9s %9s %9s %7s | %7s %7s %7s %8s %7s | %6s %6s %6s | %7s %7s %7s | %6s %6s | "
+           "%8s %6s | %9s %9s %6s%s\n",
            "preset", "tokens", "fused(us)", "exact(us)", "group(us)", "speedup", "route", "disp", "wait",
-           "experts", "combine", "w:rows", "w:g1", "w:comb", "TF/s", "cuBLAS", "floor", "xfloor",
+           "experts", "combine", "w:rows", "w:g1", "w:comb", "r:g1", "r:g2", "end", "TF/s", "cuBLAS",
+           "floor", "xfloor",
            "sent(MB)", "padded", "ratio",
            c->check ? " | err/rms" : "");
   }
@@ -301,7 +304,9 @@ static void usage(FILE *f)
     "and grouped: both GEMMs grouped, GEMM1 bf16 out; speedup against the faster); the fused\n"
     "kernel's phases (latest CTA, us); idle time inside them (us): expert tasks waiting for\n"
     "rows (w:rows) and GEMM2 waiting for GEMM1 (w:g1), average per CTA, and a token's combine\n"
-    "waiting for results (w:comb); expert-GEMM TFLOP/s per rank (slowest), fused and\n"
+    "waiting for results (w:comb); per CTA, time in GEMM1 and GEMM2 tasks past those waits\n"
+    "(r:g1, r:g2) and from the experts phase's start to its last task's end (end: against\n"
+    "experts, the imbalance); expert-GEMM TFLOP/s per rank (slowest), fused and\n"
     "cuBLAS (exact); the weight-read floor\n"
     "(experts with rows x their bytes / HBM bandwidth) and fused / floor; dispatch bytes of\n"
     "all ranks against a padded all-to-all; err/rms: max |fused - baseline| over the rms.\n");

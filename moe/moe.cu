@@ -358,6 +358,9 @@ extern "C" ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_p
   out->wait_rows_us = (double)t[PS_PROF_WAIT_ROWS] / 1e3 / grid;
   out->wait_gemm1_us = (double)t[PS_PROF_WAIT_GEMM1] / 1e3 / grid;
   out->wait_combine_us = m->last_tokens ? (double)t[PS_PROF_WAIT_COMBINE] / 1e3 / m->last_tokens : 0;
+  out->run_gemm1_us = (double)t[PS_PROF_RUN_GEMM1] / 1e3 / grid;
+  out->run_gemm2_us = (double)t[PS_PROF_RUN_GEMM2] / 1e3 / grid;
+  out->experts_end_us = (double)t[PS_PROF_EXPERTS_END] / 1e3 / grid;
   out->grid = grid;
   out->tile_rows = m->last_kernel ? 128 : 64;
   out->wgmma = t[PS_PROF_WGMMA] == 2;

@@ -56,7 +56,8 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
   for (int s = threadIdx.x; s < a.R; s += blockDim.x) /* this expert's rows from every source */
     perseus_recv(a.dc, a.st.hexp[j]).wait(s, a.st.tot[j * a.R + s]);
   __syncthreads();
-  if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_WAIT_ROWS, ps_now_ns() - t0);
+  const unsigned long long t1 = ps_now_ns();
+  if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_WAIT_ROWS, t1 - t0);
   const ps_bf16 *recv = ps_win_ptr(a, a.off_recv);
   const ps_bf16 *b[2] = {a.w1 + ((size_t)j * a.F + n0) * a.H, a.w3 + ((size_t)j * a.F + n0) * a.H};
   int total = ps_expert_rows_total(a, j);
@@ -71,6 +72,7 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
     });
     __syncthreads();
   }
+  if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_RUN_GEMM1, ps_now_ns() - t1);
 }
 
 /* GEMM2 tile h0..h0+63 of expert j: Y = act W2^T, into the y window. */
@@ -79,10 +81,12 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
 {
   __shared__ int g[BM];
   __shared__ const ps_bf16 *rows[BM];
+  unsigned long long t1 = 0;
   if (threadIdx.x == 0) {
     const unsigned long long t0 = ps_now_ns();
     ps_spin_until(&a.st.g1done[j], a.F / PS_GEMM_N);
-    ps_prof_add(a, PS_PROF_WAIT_GEMM1, ps_now_ns() - t0);
+    t1 = ps_now_ns();
+    ps_prof_add(a, PS_PROF_WAIT_GEMM1, t1 - t0);
   }
   __syncthreads();
   ps_bf16 *y = ps_win_ptr(a, a.off_y);
@@ -97,6 +101,7 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
     });
     __syncthreads();
   }
+  if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_RUN_GEMM2, ps_now_ns() - t1);
 }
 
 /* Each source's output rows of expert j back to it, one put per segment. */
@@ -123,12 +128,17 @@ __device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
    * holds a GEMM2 tile waits for its expert's GEMM1, so GEMM2 tiles queued
    * early would idle CTAs that could stream weights meanwhile */
   const int n1 = a.F / PS_GEMM_N, n2 = a.H / PS_GEMM_N;
+  const unsigned long long t0 = ps_now_ns();
+  unsigned long long t_end = t0; /* the end of this CTA's last task */
   for (;;) {
     if (threadIdx.x == 0) task = atomicAdd(a.st.task, 1);
     __syncthreads();
     int tk = task;
     __syncthreads();
-    if (tk >= a.L * (n1 + n2)) break;
+    if (tk >= a.L * (n1 + n2)) {
+      if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_EXPERTS_END, t_end - t0);
+      break;
+    }
     bool g1 = tk < a.L * n1;
     int j = g1 ? tk / n1 : (tk - a.L * n1) / n2, i = g1 ? tk % n1 : n1 + (tk - a.L * n1) % n2;
     if (g1) {
@@ -150,6 +160,7 @@ __device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
       __syncthreads();
       if (last) ps_expert_return(a, j);
     }
+    t_end = ps_now_ns();
   }
 }
 

@@ -86,10 +86,14 @@ struct ps_moe_args {
  * earliest past the header barrier, the others the latest CTA's. The WAIT
  * slots are sums of ns spent waiting: expert tasks for their rows (per CTA),
  * GEMM2 tasks for their expert's GEMM1 (per CTA), combine for the returned
- * rows (per token); they tell idle time from weight streaming. */
+ * rows (per token); they tell idle time from weight streaming. The RUN
+ * slots sum the tasks' working time, EXPERTS_END each CTA's span in the
+ * experts phase: against the phase, the imbalance between CTAs. */
 enum { PS_PROF_START, PS_PROF_ROUTE, PS_PROF_DISPATCH, PS_PROF_HEADERS, PS_PROF_EXPERTS,
        PS_PROF_COMBINE, PS_PROF_WAIT_ROWS, PS_PROF_WAIT_GEMM1, PS_PROF_WAIT_COMBINE,
        PS_PROF_WGMMA, /* 1 + whether the GEMMs ran on wgmma (0: no forward yet) */
+       PS_PROF_RUN_GEMM1, PS_PROF_RUN_GEMM2, /* ns in GEMM1 / GEMM2 tasks past their waits, per CTA */
+       PS_PROF_EXPERTS_END, /* ns from a CTA's first task claim to the end of its last task, per CTA */
        PS_PROF_N };
 
 __device__ __forceinline__ unsigned long long ps_now_ns()

@@ -82,6 +82,11 @@ typedef struct {
   double wait_rows_us;    /* expert tasks waiting for their rows to arrive, average per CTA */
   double wait_gemm1_us;   /* GEMM2 tasks waiting for their expert's GEMM1, average per CTA */
   double wait_combine_us; /* a token waiting for its experts' results, average per token */
+  /* the experts phase per CTA, averages: against experts_us, how evenly the
+   * CTAs shared it; their weight bytes over these, how fast tasks stream */
+  double run_gemm1_us;   /* in GEMM1 tasks, past the wait for rows */
+  double run_gemm2_us;   /* in GEMM2 tasks, past the wait for GEMM1 */
+  double experts_end_us; /* from the phase's start to the end of the CTA's last task */
   int grid;               /* CTAs of the persistent kernel (occupancy x SMs) */
   int tile_rows;          /* rows of its GEMM tiles: 64 or 128 (PERSEUS_MOE_TILE_ROWS) */
   int wgmma;              /* 1: the GEMMs ran on wgmma (sm_90a code), 0: on mma.sync */
