@@ -44,7 +44,6 @@
 #define PS_GEMM_WGMMA 0
 #endif
 
-
 /* Rows are PS_GEMM_CH chunks of 16 bytes; chunk c of row r lives at
  * c ^ (r % PS_GEMM_CH) so that the 8 rows one ldmatrix phase reads (same
  * c, consecutive r) fall in distinct banks. From a 1 KiB aligned base this
