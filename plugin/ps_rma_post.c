@@ -55,6 +55,13 @@ static ssize_t send_held(ps_rma_comm_t *c, const struct ps_held_op *h) {
   return fi_writemsg(c->ep.ep, &m, h->flags);
 }
 
+/* An RMA write as the model NIC holds it (release time set by the caller). */
+static struct ps_held_op held_write(const struct fi_msg_rma *m, uint64_t flags) {
+  return (struct ps_held_op){.iov = m->msg_iov[0], .rma = m->rma_iov[0], .desc = m->desc[0],
+                             .context = m->context, .addr = m->addr, .flags = flags,
+                             .data = m->data};
+}
+
 void ps_rma_free_held(ps_rma_comm_t *c) { free(c->held); }
 #endif
 
@@ -72,9 +79,8 @@ static uint64_t next_rand(ps_rma_comm_t *c) {
 ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_rma *m,
                                uint64_t flags, int *posted) {
   (void)peer; /* no lanes: fence is refused on the unordered NIC */
-  struct ps_held_op op = {.iov = m->msg_iov[0], .rma = m->rma_iov[0], .desc = m->desc[0],
-                          .context = m->context, .addr = m->addr, .flags = flags, .data = m->data,
-                          .release_ns = ps_now_ns() + next_rand(c) % 2000000};
+  struct ps_held_op op = held_write(m, flags);
+  op.release_ns = ps_now_ns() + next_rand(c) % 2000000;
   return hold(c, &op, posted);
 }
 
@@ -109,8 +115,7 @@ static ncclResult_t hold_for_latency(ps_rma_comm_t *c, struct ps_held_op *op, in
 ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_rma *m,
                                uint64_t flags, int *posted) {
   (void)peer; /* no lanes: fence is refused on the distant NIC */
-  struct ps_held_op op = {.iov = m->msg_iov[0], .rma = m->rma_iov[0], .desc = m->desc[0],
-                          .context = m->context, .addr = m->addr, .flags = flags, .data = m->data};
+  struct ps_held_op op = held_write(m, flags);
   return hold_for_latency(c, &op, posted);
 }
 
