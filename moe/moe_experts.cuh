@@ -169,7 +169,8 @@ __device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
  * still give every warp one: at decode a token spreads over several warps
  * instead of one warp reading its k x H / 256 row pieces one after another;
  * at prefill a warp takes a whole token and waits for it once. The rows'
- * loads are issued together. */
+ * addresses and weights are looked up once per item, their loads issued
+ * together. */
 #define PS_COMBINE_ROWS 8 /* row loads in flight per lane */
 __device__ void ps_moe_combine(const ps_moe_args &a)
 {
@@ -185,32 +186,41 @@ __device__ void ps_moe_combine(const ps_moe_args &a)
   if (threadIdx.x == 0) waited_cta = 0;
   __syncthreads();
   for (int it = w0; it < a.T * groups; it += warps) {
-    const int t = it / groups, g0 = it % groups * per;
+    const int t = it / groups, g0 = it % groups * per, g1 = min(g0 + per, chunks);
     const unsigned long long t0 = ps_now_ns();
+    int dst = 0, j = 0;
     if (lane < a.k) { /* every destination this token used has returned everything */
-      int dst = a.st.topk_idx[t * a.k + lane] / a.L;
+      const int e = a.st.topk_idx[t * a.k + lane];
+      dst = e / a.L, j = e % a.L;
       rv.wait(dst, a.st.tot_c[dst]);
     }
     __syncwarp();
     if (g0 == 0) waited += ps_now_ns() - t0; /* once per token */
-    /* hidden is a multiple of 64, not of 256: lanes may stop at different
-     * chunks, so no cross-lane operation below */
-    for (int ch = g0; ch < g0 + per && ch < chunks; ch++) {
+    /* lane i < k: the token's i-th result row (written by a peer: read at L2,
+     * __ldcg, past L1) and its weight, looked up once and passed round */
+    const ps_bf16 *row = NULL;
+    float wt = 0.f;
+    if (lane < a.k) {
+      const int r = a.st.soff[dst * a.L + j] + a.st.slot[t * a.k + lane];
+      row = ps_win_ptr(a, ps_row_off(a, a.off_comb, dst, r));
+      wt = a.st.topk_w[t * a.k + lane];
+    }
+    /* every lane takes every chunk (the shuffles need them all); hidden is a
+     * multiple of 64, not of 256, so a lane's columns may be past the end */
+    for (int ch = g0; ch < g1; ch++) {
       const int c = ch * 256 + lane * 8;
-      if (c >= a.H) break;
+      const bool mine = c < a.H;
       float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       for (int i0 = 0; i0 < a.k; i0 += PS_COMBINE_ROWS) {
         uint4 v[PS_COMBINE_ROWS];
         float w[PS_COMBINE_ROWS];
 #pragma unroll
-        for (int q = 0; q < PS_COMBINE_ROWS; q++) { /* rows written by peers: read at L2 (__ldcg), past L1 */
-          int i = i0 + q;
+        for (int q = 0; q < PS_COMBINE_ROWS; q++) {
           v[q] = make_uint4(0, 0, 0, 0), w[q] = 0.f;
-          if (i < a.k) {
-            int e = a.st.topk_idx[t * a.k + i], dst = e / a.L, j = e % a.L;
-            int row = a.st.soff[dst * a.L + j] + a.st.slot[t * a.k + i];
-            w[q] = a.st.topk_w[t * a.k + i];
-            v[q] = __ldcg((const uint4 *)(ps_win_ptr(a, ps_row_off(a, a.off_comb, dst, row)) + c));
+          if (i0 + q < a.k) { /* warp-uniform */
+            const ps_bf16 *r = (const ps_bf16 *)__shfl_sync(0xffffffffu, (unsigned long long)row, i0 + q);
+            w[q] = __shfl_sync(0xffffffffu, wt, i0 + q);
+            if (mine) v[q] = __ldcg((const uint4 *)(r + c));
           }
         }
 #pragma unroll
@@ -223,6 +233,7 @@ __device__ void ps_moe_combine(const ps_moe_args &a)
           }
         }
       }
+      if (!mine) continue;
       uint4 o;
       __nv_bfloat162 *ob = (__nv_bfloat162 *)&o;
 #pragma unroll
