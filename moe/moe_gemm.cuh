@@ -35,7 +35,7 @@
  * stages to 1 KiB (the swizzle pattern repeats every 8 rows of 128 B). */
 #define PS_GEMM_SMEM(BM) (((BM) == 64 ? 4 : 3) * PS_GEMM_STAGE_BYTES(BM, 2) + 1024)
 /* Loads in flight: as many stages as fit, since decode's weight streaming
- * is latency-bound (64 rows: 4 stages for GEMM1, 6 for GEMM2 and the gate). */
+ * is latency-bound (64 rows: 4 stages for the expert GEMMs, two matrices each, 6 for the gate). */
 #define PS_GEMM_STAGES(BM, NB) ((PS_GEMM_SMEM(BM) - 1024) / PS_GEMM_STAGE_BYTES(BM, NB))
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -21,8 +21,8 @@
  *   experts  a queue of tasks claimed in order: every expert's F/64 GEMM1
  *            tiles (W1 and W3 on the same rows, SiLU-gated, bf16 activation),
  *            each starting when that expert's rows from every source arrived,
- *            then every expert's H/64 GEMM2 tiles, each starting when its
- *            expert's GEMM1 is done; the last GEMM2 tile of an expert returns
+ *            then every expert's GEMM2 tasks of 128 columns, each starting
+ *            when its expert's GEMM1 is done; the last GEMM2 task of an expert returns
  *            each source's rows in one put.
  *   combine  warp per (token, column group): wait for the destinations the
  *            token used, weighted sum of its rows, loads issued together.
@@ -54,7 +54,7 @@ struct ps_moe_state {
   int *sdone;         /* [R][L] rows put so far (last one closes the segment) */
   int *rcnt, *roff;   /* [R][L] rows from (src, expert) and their offset */
   int *g1done;        /* [L] GEMM1 tiles done */
-  int *g2done;        /* [L] GEMM2 tiles done */
+  int *g2done;        /* [L] GEMM2 tasks done */
   int *task;          /* next task of the queue */
   uint64_t *tot;      /* [L][R] cumulative tiles expected from src on expert handle */
   uint64_t *tot_c;    /* [R] cumulative returned segments expected from dst */
