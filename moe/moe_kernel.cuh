@@ -169,39 +169,75 @@ __device__ void ps_moe_gate(const ps_moe_args &a, char *smem)
     xin[i] = ((const uint4 *)a.x)[i];
 }
 
+/* A warp's softmax and top-k of one token's logits lg[0..E): fills ek/wk
+ * (lane-uniform) and returns the sum of the k weights. PER > 0: the lane's
+ * logits e = lane + 32 i are read once into registers (E <= 32 PER); PER = 0:
+ * read from memory at every pass (any E). Ties: the lower id. */
+template <int PER>
+__device__ __forceinline__ float ps_topk_token(const float *lg, int E, int k, int lane, int *ek,
+                                               float *wk)
+{
+  constexpr int N = PER > 0 ? PER : 1;
+  float v[N];
+  if constexpr (PER > 0) {
+#pragma unroll
+    for (int i = 0; i < PER; i++) v[i] = lane + 32 * i < E ? lg[lane + 32 * i] : -INFINITY;
+  }
+  auto logit = [&](int i, int e) -> float {
+    if constexpr (PER > 0) return v[i];
+    else return lg[e];
+  };
+  const int passes = PER > 0 ? PER : (E + 31) / 32;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < passes; i++)
+    if (lane + 32 * i < E) mx = fmaxf(mx, logit(i, lane + 32 * i));
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float den = 0.f;
+#pragma unroll
+  for (int i = 0; i < passes; i++)
+    if (lane + 32 * i < E) den += __expf(logit(i, lane + 32 * i) - mx);
+  den = ps_warp_sum(den);
+  unsigned taken = 0; /* PER > 0: bit i, the lane's logit i was picked */
+  float wsum = 0.f;
+  for (int r = 0; r < k; r++) {
+    float bv = -INFINITY;
+    int be = E;
+#pragma unroll
+    for (int i = 0; i < passes; i++) {
+      const int e = lane + 32 * i;
+      bool out = e >= E;
+      if constexpr (PER > 0) out |= (taken >> i) & 1;
+      else
+        for (int q = 0; q < r; q++) out |= ek[q] == e;
+      const float x = out ? -INFINITY : logit(i, e);
+      if (!out && (x > bv || (x == bv && e < be))) bv = x, be = e;
+    }
+    for (int o = 16; o; o >>= 1) {
+      float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      int oe = __shfl_xor_sync(0xffffffffu, be, o);
+      if (ov > bv || (ov == bv && oe < be)) bv = ov, be = oe;
+    }
+    if (PER > 0 && (be & 31) == lane) taken |= 1u << (be >> 5);
+    ek[r] = be;
+    wk[r] = __expf(bv - mx) / den;
+    wsum += wk[r];
+  }
+  return wsum;
+}
+
+#define PS_TOPK_PER_LANE 8 /* logits a lane keeps in registers: up to 256 experts */
 __device__ void ps_moe_topk(const ps_moe_args &a)
 {
   const int lane = threadIdx.x & 31;
   const int warps = gridDim.x * (blockDim.x >> 5), w0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   for (int t = w0; t < a.T; t += warps) {
     const float *lg = a.st.logits + (size_t)t * a.E;
-    /* softmax denominator, then k rounds of arg-max (ties: lower id) */
-    float mx = -INFINITY;
-    for (int e = lane; e < a.E; e += 32) mx = fmaxf(mx, lg[e]);
-    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float den = 0.f;
-    for (int e = lane; e < a.E; e += 32) den += __expf(lg[e] - mx);
-    den = ps_warp_sum(den);
-    float wsum = 0.f, wk[PERSEUS_MOE_MAX_TOPK];
+    float wk[PERSEUS_MOE_MAX_TOPK];
     int ek[PERSEUS_MOE_MAX_TOPK];
-    for (int i = 0; i < a.k; i++) {
-      float bv = -INFINITY;
-      int be = a.E;
-      for (int e = lane; e < a.E; e += 32) {
-        bool taken = false;
-        for (int q = 0; q < i; q++) taken |= ek[q] == e;
-        float v = lg[e];
-        if (!taken && (v > bv || (v == bv && e < be))) bv = v, be = e;
-      }
-      for (int o = 16; o; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        int oe = __shfl_xor_sync(0xffffffffu, be, o);
-        if (ov > bv || (ov == bv && oe < be)) bv = ov, be = oe;
-      }
-      ek[i] = be;
-      wk[i] = __expf(bv - mx) / den;
-      wsum += wk[i];
-    }
+    const float wsum = a.E <= 32 * PS_TOPK_PER_LANE
+                           ? ps_topk_token<PS_TOPK_PER_LANE>(lg, a.E, a.k, lane, ek, wk)
+                           : ps_topk_token<0>(lg, a.E, a.k, lane, ek, wk);
     if (lane < a.k) {
       int e = ek[0];
       float w = wk[0];
