@@ -172,7 +172,9 @@ __device__ void ps_moe_gate(const ps_moe_args &a, char *smem)
 /* A warp's softmax and top-k of one token's logits lg[0..E): fills ek/wk
  * (lane-uniform) and returns the sum of the k weights. PER > 0: the lane's
  * logits e = lane + 32 i are read once into registers (E <= 32 PER); PER = 0:
- * read from memory at every pass (any E). Ties: the lower id. */
+ * read from memory at every pass (any E). Ties: the lower id. Every pick is
+ * an expert id < E whatever the logits hold (k <= E untaken ones exist), so
+ * a NaN in the input cannot send a row out of bounds. */
 template <int PER>
 __device__ __forceinline__ float ps_topk_token(const float *lg, int E, int k, int lane, int *ek,
                                                float *wk)
@@ -210,8 +212,9 @@ __device__ __forceinline__ float ps_topk_token(const float *lg, int E, int k, in
       if constexpr (PER > 0) out |= (taken >> i) & 1;
       else
         for (int q = 0; q < r; q++) out |= ek[q] == e;
-      const float x = out ? -INFINITY : logit(i, e);
-      if (!out && (x > bv || (x == bv && e < be))) bv = x, be = e;
+      float x = out ? -INFINITY : logit(i, e);
+      x = x != x ? -INFINITY : x; /* NaN (from NaN input) ranks last, but still ranks */
+      if (!out && (be == E || x > bv || (x == bv && e < be))) bv = x, be = e;
     }
     for (int o = 16; o; o >>= 1) {
       float ov = __shfl_xor_sync(0xffffffffu, bv, o);
