@@ -92,18 +92,57 @@ static void probe_rx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int e
     fail_comm(c, ncclSystemError, "could not re-post the liveness receive");
 }
 
+/* A failed probe means a dead peer, except when it was queued behind sends
+ * of ours still in flight: sockets (libfabric 1.17) failed such a probe with
+ * -FI_EIO while the peer was alive and the send before it still streaming
+ * (one CI run, 64 MiB on a loaded 2-core machine). That provider drops the
+ * connection of a failed send, so the next probe, PS_PROBE_RETRY_MS later,
+ * connects afresh: PS_PROBE_TRIES failures in a row declare the peer dead
+ * (a dead peer's tries fail within milliseconds). */
+#define PS_PROBE_TRIES 3
+#define PS_PROBE_RETRY_MS 10
+/* One more failed try in a series (a failed probe, or a refused post after
+ * one): the peer is gone at PS_PROBE_TRIES, else the next try comes in
+ * PS_PROBE_RETRY_MS rather than PERSEUS_KEEPALIVE_MS. */
+static void probe_try_failed(ps_comm_t *c, uint64_t now, const char *why) {
+  if (++c->probe_failures >= PS_PROBE_TRIES) {
+    char msg[400];
+    snprintf(msg, sizeof msg, "%d liveness probes in a row failed, peer is gone: %s",
+             c->probe_failures, why);
+    fail_comm(c, ncclRemoteError, msg);
+    return;
+  }
+  PS_INFO(NCCL_NET, "liveness probe %d to %s failed (%s): trying again", c->probe_failures,
+          c->peer_str[0] ? c->peer_str : "peer", why);
+  uint64_t wait_ns = (uint64_t)c->cfg->keepalive_ms * 1000000ULL;
+  uint64_t retry_ns = (uint64_t)PS_PROBE_RETRY_MS * 1000000ULL;
+  c->last_activity_ns = now - (wait_ns > retry_ns ? wait_ns - retry_ns : 0);
+}
+
 static void probe_tx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err,
                           const char *errstr) {
   ps_comm_t *c = op->owner;
   (void)e;
   c->probe_inflight = 0;
-  if (err) {
-    char msg[400];
-    snprintf(msg, sizeof msg, "liveness probe failed, peer is gone: %s", errstr);
-    fail_comm(c, ncclRemoteError, msg);
-  } else {
-    c->last_activity_ns = ps_now_ns();
+  uint64_t now = ps_now_ns();
+#ifdef PS_PROBE_FAULT_TEST /* test-only model: what sockets did, one try short of a dead peer */
+  if (!err && c->probe_behind && c->probe_failures < PS_PROBE_TRIES - 1) {
+    err = -FI_EIO, errstr = "Input/output error (injected by PS_PROBE_FAULT_TEST)";
+    PS_WARN("test: liveness probe failure injected behind our own sends");
   }
+#endif
+  if (!err) {
+    c->last_activity_ns = now;
+    c->probe_failures = 0;
+    return;
+  }
+  if (c->probe_behind || c->probe_failures) {
+    probe_try_failed(c, now, errstr);
+    return;
+  }
+  char msg[400];
+  snprintf(msg, sizeof msg, "liveness probe failed, peer is gone: %s", errstr);
+  fail_comm(c, ncclRemoteError, msg);
 }
 
 ncclResult_t ps_comm_start_liveness(ps_comm_t *c) {
@@ -130,6 +169,7 @@ static void check_liveness(ps_comm_t *c, uint64_t now) {
     /* idle time counts against nothing, not even a probe still in flight */
     c->last_activity_ns = c->probe_sent_ns = now;
     c->probe_refused_since_ns = 0;
+    c->probe_failures = 0;
     return;
   }
   if (c->probe_inflight) {
@@ -160,7 +200,12 @@ static void check_liveness(ps_comm_t *c, uint64_t now) {
     c->probe_inflight = 1;
     c->probe_sent_ns = now;
     c->probe_after_tx = c->tx_posted;
+    c->probe_behind = c->tx_finished < c->tx_posted;
     c->probe_refused_since_ns = 0;
+    return;
+  }
+  if (c->probe_failures) { /* a series of tries after a failed probe */
+    probe_try_failed(c, now, "the provider refused the probe");
     return;
   }
   /* A provider whose connection to a dead peer is gone may refuse the post
@@ -199,7 +244,10 @@ ncclResult_t ps_comm_progress(ps_comm_t *c) {
   ncclResult_t rc = ps_ep_progress(&c->ep, 256, &handled);
   if (rc != ncclSuccess) fail_comm(c, rc, c->ep.fatal);
   uint64_t now = ps_now_ns();
-  if (handled) c->last_activity_ns = now, c->probe_refused_since_ns = 0; /* the peer shows life */
+  if (handled) { /* the peer shows life; a probe retry after a failure keeps its own clock */
+    c->probe_refused_since_ns = 0;
+    if (!c->probe_failures) c->last_activity_ns = now;
+  }
   check_liveness(c, now);
   return c->failed;
 }

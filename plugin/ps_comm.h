@@ -50,6 +50,8 @@ struct ps_comm {
   /* liveness */
   uint64_t last_activity_ns, probe_sent_ns;
   uint64_t probe_refused_since_ns; /* provider refusing the probe post (-FI_EAGAIN) since */
+  int probe_failures;              /* probes queued behind our own sends failed in a row */
+  int probe_behind;                /* the probe in flight was posted behind sends of ours */
   int probe_inflight;
   /* sends posted / finished on this comm: a probe is queued behind the data
    * posted before it, so its clock starts only once that data has left */
