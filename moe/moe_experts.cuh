@@ -75,22 +75,21 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
   if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_RUN_GEMM1, ps_now_ns() - t1);
 }
 
-#define PS_MOE_G2_COLS 128
-/* GEMM2 tasks take PS_MOE_G2_COLS columns of Y: at 128, the rows of W2 for
- * columns h0..h0+63 and h0+64..h0+127 are the tile's two matrices (as W1
- * and W3 are in GEMM1), so a task reads the activation rows once for 128
- * columns and each k-step carries as many weight bytes as GEMM1's. */
+/* GEMM2 tasks take 128 columns of Y: the rows of W2 for columns h0..h0+63
+ * and h0+64..h0+127 are the tile's two matrices (as W1 and W3 are in
+ * GEMM1), so a task reads the activation rows once for 128 columns and each
+ * k-step carries as many weight bytes as GEMM1's. */
+#define PS_MOE_G2_COLS (2 * PS_GEMM_N)
 __device__ __forceinline__ int ps_g2_tasks(const ps_moe_args &a)
 {
   return (a.H + PS_MOE_G2_COLS - 1) / PS_MOE_G2_COLS;
 }
 
-/* GEMM2 columns h0 .. h0 + PS_MOE_G2_COLS - 1 of expert j (fewer at the end
- * of a hidden size that is not a multiple): Y = act W2^T, into the y window. */
+/* GEMM2 columns h0 .. h0 + 127 of expert j (h0 .. h0 + 63 at the end of a
+ * hidden size that is an odd multiple of 64): Y = act W2^T, into the y window. */
 template <int BM>
 __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
 {
-  constexpr int NB = PS_MOE_G2_COLS / PS_GEMM_N;
   __shared__ int g[BM];
   __shared__ const ps_bf16 *rows[BM];
   unsigned long long t1 = 0;
@@ -105,17 +104,17 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
   /* a missing second half re-reads the first one's weights (from L2) and
    * writes nothing */
   const bool half2 = h0 + PS_GEMM_N < a.H;
-  const ps_bf16 *b[NB];
-  for (int i = 0; i < NB; i++) b[i] = a.w2 + ((size_t)j * a.H + h0 + (i && half2 ? i * PS_GEMM_N : 0)) * a.F;
+  const ps_bf16 *w = a.w2 + ((size_t)j * a.H + h0) * a.F;
+  const ps_bf16 *b[2] = {w, half2 ? w + (size_t)PS_GEMM_N * a.F : w};
   int total = ps_expert_rows_total(a, j);
   for (int m0 = 0; m0 < total; m0 += BM) {
     int n = ps_expert_rows<BM>(a, j, m0, g);
     if (threadIdx.x < n) rows[threadIdx.x] = a.act + (size_t)g[threadIdx.x] * a.F;
     __syncthreads();
-    ps_gemm_tile<BM, NB>(rows, n, b, PS_GEMM_N, a.F, a.F, smem, [&](int m, int c, float (*v)[2]) {
+    ps_gemm_tile<BM, 2>(rows, n, b, PS_GEMM_N, a.F, a.F, smem, [&](int m, int c, float (*v)[2]) {
       ps_bf16 *yr = y + (size_t)g[m] * a.H + h0 + c;
       *(__nv_bfloat162 *)yr = __floats2bfloat162_rn(v[0][0], v[0][1]);
-      if (NB > 1 && half2) *(__nv_bfloat162 *)(yr + PS_GEMM_N) = __floats2bfloat162_rn(v[NB - 1][0], v[NB - 1][1]);
+      if (half2) *(__nv_bfloat162 *)(yr + PS_GEMM_N) = __floats2bfloat162_rn(v[1][0], v[1][1]);
     });
     __syncthreads();
   }
