@@ -376,7 +376,7 @@ int main(int argc, char **argv)
   const char *prov = getenv("PERSEUS_PROVIDER");
   printf("# machine: host %s, NCCL %d.%d.%d, provider %s, %d GPUs:", host, nv / 10000,
          nv / 100 % 100, nv % 100, prov ? prov : "(plugin default)", c.ngpus);
-  for (int d = 0; d < c.ngpus; d++) printf(" [%d] %s", d, gp_sh->gpu_name[d]);
+  gc_print_rank_gpus(c.ngpus);
   printf("\n");
 
   int refused[MAX_LIST] = {0}, failed[MAX_LIST] = {0}, host_set = -1, ran = 0;

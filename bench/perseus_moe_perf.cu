@@ -109,7 +109,7 @@ static void mp_reduce(gc_world *w, double *v, int n, ncclRedOp_t op)
 {
   double *d;
   GC_CUDA(cudaMalloc(&d, n * sizeof(double)), "%d values", n);
-  GC_CUDA(cudaMemcpy(d, v, n * sizeof(double), cudaMemcpyHostToDevice), "reduce");
+  GC_CUDA(cudaMemcpyAsync(d, v, n * sizeof(double), cudaMemcpyHostToDevice, w->stream), "reduce");
   GC_NCCL(ncclAllReduce(d, d, n, ncclDouble, op, w->comm, w->stream), "%d values", n);
   gc_wait_stream(w, "allreduce", NULL, NULL);
   GC_CUDA(cudaMemcpy(v, d, n * sizeof(double), cudaMemcpyDeviceToHost), "reduce");
@@ -377,6 +377,7 @@ int main(int argc, char **argv)
   tt_set_env(c.path, stdout);
   int rc = gc_probe_gpus_min(0, 1, &c.ngpus, c.watchdog_s);
   if (rc >= 0) return rc;
+  if ((rc = tt_check_shared(c.path, "perseus_moe_perf")) >= 0) return rc;
   for (int pi = 0; pi < c.npresets; pi++)
     for (int ti = 0; ti < c.nregimes; ti++) {
       perseus_moe_config_t mc = mp_config(&c, pi, ti);
@@ -389,7 +390,7 @@ int main(int argc, char **argv)
   char host[256] = "?";
   gethostname(host, sizeof(host) - 1);
   printf("# machine: host %s, %d GPUs:", host, c.ngpus);
-  for (int d = 0; d < c.ngpus; d++) printf(" [%d] %s", d, gp_sh->gpu_name[d]);
+  gc_print_rank_gpus(c.ngpus);
   printf("\n# path %s, batch %d, %d forwards (+%d warmup), seed %" PRIu64 "\n",
          tt_path_names[c.path], c.batch, c.iters, c.warmup, c.seed);
   if (c.experts) printf("# experts: %d (-E), not the presets'\n", c.experts);

@@ -256,6 +256,8 @@ int main(int argc, char **argv)
   tt_set_env(TT_GIN, stdout); /* the probe needs EAGER too; each set resets its own */
   int rc0 = gc_probe_gpus(0, &c.ngpus, c.stall_s);
   if (rc0 >= 0) return rc0;
+  for (int pi = 0; pi < c.npaths; pi++)
+    if ((rc0 = tt_check_shared(c.paths[pi], "perseus_tile_perf")) >= 0) return rc0;
   int codes[GP_MAX_RANKS];
   char host[256] = "?";
   gethostname(host, sizeof(host) - 1);
@@ -264,7 +266,7 @@ int main(int argc, char **argv)
   printf("# machine: host %s, NCCL %d.%d.%d, provider %s, ordering %s, %d GPUs:", host,
          nv / 10000, nv / 100 % 100, nv % 100, prov ? prov : "(plugin default)",
          ord ? ord : "(plugin default)", c.ngpus);
-  for (int d = 0; d < c.ngpus; d++) printf(" [%d] %s", d, gp_sh->gpu_name[d]);
+  gc_print_rank_gpus(c.ngpus);
   printf("\n# %d tiles per peer per round, %d producer CTAs of %s coops, %d rounds (+%d warmup)\n",
          c.ntiles, c.ctas, c.coop == TT_COOP_CTA ? "CTA" : "warp", c.iters, c.warmup);
 

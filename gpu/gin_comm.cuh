@@ -75,8 +75,16 @@ static inline ncclResult_t gc_world_init(gc_world *w, int rank, int nranks)
   memset(w, 0, sizeof(*w));
   w->rank = rank;
   w->nranks = nranks;
-  gp_progress(NULL, -1, "cudaSetDevice(%d)", rank);
-  GC_CUDA(cudaSetDevice(rank), "device %d", rank);
+  /* Ranks sharing GPUs (gp_share_gpus): each its own NCCL host, so NCCL's
+   * duplicate-GPU check passes and every peer is a network (GIN) peer. */
+  int dev = gp_sh->shared_gpus ? rank % gp_sh->ndev : rank;
+  if (gp_sh->shared_gpus) {
+    char host[32];
+    snprintf(host, sizeof(host), "perseus-rank-%d", rank);
+    setenv("NCCL_HOSTID", host, 1);
+  }
+  gp_progress(NULL, -1, "cudaSetDevice(%d)", dev);
+  GC_CUDA(cudaSetDevice(dev), "device %d", dev);
   GC_CUDA(cudaStreamCreateWithFlags(&w->stream, cudaStreamNonBlocking), "device %d", rank);
   ncclUniqueId id;
   if (rank == 0) {
@@ -255,15 +263,35 @@ static inline int gc_probe_gpus_min(int detail, int min_gpus, int *ngpus, double
            nv / 100 % 100, nv % 100, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, gp_sh->runtime_version,
            gp_sh->driver_version);
   }
+  int share;
+  if (gp_share_gpus(&share)) return 1;
   if (*ngpus == 0) *ngpus = gp_sh->ndev < GP_MAX_RANKS ? gp_sh->ndev : GP_MAX_RANKS;
-  if (*ngpus < min_gpus || *ngpus > gp_sh->ndev) {
-    printf("# %d GPU(s) visible, %d needed: skipped\n", gp_sh->ndev,
-           *ngpus < min_gpus ? min_gpus : *ngpus);
+  if (*ngpus > gp_sh->ndev && share && *ngpus >= min_gpus) {
+    gp_sh->shared_gpus = 1;
+    printf("# %d ranks on %d GPU(s) (PERSEUS_TEST_SHARE_GPUS=1): each rank its own NCCL host, "
+           "every peer over the network; the GPUs are time-sliced, so timings say little\n",
+           *ngpus, gp_sh->ndev);
+  } else if (*ngpus < min_gpus || *ngpus > gp_sh->ndev) {
+    printf("# %d GPU(s) visible, %d needed: skipped%s\n", gp_sh->ndev,
+           *ngpus < min_gpus ? min_gpus : *ngpus,
+           *ngpus > gp_sh->ndev ? " (PERSEUS_TEST_SHARE_GPUS=1 puts several ranks on a GPU)" : "");
     return GP_EXIT_SKIP;
   }
   if (detail)
-    for (int d = 0; d < *ngpus; d++) printf("# rank %d: GPU %d: %s\n", d, d, gp_sh->gpu_name[d]);
+    for (int d = 0; d < *ngpus; d++)
+      printf("# rank %d: GPU %d: %s\n", d, d % gp_sh->ndev, gp_sh->gpu_name[d % gp_sh->ndev]);
   return -1;
+}
+
+/* " [rank] GPU name" for each of n ranks, for the benchmarks' machine line;
+ * ranks sharing GPUs (PERSEUS_TEST_SHARE_GPUS) name theirs. */
+static inline void gc_print_rank_gpus(int n)
+{
+  for (int d = 0; d < n; d++) {
+    int g = d % gp_sh->ndev;
+    if (gp_sh->shared_gpus) printf(" [%d] GPU %d: %s", d, g, gp_sh->gpu_name[g]);
+    else printf(" [%d] %s", d, gp_sh->gpu_name[g]);
+  }
 }
 
 /* The same for programs that need at least 2 GPUs. */

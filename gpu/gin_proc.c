@@ -339,6 +339,19 @@ void gp_default_env(FILE *f)
   fprintf(f, "\n");
 }
 
+int gp_share_gpus(int *on)
+{
+  const char *v = getenv("PERSEUS_TEST_SHARE_GPUS");
+  *on = 0;
+  if (!v || !*v || !strcmp(v, "0")) return 0;
+  if (!strcmp(v, "1")) {
+    *on = 1;
+    return 0;
+  }
+  fprintf(stderr, "%s: PERSEUS_TEST_SHARE_GPUS='%s': expected 0 or 1\n", gp_prog, v);
+  return -1;
+}
+
 /* ---- plugin statistics ---------------------------------------------------- */
 
 static int find_plugin_path(struct dl_phdr_info *info, size_t size, void *out)

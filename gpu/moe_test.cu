@@ -24,7 +24,7 @@ extern "C" {
 }
 
 struct mt_cfg {
-  int path, ngpus, iters, watchdog_s;
+  int path, ngpus, iters, layers, watchdog_s;
   perseus_moe_config_t mc;
   uint64_t seed;
 };
@@ -90,6 +90,27 @@ static void mt_tokens(const mt_cfg *c, const mt_host *h, int rank, int it, int n
     }
 }
 
+/* A layer on w's communicator with this rank's experts loaded. NULL when
+ * create refuses (said on stderr); load failures die. */
+static perseus_moe_t *mt_layer(const mt_cfg *c, gc_world *w, const mt_host *h, int rank)
+{
+  const perseus_moe_config_t *mc = &c->mc;
+  size_t H = mc->hidden, F = mc->ffn, L = mc->experts / c->ngpus;
+  perseus_moe_t *m = NULL;
+  gp_progress(NULL, -1, "perseus_moe_create");
+  ncclResult_t r = perseus_moe_create(w->comm, mc, &m);
+  if (r != ncclSuccess) {
+    fprintf(stderr, "%s: rank %d: perseus_moe_create: %s: %s\n", gp_prog, rank,
+            ncclGetErrorString(r), perseus_moe_last_error());
+    return NULL;
+  }
+  r = perseus_moe_load_weights(m, h->gate, h->w1 + rank * L * F * H, h->w3 + rank * L * F * H,
+                               h->w2 + rank * L * H * F);
+  if (r != ncclSuccess)
+    gc_die(__FILE__, __LINE__, "perseus_moe_load_weights: %s", perseus_moe_last_error());
+  return m;
+}
+
 static int mt_child(int rank, void *arg)
 {
   const mt_cfg *c = (const mt_cfg *)arg;
@@ -101,19 +122,10 @@ static int mt_child(int rank, void *arg)
   mt_host h;
   gp_progress(NULL, -1, "generating the weights");
   mt_weights(c, n, &h);
-  perseus_moe_t *m = NULL;
-  gp_progress(NULL, -1, "perseus_moe_create");
-  ncclResult_t r = perseus_moe_create(w.comm, mc, &m);
-  if (r != ncclSuccess) {
-    fprintf(stderr, "%s: rank %d: perseus_moe_create: %s: %s\n", gp_prog, rank,
-            ncclGetErrorString(r), perseus_moe_last_error());
-    return GP_EXIT_REFUSED;
-  }
-  size_t H = mc->hidden, F = mc->ffn, L = mc->experts / n, k = mc->topk, T = mc->max_tokens;
-  r = perseus_moe_load_weights(m, h.gate, h.w1 + rank * L * F * H, h.w3 + rank * L * F * H,
-                               h.w2 + rank * L * H * F);
-  if (r != ncclSuccess)
-    gc_die(__FILE__, __LINE__, "perseus_moe_load_weights: %s", perseus_moe_last_error());
+  perseus_moe_t *m = mt_layer(c, &w, &h, rank);
+  if (!m) return GP_EXIT_REFUSED;
+  ncclResult_t r;
+  size_t H = mc->hidden, k = mc->topk, T = mc->max_tokens;
   uint16_t *x = mt_alloc(T * H), *out = mt_alloc(T * H);
   int32_t *idx = (int32_t *)malloc(T * k * sizeof(int32_t));
   float *wt = (float *)malloc(T * k * sizeof(float));
@@ -133,7 +145,20 @@ static int mt_child(int rank, void *arg)
   for (int it = 0; it < c->iters && !bad; it++) {
     uint64_t hs = c->seed ^ ((uint64_t)it * 0x9e3779b97f4a7c15ull) ^ (uint64_t)rank;
     int ntok = (int)(ps_moe_rand(&hs) % (T + 1));
-    if (it == 0) ntok = (int)T; /* the first forward is full */
+    /* the forwards are split over c->layers layers on the same communicator,
+     * each created once the one before is destroyed: a new layer must not
+     * see the old one's signal counts */
+    const int layer = (int)((long long)it * c->layers / c->iters);
+    if (it > 0 && layer != (int)((long long)(it - 1) * c->layers / c->iters)) {
+      gp_progress(NULL, it, "perseus_moe_destroy, then layer %d", layer);
+      if (perseus_moe_destroy(m) != ncclSuccess)
+        gc_die(__FILE__, __LINE__, "perseus_moe_destroy: %s", perseus_moe_last_error());
+      if (!(m = mt_layer(c, &w, &h, rank)))
+        gc_die(__FILE__, __LINE__, "layer %d: perseus_moe_create refused", layer);
+      perseus_moe_routing(m, &d_idx, &d_w);
+      ntok = (int)T;
+    }
+    if (it == 0) ntok = (int)T; /* every layer's first forward is full */
     /* the last forward gives token 0 a NaN input: its picks must still be
      * distinct expert ids, the other tokens (one at least where T allows) unharmed */
     const int poison = it == c->iters - 1;
@@ -141,8 +166,10 @@ static int mt_child(int rank, void *arg)
     gp_progress(NULL, it, "forward of %d tokens%s", ntok, poison ? ", token 0 NaN" : "");
     mt_tokens(c, &h, rank, it, ntok, x);
     for (size_t i = 0; poison && i < H; i++) x[i] = 0x7fc0; /* bf16 quiet NaN */
-    GC_CUDA(cudaMemcpy(d_x, x, ntok * H * 2, cudaMemcpyHostToDevice), "x");
-    GC_CUDA(cudaMemset(d_out, 0xff, T * H * 2), "out"); /* NaNs where nothing was written */
+    /* on the forward's stream: a non-blocking stream does not wait for the
+     * legacy one, where cudaMemset and a pageable cudaMemcpy may still run */
+    GC_CUDA(cudaMemcpyAsync(d_x, x, ntok * H * 2, cudaMemcpyHostToDevice, w.stream), "x");
+    GC_CUDA(cudaMemsetAsync(d_out, 0xff, T * H * 2, w.stream), "out"); /* NaN: not written */
     r = perseus_moe_forward(m, d_x, d_out, ntok, w.stream);
     if (r != ncclSuccess)
       gc_die(__FILE__, __LINE__, "perseus_moe_forward: %s", perseus_moe_last_error());
@@ -219,6 +246,8 @@ static void usage(FILE *f)
     "  -p PATH  lsa (P2P on, NVLink peers) or gin (P2P off, the plugin's GIN proxy); default lsa\n"
     "  -g N     GPUs/ranks, at least 1 (default: all visible)\n"
     "  -n N     forwards (default 10)\n"
+    "  -l N     layers the forwards are split over, each created on the same communicator\n"
+    "           once the one before is destroyed (default 2; at most the forwards)\n"
     "  -H N     hidden (default 256)    -F N  expert FFN width (default 128)\n"
     "  -E N     experts (default 16)    -k N  top-k (default 4)\n"
     "  -T N     max tokens per rank (default 64)\n"
@@ -233,11 +262,11 @@ int main(int argc, char **argv)
 {
   mt_cfg c;
   memset(&c, 0, sizeof(c));
-  c.path = TT_LSA, c.iters = 10, c.watchdog_s = 120, c.seed = gp_clock_seed();
+  c.path = TT_LSA, c.iters = 10, c.layers = 2, c.watchdog_s = 120, c.seed = gp_clock_seed();
   c.mc.hidden = 256, c.mc.ffn = 128, c.mc.experts = 16, c.mc.topk = 4, c.mc.max_tokens = 64;
   c.mc.renormalize = 1;
   int opt, bad = 0;
-  while (!bad && (opt = getopt(argc, argv, "p:g:n:H:F:E:k:T:B:r:s:w:h")) != -1) {
+  while (!bad && (opt = getopt(argc, argv, "p:g:n:l:H:F:E:k:T:B:r:s:w:h")) != -1) {
     switch (opt) {
     case 'p':
       if (!strcmp(optarg, "lsa")) c.path = TT_LSA;
@@ -246,6 +275,7 @@ int main(int argc, char **argv)
       break;
     case 'g': bad = gp_parse_int(optarg, 1, GP_MAX_RANKS, &c.ngpus); break;
     case 'n': bad = gp_parse_int(optarg, 1, 1 << 20, &c.iters); break;
+    case 'l': bad = gp_parse_int(optarg, 1, 1 << 20, &c.layers); break;
     case 'H': bad = gp_parse_int(optarg, 1, 1 << 16, &c.mc.hidden); break;
     case 'F': bad = gp_parse_int(optarg, 1, 1 << 16, &c.mc.ffn); break;
     case 'E': bad = gp_parse_int(optarg, 1, 4096, &c.mc.experts); break;
@@ -264,19 +294,21 @@ int main(int argc, char **argv)
     if (!bad) fprintf(stderr, "perseus_moe_test: unexpected argument '%s'\n", argv[optind]);
     return 1;
   }
+  if (c.layers > c.iters) c.layers = c.iters; /* a layer runs a forward at least */
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (gp_init("perseus_moe_test")) return 1;
   tt_set_env(c.path, stdout);
   int rc = gc_probe_gpus_min(1, 1, &c.ngpus, c.watchdog_s);
   if (rc >= 0) return rc;
+  if ((rc = tt_check_shared(c.path, "perseus_moe_test")) >= 0) return rc;
   /* the config is refused here, before any rank starts, naming the value */
   if (perseus_moe_check_config(&c.mc, c.ngpus)) {
     fprintf(stderr, "perseus_moe_test: %s\n", perseus_moe_last_error());
     return 1;
   }
-  printf("# perseus_moe_test: path %s, %d GPUs, seed %#" PRIx64 ", %d forwards, hidden %d, ffn "
-         "%d, experts %d, top-%d, up to %d tokens per rank, batch %d, renormalize %d\n",
-         tt_path_names[c.path], c.ngpus, c.seed, c.iters, c.mc.hidden, c.mc.ffn, c.mc.experts,
+  printf("# perseus_moe_test: path %s, %d GPUs, seed %#" PRIx64 ", %d forwards on %d layers, hidden "
+         "%d, ffn %d, experts %d, top-%d, up to %d tokens per rank, batch %d, renormalize %d\n",
+         tt_path_names[c.path], c.ngpus, c.seed, c.iters, c.layers, c.mc.hidden, c.mc.ffn, c.mc.experts,
          c.mc.topk, c.mc.max_tokens, c.mc.batch, c.mc.renormalize);
   int codes[GP_MAX_RANKS];
   double t0 = gp_now();

@@ -52,6 +52,17 @@ static inline void tt_set_env(int path, FILE *f)
   }
 }
 
+/* In the parent after the GPU probe: ranks sharing a GPU are separate NCCL
+ * hosts, so they have no LSA peers; only the GIN path can run them. Returns
+ * -1 to go on, else main's exit status. */
+static inline int tt_check_shared(int path, const char *prog)
+{
+  if (!gp_sh->shared_gpus || path == TT_GIN) return -1;
+  fprintf(stderr, "%s: -p %s: ranks sharing a GPU (PERSEUS_TEST_SHARE_GPUS=1) have no LSA "
+          "(NVLink) peers; use -p gin or one GPU per rank\n", prog, tt_path_names[path]);
+  return 1;
+}
+
 /* ---- the tile plan --------------------------------------------------------
  * Everything a receiver must know about what a sender sends (how many
  * tiles, their sizes and offsets) is a hash of (seed, iteration, source,

@@ -171,12 +171,52 @@ static ncclResult_t ps_moe_devcomm(perseus_moe *m)
   cudaError_t ce = cudaMemcpy(m->args.st.hexp, h + 2, (size_t)m->L * sizeof(*h), cudaMemcpyHostToDevice);
   free(req), free(h);
   PS_MOE_CUDA(ce, "%d expert handles", m->L);
+  /* a pageable copy may still be in flight on return; the reset kernel reads them */
+  PS_MOE_CUDA(cudaStreamSynchronize(0), "%d expert handles", m->L);
   if (m->dc.lsaSize != m->nranks && m->dc.ginContextCount < 1) {
     ps_moe_set_error("%d of %d ranks are beyond NVLink but the devcomm has no GIN context",
                      m->nranks - m->dc.lsaSize, m->nranks);
     return ncclInvalidUsage;
   }
   return ncclSuccess;
+}
+
+/* One CTA per batch handle: this rank's GIN signals back to 0
+ * (perseus_batch_reset: a devcomm may get signals a destroyed one left). */
+__global__ void ps_moe_reset_signals(ncclDevComm dc, perseus_batch_handle hctl,
+                                     perseus_batch_handle hcomb, const perseus_batch_handle *hexp)
+{
+  const int b = blockIdx.x;
+  perseus_batch_reset(dc, b == 0 ? hctl : b == 1 ? hcomb : hexp[b - 2], threadIdx.x, blockDim.x);
+}
+
+/* The reset, then a barrier (a one-word all-reduce behind it): no peer adds
+ * to our signals before they are 0. Collective, like perseus_moe_create. */
+static ncclResult_t ps_moe_zero_signals(perseus_moe *m)
+{
+  if (!m->gin) return ncclSuccess;
+  cudaStream_t s;
+  PS_MOE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "rank %d", m->rank);
+  ps_moe_reset_signals<<<m->L + 2, 128, 0, s>>>(m->dc, m->args.hctl, m->args.hcomb,
+                                               m->args.st.hexp);
+  cudaError_t ce = cudaGetLastError();
+  ncclResult_t rc = ncclSuccess;
+  void *word = NULL;
+  if (ce == cudaSuccess) ce = cudaMalloc(&word, sizeof(int));
+  if (ce == cudaSuccess) ce = cudaMemsetAsync(word, 0, sizeof(int), s);
+  if (ce == cudaSuccess) rc = ncclAllReduce(word, word, 1, ncclInt32, ncclSum, m->comm, s);
+  if (ce == cudaSuccess && rc == ncclSuccess) ce = cudaStreamSynchronize(s);
+  if (word) cudaFree(word);
+  cudaStreamDestroy(s);
+  if (ce != cudaSuccess) {
+    ps_moe_set_error("resetting the GIN signals of %d batch handles failed: %s", m->L + 2,
+                     cudaGetErrorString(ce));
+    return ncclUnhandledCudaError;
+  }
+  if (rc != ncclSuccess)
+    ps_moe_set_error("ncclAllReduce (the barrier after resetting the GIN signals) failed: %s (%s)",
+                     ncclGetErrorString(rc), ncclGetLastError(m->comm));
+  return rc;
 }
 
 static ncclResult_t ps_moe_setup(perseus_moe *m)
@@ -201,7 +241,10 @@ static ncclResult_t ps_moe_setup(perseus_moe *m)
     return ncclInvalidUsage;
   }
   PS_MOE_CUDA(cudaMemset(m->win_ptr, 0, m->win_bytes), "%zu-byte window", m->win_bytes);
+  /* cudaMemset is asynchronous: done before the devcomm's barrier lets peers write */
+  PS_MOE_CUDA(cudaStreamSynchronize(0), "%zu-byte window", m->win_bytes);
   rc = ps_moe_devcomm(m);
+  if (rc == ncclSuccess) rc = ps_moe_zero_signals(m);
   if (rc != ncclSuccess) return rc;
   PS_MOE_CUDA(cudaEventCreateWithFlags(&m->done, cudaEventDisableTiming), "rank %d", m->rank);
   if (ps_moe_env_tile_rows(&m->tile_rows)) return ncclInvalidArgument;
@@ -276,6 +319,9 @@ extern "C" ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_
   PS_MOE_CUDA(cudaMemcpy((void *)m->args.w1, w1, w, cudaMemcpyDefault), "w1, %zu bytes", w);
   PS_MOE_CUDA(cudaMemcpy((void *)m->args.w3, w3, w, cudaMemcpyDefault), "w3, %zu bytes", w);
   PS_MOE_CUDA(cudaMemcpy((void *)m->args.w2, w2, w, cudaMemcpyDefault), "w2, %zu bytes", w);
+  /* device-to-device copies return before they are done, and a forward on a
+   * non-blocking stream does not wait for the legacy stream they run on */
+  PS_MOE_CUDA(cudaStreamSynchronize(0), "the weight copies");
   return ncclSuccess;
 }
 

@@ -266,6 +266,7 @@ extern "C" ncclResult_t ps_moe_baseline_load_weights(ps_moe_baseline_t *b, const
             j, F, H);
   }
   BL_CUDA(cudaMemcpy(b->w2, w2, (size_t)b->L * H * F * bf, cudaMemcpyDefault), "w2 [%d][%zu][%zu]", b->L, H, F);
+  BL_CUDA(cudaStreamSynchronize(0), "the weight copies"); /* see perseus_moe_load_weights */
   return ncclSuccess;
 }
 

@@ -2,7 +2,8 @@
 # perseus' fused MoE layer (docs/moe.md) on a GPU host: perseus_moe_test
 # against the fp64 CPU reference on 1, 2 and 4 GPUs (as many as there are)
 # over the LSA path (NVLink) and, from 2 GPUs, the GIN path through the
-# perseus plugin, plus a larger shape with a fixed batch; then
+# perseus plugin (2 and 4 ranks over GIN also where the GPUs are fewer,
+# ranks sharing them), plus a larger shape with a fixed batch; then
 # perseus_moe_perf (fused against the NCCL + cuBLAS baseline, every preset,
 # decode and prefill). Run from the repository root of a tree built elsewhere
 # and carried over:
@@ -54,6 +55,15 @@ for g in $counts; do
   if [ "$g" -ge 2 ]; then
     # shellcheck disable=SC2086
     run "moe_test-g$g-gin" "$TEST_BIN" -g "$g" -p gin ${MOE_TEST_ARGS:-}
+  fi
+done
+# Fewer GPUs than 2 or 4 ranks: those rank counts over GIN anyway, ranks
+# sharing GPUs (PERSEUS_TEST_SHARE_GPUS=1, each rank its own NCCL host)
+for g in 2 4; do
+  if [ "$ngpus" -lt "$g" ]; then
+    # shellcheck disable=SC2086
+    PERSEUS_TEST_SHARE_GPUS=1 run "moe_test-g$g-gin-shared" "$TEST_BIN" -g "$g" -p gin \
+      ${MOE_TEST_ARGS:-}
   fi
 done
 g=${counts##* }

@@ -36,7 +36,9 @@ typedef struct perseus_moe perseus_moe_t;
 /* Collective over `comm` (every rank calls it with the same config): checks
  * the config (an impossible one is refused naming the value), allocates the
  * symmetric windows and the device communicator on the current CUDA device.
- * Same-node peers are reached by NVLink stores, the others by ncclGin. A
+ * Same-node peers are reached by NVLink stores, the others by ncclGin; then
+ * it also zeroes its GIN signals (NCCL may hand it a destroyed devcomm's,
+ * counts included) and passes a barrier, a one-word ncclAllReduce on comm. A
  * failure on some ranks only (e.g. too little free memory on one GPU) leaves
  * the others in NCCL's collective registration: treat it as fatal for the
  * communicator, as NCCL does its own collective errors. */
@@ -47,7 +49,8 @@ ncclResult_t perseus_moe_create(ncclComm_t comm, const perseus_moe_config_t *cfg
  *   gate [experts][hidden] (the same on every rank),
  *   w1, w3 [local][ffn][hidden] and w2 [local][hidden][ffn] for this rank's
  *   local = experts / nranks experts, in expert order.
- * Synchronous. Not collective. */
+ * Synchronous: returns once the weights are in place, so a forward on any
+ * stream sees them. Not collective. */
 ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_t *gate, const uint16_t *w1,
                                       const uint16_t *w3, const uint16_t *w2);
 

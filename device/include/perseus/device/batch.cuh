@@ -109,6 +109,22 @@ __device__ __forceinline__ uint64_t *perseus_batch_word(ncclDevComm const &dc,
   return (uint64_t *)ncclGetResourceBufferLocalPointer(dc, h.buf) + (size_t)word * dc.nRanks + r;
 }
 
+/* Zeroes this rank's GIN batch signals of `h` (one per GIN source rank).
+ * NCCL (2.28) gives a new devcomm GIN signals from a pool without clearing
+ * them, so a range that a destroyed devcomm used starts with its old counts.
+ * So before the first put or signal through `h`: every rank runs this (the
+ * threads of one kernel, `tid` of `nthreads`), then every rank passes a
+ * barrier (e.g. a one-word ncclAllReduce behind the kernel on its stream),
+ * so that no peer's add can land before the reset. LSA counts live in the
+ * resource buffer, which NCCL zeroes. */
+__device__ __forceinline__ void perseus_batch_reset(ncclDevComm const &dc, perseus_batch_handle h,
+                                                    int tid, int nthreads) {
+  if (dc.ginContextCount <= h.ctx) return; /* no GIN: no signals were reserved */
+  ncclGin gin{dc, h.ctx};
+  for (int r = tid; r < dc.nRanks; r += nthreads)
+    if (perseus_lsa_index(dc, r) < 0) gin.resetSignal(h.signal0 + (ncclGinSignal_t)r);
+}
+
 /* Sender side. Construct one per thread (cheap: references and registers).
  * `batch` (>= 1) tiles per signal: 1 is per-tile signaling. Every rank must
  * use the same handle; batch may differ per call site and per run. */
