@@ -254,7 +254,8 @@ static inline int gc_probe_child(int /* rank */, void *arg) { return gc_probe(*(
  * the probe failed. */
 static inline int gc_probe_gpus_min(int detail, int min_gpus, int *ngpus, double stall_s)
 {
-  int codes[GP_MAX_RANKS];
+  int codes[GP_MAX_RANKS], share;
+  if (gp_share_gpus(&share)) return 1; /* a bad value is refused, GPU or not */
   if (gp_run(1, 1, gc_probe_child, &detail, stall_s, "GPU probe", NULL, NULL, codes))
     return codes[0] == GP_EXIT_SKIP ? GP_EXIT_SKIP : 1;
   if (detail) {
@@ -263,8 +264,6 @@ static inline int gc_probe_gpus_min(int detail, int min_gpus, int *ngpus, double
            nv / 100 % 100, nv % 100, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, gp_sh->runtime_version,
            gp_sh->driver_version);
   }
-  int share;
-  if (gp_share_gpus(&share)) return 1;
   if (*ngpus == 0) *ngpus = gp_sh->ndev < GP_MAX_RANKS ? gp_sh->ndev : GP_MAX_RANKS;
   if (*ngpus > gp_sh->ndev && share && *ngpus >= min_gpus) {
     gp_sh->shared_gpus = 1;

@@ -23,8 +23,10 @@ extern "C" {
 #include "ps_moe_ref.h"
 }
 
+#define MT_MAX_ALIVE 8
+
 struct mt_cfg {
-  int path, ngpus, iters, layers, watchdog_s;
+  int path, ngpus, iters, layers, alive, watchdog_s;
   perseus_moe_config_t mc;
   uint64_t seed;
 };
@@ -122,8 +124,10 @@ static int mt_child(int rank, void *arg)
   mt_host h;
   gp_progress(NULL, -1, "generating the weights");
   mt_weights(c, n, &h);
-  perseus_moe_t *m = mt_layer(c, &w, &h, rank);
-  if (!m) return GP_EXIT_REFUSED;
+  perseus_moe_t *ms[MT_MAX_ALIVE];
+  for (int i = 0; i < c->alive; i++)
+    if (!(ms[i] = mt_layer(c, &w, &h, rank))) return GP_EXIT_REFUSED;
+  perseus_moe_t *m = ms[0];
   ncclResult_t r;
   size_t H = mc->hidden, k = mc->topk, T = mc->max_tokens;
   uint16_t *x = mt_alloc(T * H), *out = mt_alloc(T * H);
@@ -137,7 +141,6 @@ static int mt_child(int rank, void *arg)
   GC_CUDA(cudaMalloc(&d_out, T * H * 2), "out");
   const int32_t *d_idx;
   const float *d_w;
-  perseus_moe_routing(m, &d_idx, &d_w);
   unsigned long long bad = 0, tokens = 0, routes = 0;
   unsigned long long *load = (unsigned long long *)calloc(mc->experts, sizeof(*load));
   if (!load) gc_die(__FILE__, __LINE__, "out of host memory");
@@ -145,20 +148,24 @@ static int mt_child(int rank, void *arg)
   for (int it = 0; it < c->iters && !bad; it++) {
     uint64_t hs = c->seed ^ ((uint64_t)it * 0x9e3779b97f4a7c15ull) ^ (uint64_t)rank;
     int ntok = (int)(ps_moe_rand(&hs) % (T + 1));
-    /* the forwards are split over c->layers layers on the same communicator,
-     * each created once the one before is destroyed: a new layer must not
+    /* the forwards are split over c->layers generations of c->alive layers
+     * on the same communicator, the layers of a generation taking turns; a
+     * generation is created once the one before is destroyed, and must not
      * see the old one's signal counts */
-    const int layer = (int)((long long)it * c->layers / c->iters);
-    if (it > 0 && layer != (int)((long long)(it - 1) * c->layers / c->iters)) {
-      gp_progress(NULL, it, "perseus_moe_destroy, then layer %d", layer);
-      if (perseus_moe_destroy(m) != ncclSuccess)
-        gc_die(__FILE__, __LINE__, "perseus_moe_destroy: %s", perseus_moe_last_error());
-      if (!(m = mt_layer(c, &w, &h, rank)))
-        gc_die(__FILE__, __LINE__, "layer %d: perseus_moe_create refused", layer);
-      perseus_moe_routing(m, &d_idx, &d_w);
+    const int gen = (int)((long long)it * c->layers / c->iters);
+    if (it > 0 && gen != (int)((long long)(it - 1) * c->layers / c->iters)) {
+      gp_progress(NULL, it, "perseus_moe_destroy, then generation %d", gen);
+      for (int i = 0; i < c->alive; i++)
+        if (perseus_moe_destroy(ms[i]) != ncclSuccess)
+          gc_die(__FILE__, __LINE__, "perseus_moe_destroy: %s", perseus_moe_last_error());
+      for (int i = 0; i < c->alive; i++)
+        if (!(ms[i] = mt_layer(c, &w, &h, rank)))
+          gc_die(__FILE__, __LINE__, "generation %d: perseus_moe_create refused", gen);
       ntok = (int)T;
     }
-    if (it == 0) ntok = (int)T; /* every layer's first forward is full */
+    if (it == 0) ntok = (int)T; /* every generation's first forward is full */
+    m = ms[it % c->alive];
+    perseus_moe_routing(m, &d_idx, &d_w);
     /* the last forward gives token 0 a NaN input: its picks must still be
      * distinct expert ids, the other tokens (one at least where T allows) unharmed */
     const int poison = it == c->iters - 1;
@@ -232,8 +239,9 @@ static int mt_child(int rank, void *arg)
          busiest, load[busiest], max_err, bad ? "FAILED" : "ok");
   fflush(stdout);
   gp_progress(NULL, -1, "teardown");
-  if (perseus_moe_destroy(m) != ncclSuccess)
-    gc_die(__FILE__, __LINE__, "perseus_moe_destroy: %s", perseus_moe_last_error());
+  for (int i = 0; i < c->alive; i++)
+    if (perseus_moe_destroy(ms[i]) != ncclSuccess)
+      gc_die(__FILE__, __LINE__, "perseus_moe_destroy: %s", perseus_moe_last_error());
   gc_world_destroy(&w);
   return bad ? 1 : 0;
 }
@@ -246,8 +254,9 @@ static void usage(FILE *f)
     "  -p PATH  lsa (P2P on, NVLink peers) or gin (P2P off, the plugin's GIN proxy); default lsa\n"
     "  -g N     GPUs/ranks, at least 1 (default: all visible)\n"
     "  -n N     forwards (default 10)\n"
-    "  -l N     layers the forwards are split over, each created on the same communicator\n"
-    "           once the one before is destroyed (default 2; at most the forwards)\n"
+    "  -l N     generations of layers the forwards are split over, each created on the same\n"
+    "           communicator once the one before is destroyed (default 2; at most the forwards)\n"
+    "  -a N     layers alive at once in a generation, taking turns (default 2, at most %d)\n"
     "  -H N     hidden (default 256)    -F N  expert FFN width (default 128)\n"
     "  -E N     experts (default 16)    -k N  top-k (default 4)\n"
     "  -T N     max tokens per rank (default 64)\n"
@@ -255,18 +264,19 @@ static void usage(FILE *f)
     "  -r 0|1   renormalize the top-k weights (default 1)\n"
     "  -s SEED  seed (default: from the clock; printed)\n"
     "  -w SEC   watchdog (default 120)\n"
-    "Exit status: 0 pass, 1 failure (also bad options), 77 no GPU or fewer than asked.\n");
+    "Exit status: 0 pass, 1 failure (also bad options), 77 no GPU or fewer than asked.\n",
+    MT_MAX_ALIVE);
 }
 
 int main(int argc, char **argv)
 {
   mt_cfg c;
   memset(&c, 0, sizeof(c));
-  c.path = TT_LSA, c.iters = 10, c.layers = 2, c.watchdog_s = 120, c.seed = gp_clock_seed();
+  c.path = TT_LSA, c.iters = 10, c.layers = 2, c.alive = 2, c.watchdog_s = 120, c.seed = gp_clock_seed();
   c.mc.hidden = 256, c.mc.ffn = 128, c.mc.experts = 16, c.mc.topk = 4, c.mc.max_tokens = 64;
   c.mc.renormalize = 1;
   int opt, bad = 0;
-  while (!bad && (opt = getopt(argc, argv, "p:g:n:l:H:F:E:k:T:B:r:s:w:h")) != -1) {
+  while (!bad && (opt = getopt(argc, argv, "p:g:n:l:a:H:F:E:k:T:B:r:s:w:h")) != -1) {
     switch (opt) {
     case 'p':
       if (!strcmp(optarg, "lsa")) c.path = TT_LSA;
@@ -276,6 +286,7 @@ int main(int argc, char **argv)
     case 'g': bad = gp_parse_int(optarg, 1, GP_MAX_RANKS, &c.ngpus); break;
     case 'n': bad = gp_parse_int(optarg, 1, 1 << 20, &c.iters); break;
     case 'l': bad = gp_parse_int(optarg, 1, 1 << 20, &c.layers); break;
+    case 'a': bad = gp_parse_int(optarg, 1, MT_MAX_ALIVE, &c.alive); break;
     case 'H': bad = gp_parse_int(optarg, 1, 1 << 16, &c.mc.hidden); break;
     case 'F': bad = gp_parse_int(optarg, 1, 1 << 16, &c.mc.ffn); break;
     case 'E': bad = gp_parse_int(optarg, 1, 4096, &c.mc.experts); break;
@@ -306,9 +317,9 @@ int main(int argc, char **argv)
     fprintf(stderr, "perseus_moe_test: %s\n", perseus_moe_last_error());
     return 1;
   }
-  printf("# perseus_moe_test: path %s, %d GPUs, seed %#" PRIx64 ", %d forwards on %d layers, hidden "
+  printf("# perseus_moe_test: path %s, %d GPUs, seed %#" PRIx64 ", %d forwards on %d x %d layers, hidden "
          "%d, ffn %d, experts %d, top-%d, up to %d tokens per rank, batch %d, renormalize %d\n",
-         tt_path_names[c.path], c.ngpus, c.seed, c.iters, c.layers, c.mc.hidden, c.mc.ffn, c.mc.experts,
+         tt_path_names[c.path], c.ngpus, c.seed, c.iters, c.layers, c.alive, c.mc.hidden, c.mc.ffn, c.mc.experts,
          c.mc.topk, c.mc.max_tokens, c.mc.batch, c.mc.renormalize);
   int codes[GP_MAX_RANKS];
   double t0 = gp_now();
