@@ -86,12 +86,16 @@ __device__ __forceinline__ int ps_g2_tasks(const ps_moe_args &a)
 }
 
 /* GEMM2 columns h0 .. h0 + 127 of expert j (h0 .. h0 + 63 at the end of a
- * hidden size that is an odd multiple of 64): Y = act W2^T, into the y window. */
+ * hidden size that is an odd multiple of 64): Y = act W2^T. A row of an LSA
+ * source (ourselves included) goes straight into that source's combine
+ * region, where ps_expert_return would have put it; a GIN source's into the
+ * y window, which ps_expert_return puts. */
 template <int BM>
 __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
 {
   __shared__ int g[BM];
   __shared__ const ps_bf16 *rows[BM];
+  __shared__ ps_bf16 *out[BM];
   unsigned long long t1 = 0;
   if (threadIdx.x == 0) {
     const unsigned long long t0 = ps_now_ns();
@@ -100,7 +104,6 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
     ps_prof_add(a, PS_PROF_WAIT_GEMM1, t1 - t0);
   }
   __syncthreads();
-  ps_bf16 *y = ps_win_ptr(a, a.off_y);
   /* a missing second half re-reads the first one's weights (from L2) and
    * writes nothing */
   const bool half2 = h0 + PS_GEMM_N < a.H;
@@ -109,10 +112,16 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
   int total = ps_expert_rows_total(a, j);
   for (int m0 = 0; m0 < total; m0 += BM) {
     int n = ps_expert_rows<BM>(a, j, m0, g);
-    if (threadIdx.x < n) rows[threadIdx.x] = a.act + (size_t)g[threadIdx.x] * a.F;
+    if (threadIdx.x < n) {
+      const int gi = g[threadIdx.x], src = gi / a.P, l = perseus_lsa_index(a.dc, src);
+      rows[threadIdx.x] = a.act + (size_t)gi * a.F;
+      out[threadIdx.x] = l >= 0 ? (ps_bf16 *)ncclGetLsaPointer(a.win, ps_row_off(a, a.off_comb,
+                                                                      a.dc.rank, gi % a.P), l)
+                                : ps_win_ptr(a, a.off_y) + (size_t)gi * a.H;
+    }
     __syncthreads();
     ps_gemm_tile<BM, 2>(rows, n, b, PS_GEMM_N, a.F, a.F, smem, [&](int m, int c, float (*v)[2]) {
-      ps_bf16 *yr = y + (size_t)g[m] * a.H + h0 + c;
+      ps_bf16 *yr = out[m] + h0 + c;
       *(__nv_bfloat162 *)yr = __floats2bfloat162_rn(v[0][0], v[0][1]);
       if (half2) *(__nv_bfloat162 *)(yr + PS_GEMM_N) = __floats2bfloat162_rn(v[1][0], v[1][1]);
     });
@@ -121,7 +130,10 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
   if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_RUN_GEMM2, ps_now_ns() - t1);
 }
 
-/* Each source's output rows of expert j back to it, one put per segment. */
+/* Each source's output rows of expert j back to it, one tile per segment:
+ * an LSA source's are already there (ps_expert_gemm2 stored them), so only
+ * counted; a GIN source's are put. Every GEMM2 task of j made its rows
+ * visible at system scope before the caller saw it done. */
 __device__ void ps_expert_return(const ps_moe_args &a, int j)
 {
   const size_t row_bytes = (size_t)a.H * sizeof(ps_bf16);
@@ -131,6 +143,10 @@ __device__ void ps_expert_return(const ps_moe_args &a, int j)
   for (int s = 0; s < a.R; s++) {
     int c = a.st.rcnt[s * a.L + j], r = a.st.roff[s * a.L + j];
     if (c == 0) continue;
+    if (perseus_lsa_index(a.dc, s) >= 0) {
+      if (threadIdx.x == 0) pb.stored(s);
+      continue;
+    }
     /* our rows sit in the sender's combine region for us at the same offset */
     pb.put(ncclCoopCta(), s, a.win, ps_row_off(a, a.off_comb, a.dc.rank, r), a.win,
            ps_row_off(a, a.off_y, s, r), (size_t)c * row_bytes);
@@ -170,7 +186,7 @@ __device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
       __shared__ int last;
       __syncthreads();
       if (threadIdx.x == 0) {
-        __threadfence();
+        __threadfence_system(); /* rows stored into LSA peers' windows, before they are counted */
         last = atomicAdd(&a.st.g2done[j], 1) == n2 - 1;
         if (last) __threadfence();
       }

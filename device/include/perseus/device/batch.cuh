@@ -196,6 +196,16 @@ struct perseus_batch {
     __threadfence();
   }
 
+  /* Counts one tile that was stored straight into LSA peer `peer`'s window
+   * (perseus_lsa_index(dc, peer) >= 0) instead of put: by this thread, or by
+   * threads whose stores this thread acquired, each made visible at system
+   * scope first (__threadfence_system before the flag or atomic this thread
+   * read). Signals like put does. One thread. */
+  __device__ void stored(int peer) const {
+    __threadfence_system();
+    count(peer, perseus_lsa_index(dc, peer), 1);
+  }
+
   /* Tiles added for `peer` so far and tiles already covered by signals. */
   __device__ uint64_t added(int peer) const {
     return *(volatile uint64_t *)perseus_batch_word(dc, h, PERSEUS_BATCH_ADDED, peer);
