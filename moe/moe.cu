@@ -101,6 +101,7 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   size_t o_logits = ps_take(&at, (size_t)T * E * sizeof(float));
   size_t o_idx = ps_take(&at, (size_t)T * k * sizeof(int32_t)), o_w = ps_take(&at, (size_t)T * k * sizeof(float));
   size_t o_slot = ps_take(&at, (size_t)T * k * sizeof(int32_t));
+  size_t o_self = ps_take(&at, (size_t)m->P * sizeof(int32_t));
   size_t o_hexp = ps_take(&at, (size_t)L * sizeof(perseus_batch_handle));
   size_t o_prof = ps_take(&at, 2 * PS_PROF_N * sizeof(unsigned long long));
   size_t o_gate = ps_take(&at, (size_t)E * m->cfg.hidden * sizeof(ps_bf16));
@@ -126,6 +127,7 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   s.tot = (uint64_t *)(d + o_tot), s.tot_c = (uint64_t *)(d + o_totc);
   s.logits = (float *)(d + o_logits), s.topk_idx = (int32_t *)(d + o_idx);
   s.topk_w = (float *)(d + o_w), s.slot = (int32_t *)(d + o_slot);
+  s.self_tok = (int32_t *)(d + o_self);
   s.hexp = (perseus_batch_handle *)(d + o_hexp);
   m->args.prof = (unsigned long long *)(d + o_prof);
   unsigned long long marks[PS_PROF_N] = {0}; /* the first forward's: min slots start high */

@@ -53,8 +53,8 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
   __shared__ int g[BM];
   __shared__ const ps_bf16 *rows[BM];
   const unsigned long long t0 = ps_now_ns();
-  for (int s = threadIdx.x; s < a.R; s += blockDim.x) /* this expert's rows from every source */
-    perseus_recv(a.dc, a.st.hexp[j]).wait(s, a.st.tot[j * a.R + s]);
+  for (int s = threadIdx.x; s < a.R; s += blockDim.x) /* this expert's rows from every peer */
+    if (s != a.dc.rank) perseus_recv(a.dc, a.st.hexp[j]).wait(s, a.st.tot[j * a.R + s]);
   __syncthreads();
   const unsigned long long t1 = ps_now_ns();
   if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_WAIT_ROWS, t1 - t0);
@@ -63,7 +63,11 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
   int total = ps_expert_rows_total(a, j);
   for (int m0 = 0; m0 < total; m0 += BM) {
     int n = ps_expert_rows<BM>(a, j, m0, g);
-    if (threadIdx.x < n) rows[threadIdx.x] = recv + (size_t)g[threadIdx.x] * a.H;
+    if (threadIdx.x < n) { /* our own rows from x (the dispatch left them there), a peer's received */
+      const int gi = g[threadIdx.x];
+      rows[threadIdx.x] = gi / a.P == a.dc.rank ? a.x + (size_t)a.st.self_tok[gi % a.P] * a.H
+                                                : recv + (size_t)gi * a.H;
+    }
     __syncthreads();
     ps_gemm_tile<BM, 2>(rows, n, b, PS_GEMM_N, a.H, a.H, smem, [&](int m, int c, float (*v)[2]) {
       float h0 = v[0][0], h1 = v[0][1];

@@ -62,6 +62,7 @@ struct ps_moe_state {
   int32_t *topk_idx;  /* [T][k] */
   float *topk_w;      /* [T][k] */
   int32_t *slot;      /* [T][k] row within its segment */
+  int32_t *self_tok;  /* [P] the token of each row we route to ourselves (they stay in x) */
   perseus_batch_handle *hexp; /* [L] one handle per local expert */
 };
 
@@ -307,6 +308,10 @@ __device__ void ps_moe_dispatch(const ps_moe_args &a)
   for (int r = w0; r < a.T * a.k; r += warps) {
     int t = r / a.k, e = a.st.topk_idx[r], dst = e / a.L, j = e % a.L;
     int seg = dst * a.L + j, row = a.st.soff[seg] + a.st.slot[r], n = a.st.scnt[seg];
+    if (dst == a.dc.rank) { /* our own rows are not copied: GEMM1 reads them in x */
+      if (lane == 0) a.st.self_tok[row] = t;
+      continue;
+    }
     perseus_batch_handle h = a.st.hexp[j];
     size_t src_off = a.off_xin + (size_t)t * row_bytes;
     size_t dst_off = ps_row_off(a, a.off_recv, a.dc.rank, row);
