@@ -5,7 +5,7 @@
 # perseus plugin (2 and 4 ranks over GIN also where the GPUs are fewer,
 # ranks sharing them), plus a larger shape with a fixed batch; then
 # perseus_moe_perf (fused against the NCCL + cuBLAS baseline, every preset,
-# decode and prefill). Run from the repository root of a tree built elsewhere
+# decode and prefill; from 2 GPUs also over GIN). Run from the repository root of a tree built elsewhere
 # and carried over:
 #
 #   scripts/gpu-moe.sh [LOGDIR [BUILDDIR]]     (defaults: ./moe-logs, $PERSEUS_BUILD_DIR or build)
@@ -14,7 +14,9 @@
 # PERSEUS_IFACE as for gpu-gin.sh; PERSEUS_CUBLAS_LIB (the directory holding
 # libcublas.so.13; default: the PyTorch environment's nvidia/cu13/lib or
 # nvidia/cublas/lib); MOE_TEST_ARGS (e.g. "-n 20"), MOE_PERF_ARGS (e.g.
-# "-t decode -n 20"; "none" skips the benchmark), MOE_RUN_TIMEOUT (default 900 s).
+# "-t decode -n 20"; "none" skips the benchmark), MOE_PERF_GIN_ARGS (from 2 GPUs,
+# the benchmark again over GIN; default "-t decode", "none" skips it),
+# MOE_RUN_TIMEOUT (default 900 s).
 # Exit status: 0 every run passed (or was skipped), 1 a run failed, 77 no GPU.
 set -uo pipefail
 
@@ -80,6 +82,12 @@ if [ "${MOE_PERF_ARGS:-}" != none ]; then
     # shellcheck disable=SC2086
     run "moe_perf-g$ngpus" "$PERF_BIN" -g "$ngpus" ${MOE_PERF_ARGS:-}
     sed -n '/^# HBM/,$p' "$LOGDIR/moe_perf-g$ngpus.log" 2>/dev/null
+    if [ "$ngpus" -ge 2 ] && [ "${MOE_PERF_GIN_ARGS:-}" != none ]; then
+      # every peer through GIN and the plugin, as across nodes
+      # shellcheck disable=SC2086
+      run "moe_perf-g$ngpus-gin" "$PERF_BIN" -g "$ngpus" -p gin ${MOE_PERF_GIN_ARGS:--t decode}
+      sed -n '/^# HBM/,$p' "$LOGDIR/moe_perf-g$ngpus-gin.log" 2>/dev/null
+    fi
   fi
 fi
 
