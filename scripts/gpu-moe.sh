@@ -5,8 +5,8 @@
 # perseus plugin (2 and 4 ranks over GIN also where the GPUs are fewer,
 # ranks sharing them), plus a larger shape with a fixed batch; then
 # perseus_moe_perf (fused against the NCCL + cuBLAS baseline, every preset,
-# decode and prefill; from 2 GPUs also over GIN). Run from the repository root of a tree built elsewhere
-# and carried over:
+# decode and prefill; from 2 GPUs also over GIN). Run from the repository
+# root of a tree built elsewhere and carried over:
 #
 #   scripts/gpu-moe.sh [LOGDIR [BUILDDIR]]     (defaults: ./moe-logs, $PERSEUS_BUILD_DIR or build)
 #
