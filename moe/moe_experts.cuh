@@ -3,9 +3,12 @@
  *
  * Rows of local expert j are the segments (src, j) of the receive window,
  * src = 0..R-1: row m of the expert is row roff[src][j] + (m - rows of the
- * earlier sources) of region src. Its activation and output rows keep the
- * same global index g = src * P + row, in `act` and in the y window, so the
- * output of a segment is contiguous and returns in one put. */
+ * earlier sources) of region src; our own rows (src = us) are read in x
+ * instead, through self_tok. Activation rows keep the same global index
+ * g = src * P + row in `act`. Output rows go to the source's combine region
+ * at row `row` directly when the source is an LSA peer or us, else to the y
+ * window at g, so that a GIN source's segment is contiguous and returns in
+ * one put. */
 #ifndef PS_MOE_EXPERTS_CUH
 #define PS_MOE_EXPERTS_CUH
 
