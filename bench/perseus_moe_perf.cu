@@ -377,7 +377,7 @@ int main(int argc, char **argv)
   tt_set_env(c.path, stdout);
   int rc = gc_probe_gpus_min(0, 1, &c.ngpus, c.watchdog_s);
   if (rc >= 0) return rc;
-  if ((rc = tt_check_shared(c.path, "perseus_moe_perf")) >= 0) return rc;
+  if ((rc = tt_check_hosts(c.path, 1, "perseus_moe_perf")) >= 0) return rc;
   for (int pi = 0; pi < c.npresets; pi++)
     for (int ti = 0; ti < c.nregimes; ti++) {
       perseus_moe_config_t mc = mp_config(&c, pi, ti);

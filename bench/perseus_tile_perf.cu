@@ -257,7 +257,7 @@ int main(int argc, char **argv)
   int rc0 = gc_probe_gpus(0, &c.ngpus, c.stall_s);
   if (rc0 >= 0) return rc0;
   for (int pi = 0; pi < c.npaths; pi++)
-    if ((rc0 = tt_check_shared(c.paths[pi], "perseus_tile_perf")) >= 0) return rc0;
+    if ((rc0 = tt_check_hosts(c.paths[pi], 0, "perseus_tile_perf")) >= 0) return rc0;
   int codes[GP_MAX_RANKS];
   char host[256] = "?";
   gethostname(host, sizeof(host) - 1);

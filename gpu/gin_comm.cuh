@@ -75,12 +75,13 @@ static inline ncclResult_t gc_world_init(gc_world *w, int rank, int nranks)
   memset(w, 0, sizeof(*w));
   w->rank = rank;
   w->nranks = nranks;
-  /* Ranks sharing GPUs (gp_share_gpus): each its own NCCL host, so NCCL's
-   * duplicate-GPU check passes and every peer is a network (GIN) peer. */
-  int dev = gp_sh->shared_gpus ? rank % gp_sh->ndev : rank;
-  if (gp_sh->shared_gpus) {
+  /* Pretend hosts (gp_test_hosts): consecutive ranks on one, each on its own
+   * GPU there; the GPUs of several hosts may be the same ones (NCCL's
+   * duplicate-GPU check is per host), and peers on other hosts are GIN peers. */
+  int dev = gp_sh->hosts ? rank % gp_sh->host_ranks : rank;
+  if (gp_sh->hosts) {
     char host[32];
-    snprintf(host, sizeof(host), "perseus-rank-%d", rank);
+    snprintf(host, sizeof(host), "perseus-host-%d", rank / gp_sh->host_ranks);
     setenv("NCCL_HOSTID", host, 1);
   }
   gp_progress(NULL, -1, "cudaSetDevice(%d)", dev);
@@ -254,8 +255,8 @@ static inline int gc_probe_child(int /* rank */, void *arg) { return gc_probe(*(
  * the probe failed. */
 static inline int gc_probe_gpus_min(int detail, int min_gpus, int *ngpus, double stall_s)
 {
-  int codes[GP_MAX_RANKS], share;
-  if (gp_share_gpus(&share)) return 1; /* a bad value is refused, GPU or not */
+  int codes[GP_MAX_RANKS], hosts;
+  if (gp_test_hosts(&hosts)) return 1; /* a bad value is refused, GPU or not */
   if (gp_run(1, 1, gc_probe_child, &detail, stall_s, "GPU probe", NULL, NULL, codes))
     return codes[0] == GP_EXIT_SKIP ? GP_EXIT_SKIP : 1;
   if (detail) {
@@ -265,31 +266,51 @@ static inline int gc_probe_gpus_min(int detail, int min_gpus, int *ngpus, double
            gp_sh->driver_version);
   }
   if (*ngpus == 0) *ngpus = gp_sh->ndev < GP_MAX_RANKS ? gp_sh->ndev : GP_MAX_RANKS;
-  if (*ngpus > gp_sh->ndev && share && *ngpus >= min_gpus) {
-    gp_sh->shared_gpus = 1;
-    printf("# %d ranks on %d GPU(s) (PERSEUS_TEST_SHARE_GPUS=1): each rank its own NCCL host, "
-           "every peer over the network; the GPUs are time-sliced, so timings say little\n",
-           *ngpus, gp_sh->ndev);
+  if (hosts) {
+    if (*ngpus < min_gpus || *ngpus % hosts) {
+      fprintf(stderr, "%s: PERSEUS_TEST_HOSTS=%d: %d ranks%s cannot be split into %d hosts of as "
+              "many ranks\n", gp_prog, hosts, *ngpus,
+              *ngpus < min_gpus ? " (too few for this program)" : "", hosts);
+      return 1;
+    }
+    gp_sh->hosts = hosts, gp_sh->host_ranks = *ngpus / hosts;
+    if (gp_sh->host_ranks > gp_sh->ndev) {
+      printf("# %d GPU(s) visible, %d needed (PERSEUS_TEST_HOSTS=%d: %d ranks per host, each on "
+             "its own GPU): skipped\n", gp_sh->ndev, gp_sh->host_ranks, hosts, gp_sh->host_ranks);
+      return GP_EXIT_SKIP;
+    }
+    printf("# %d ranks as %d pretend hosts of %d (PERSEUS_TEST_HOSTS): peers on other hosts go "
+           "over the network (GIN)%s\n", *ngpus, hosts, gp_sh->host_ranks,
+           hosts > 1 && gp_sh->host_ranks * hosts > gp_sh->ndev
+               ? "; hosts share the GPUs, time-sliced, so timings say little" : "");
   } else if (*ngpus < min_gpus || *ngpus > gp_sh->ndev) {
     printf("# %d GPU(s) visible, %d needed: skipped%s\n", gp_sh->ndev,
            *ngpus < min_gpus ? min_gpus : *ngpus,
-           *ngpus > gp_sh->ndev ? " (PERSEUS_TEST_SHARE_GPUS=1 puts several ranks on a GPU)" : "");
+           *ngpus > gp_sh->ndev ? " (PERSEUS_TEST_HOSTS=N makes N pretend hosts that share them)"
+                                : "");
     return GP_EXIT_SKIP;
   }
   if (detail)
-    for (int d = 0; d < *ngpus; d++)
-      printf("# rank %d: GPU %d: %s\n", d, d % gp_sh->ndev, gp_sh->gpu_name[d % gp_sh->ndev]);
+    for (int d = 0; d < *ngpus; d++) {
+      int g = gp_sh->hosts ? d % gp_sh->host_ranks : d;
+      if (gp_sh->hosts) printf("# rank %d: host %d, GPU %d: %s\n", d, d / gp_sh->host_ranks, g,
+                               gp_sh->gpu_name[g]);
+      else printf("# rank %d: GPU %d: %s\n", d, g, gp_sh->gpu_name[g]);
+    }
   return -1;
 }
 
 /* " [rank] GPU name" for each of n ranks, for the benchmarks' machine line;
- * ranks sharing GPUs (PERSEUS_TEST_SHARE_GPUS) name theirs. */
+ * under pretend hosts (PERSEUS_TEST_HOSTS) with the host and GPU. */
 static inline void gc_print_rank_gpus(int n)
 {
   for (int d = 0; d < n; d++) {
-    int g = d % gp_sh->ndev;
-    if (gp_sh->shared_gpus) printf(" [%d] GPU %d: %s", d, g, gp_sh->gpu_name[g]);
-    else printf(" [%d] %s", d, gp_sh->gpu_name[g]);
+    if (!gp_sh->hosts) {
+      printf(" [%d] %s", d, gp_sh->gpu_name[d]);
+      continue;
+    }
+    int g = d % gp_sh->host_ranks;
+    printf(" [%d] host %d GPU %d: %s", d, d / gp_sh->host_ranks, g, gp_sh->gpu_name[g]);
   }
 }
 

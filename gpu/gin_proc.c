@@ -339,17 +339,17 @@ void gp_default_env(FILE *f)
   fprintf(f, "\n");
 }
 
-int gp_share_gpus(int *on)
+int gp_test_hosts(int *hosts)
 {
-  const char *v = getenv("PERSEUS_TEST_SHARE_GPUS");
-  *on = 0;
-  if (!v || !*v || !strcmp(v, "0")) return 0;
-  if (!strcmp(v, "1")) {
-    *on = 1;
-    return 0;
+  const char *v = getenv("PERSEUS_TEST_HOSTS");
+  *hosts = 0;
+  if (!v || !*v) return 0;
+  if (gp_parse_int(v, 0, GP_MAX_RANKS, hosts)) {
+    fprintf(stderr, "%s: PERSEUS_TEST_HOSTS='%s': expected a host count 0..%d (0: the real host)\n",
+            gp_prog, v, GP_MAX_RANKS);
+    return -1;
   }
-  fprintf(stderr, "%s: PERSEUS_TEST_SHARE_GPUS='%s': expected 0 or 1\n", gp_prog, v);
-  return -1;
+  return 0;
 }
 
 /* ---- plugin statistics ---------------------------------------------------- */

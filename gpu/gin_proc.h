@@ -42,7 +42,7 @@ struct gp_shared {
   /* filled by the probe child */
   int ndev, nccl_version, runtime_version, driver_version;
   char gpu_name[GP_MAX_RANKS][GP_NAME_LEN];
-  int shared_gpus; /* set by the parent: more ranks than GPUs (gp_share_gpus) */
+  int hosts, host_ranks; /* set by the parent: PERSEUS_TEST_HOSTS and ranks per host (0: real) */
   struct gp_slot slot[GP_MAX_RANKS];
 };
 
@@ -99,11 +99,11 @@ uint64_t gp_clock_seed(void);
  * unset and present. Prints the values that matter on f. */
 void gp_default_env(FILE *f);
 
-/* PERSEUS_TEST_SHARE_GPUS (0 or 1, default 0): whether a run may put more
- * ranks than there are GPUs, several on one GPU, each rank its own NCCL host
- * (NCCL_HOSTID) so that every peer goes over the network. Returns 0 and sets
- * *on, or -1 after saying what is wrong with the value. */
-int gp_share_gpus(int *on);
+/* PERSEUS_TEST_HOSTS (0..GP_MAX_RANKS, default 0): the ranks pretend to be on
+ * that many hosts (NCCL_HOSTID), consecutive ranks on one host, so peers on
+ * another host are network (GIN) peers; 0 keeps the real host. Returns 0 and
+ * sets *hosts, or -1 after saying what is wrong with the value. */
+int gp_test_hosts(int *hosts);
 
 /* Totals of perseus_rma_process_stats() over the plugin NCCL loaded in this
  * process; -1 where the plugin is not loaded or lacks the function. */

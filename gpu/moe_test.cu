@@ -311,7 +311,7 @@ int main(int argc, char **argv)
   tt_set_env(c.path, stdout);
   int rc = gc_probe_gpus_min(1, 1, &c.ngpus, c.watchdog_s);
   if (rc >= 0) return rc;
-  if ((rc = tt_check_shared(c.path, "perseus_moe_test")) >= 0) return rc;
+  if ((rc = tt_check_hosts(c.path, 1, "perseus_moe_test")) >= 0) return rc;
   /* the config is refused here, before any rank starts, naming the value */
   if (perseus_moe_check_config(&c.mc, c.ngpus)) {
     fprintf(stderr, "perseus_moe_test: %s\n", perseus_moe_last_error());

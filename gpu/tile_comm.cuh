@@ -52,14 +52,18 @@ static inline void tt_set_env(int path, FILE *f)
   }
 }
 
-/* In the parent after the GPU probe: ranks sharing a GPU are separate NCCL
- * hosts, so they have no LSA peers; only the GIN path can run them. Returns
- * -1 to go on, else main's exit status. */
-static inline int tt_check_shared(int path, const char *prog)
+/* In the parent after the GPU probe, under pretend hosts (PERSEUS_TEST_HOSTS):
+ * the GIN path runs any split; the LSA path needs NVLink peers, so a host of
+ * one rank refuses it, and so does a program that wants every peer on
+ * NVLink (mixed = 0; the MoE programs take a mix: NVLink within a host, GIN
+ * across). Returns -1 to go on, else main's exit status. */
+static inline int tt_check_hosts(int path, int mixed, const char *prog)
 {
-  if (!gp_sh->shared_gpus || path == TT_GIN) return -1;
-  fprintf(stderr, "%s: -p %s: ranks sharing a GPU (PERSEUS_TEST_SHARE_GPUS=1) have no LSA "
-          "(NVLink) peers; use -p gin or one GPU per rank\n", prog, tt_path_names[path]);
+  if (!gp_sh->hosts || path == TT_GIN || (mixed && gp_sh->host_ranks > 1)) return -1;
+  fprintf(stderr, "%s: -p %s with PERSEUS_TEST_HOSTS=%d (%d rank(s) per host): %s; use -p gin\n",
+          prog, tt_path_names[path], gp_sh->hosts, gp_sh->host_ranks,
+          gp_sh->host_ranks > 1 ? "this program needs every peer on NVLink"
+                                : "a rank alone on its host has no NVLink peer");
   return 1;
 }
 

@@ -341,7 +341,7 @@ int main(int argc, char **argv)
   tt_set_env(c.path, stdout); /* before any process touches CUDA or NCCL */
   int rc = gc_probe_gpus(1, &c.ngpus, c.watchdog_s);
   if (rc >= 0) return rc;
-  if ((rc = tt_check_shared(c.path, "perseus_tile_test")) >= 0) return rc;
+  if ((rc = tt_check_hosts(c.path, 0, "perseus_tile_test")) >= 0) return rc;
   int codes[GP_MAX_RANKS];
   double t0 = gp_now();
   int failed = gp_run(c.ngpus, 0, test_child, &c, c.watchdog_s, "tile test", NULL, NULL, codes);

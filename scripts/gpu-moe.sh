@@ -3,7 +3,8 @@
 # against the fp64 CPU reference on 1, 2 and 4 GPUs (as many as there are)
 # over the LSA path (NVLink) and, from 2 GPUs, the GIN path through the
 # perseus plugin (2 and 4 ranks over GIN also where the GPUs are fewer,
-# ranks sharing them), plus a larger shape with a fixed batch; then
+# ranks sharing them; from 2 GPUs, two pretend hosts of all the GPUs: NVLink
+# within a host, GIN across), plus a larger shape with a fixed batch; then
 # perseus_moe_perf (fused against the NCCL + cuBLAS baseline, every preset,
 # decode and prefill; from 2 GPUs also over GIN). Run from the repository
 # root of a tree built elsewhere and carried over:
@@ -59,15 +60,22 @@ for g in $counts; do
     run "moe_test-g$g-gin" "$TEST_BIN" -g "$g" -p gin ${MOE_TEST_ARGS:-}
   fi
 done
-# Fewer GPUs than 2 or 4 ranks: those rank counts over GIN anyway, ranks
-# sharing GPUs (PERSEUS_TEST_SHARE_GPUS=1, each rank its own NCCL host)
+# Fewer GPUs than 2 or 4 ranks: those rank counts over GIN anyway, each rank
+# a pretend host of its own, sharing the GPUs (PERSEUS_TEST_HOSTS)
 for g in 2 4; do
   if [ "$ngpus" -lt "$g" ]; then
     # shellcheck disable=SC2086
-    PERSEUS_TEST_SHARE_GPUS=1 run "moe_test-g$g-gin-shared" "$TEST_BIN" -g "$g" -p gin \
+    PERSEUS_TEST_HOSTS=$g run "moe_test-g$g-gin-shared" "$TEST_BIN" -g "$g" -p gin \
       ${MOE_TEST_ARGS:-}
   fi
 done
+# From 2 GPUs: 2 pretend hosts of ngpus ranks each (NVLink within a host, GIN
+# across), the multi-node layout
+if [ "$ngpus" -ge 2 ]; then
+  # shellcheck disable=SC2086
+  PERSEUS_TEST_HOSTS=2 run "moe_test-g$((2 * ngpus))-2hosts" "$TEST_BIN" -g $((2 * ngpus)) \
+    -p lsa ${MOE_TEST_ARGS:-}
+fi
 g=${counts##* }
 # shellcheck disable=SC2086
 # hidden 576: not a multiple of 256 (the combine's 8 columns x 32 lanes); 64 rows per
