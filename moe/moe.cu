@@ -73,12 +73,11 @@ static size_t ps_take(size_t *at, size_t bytes)
   return o;
 }
 
-/* The window: input copy, receive, send, combine and output rows, headers. */
+/* The window: receive, send, combine and output rows, headers. */
 static void ps_moe_window_layout(perseus_moe *m, const ps_moe_layout_t *lay)
 {
   ps_moe_args &a = m->args;
   size_t at = 0, hdr = (size_t)m->nranks * m->L * sizeof(int);
-  a.off_xin = ps_take(&at, (size_t)m->cfg.max_tokens * m->cfg.hidden * sizeof(ps_bf16));
   a.off_recv = ps_take(&at, lay->recv_bytes);
   a.off_send = ps_take(&at, lay->send_bytes);
   a.off_comb = ps_take(&at, lay->comb_bytes);

@@ -76,7 +76,7 @@ struct ps_moe_args {
   const ps_bf16 *x;                   /* user input [T][H] */
   ps_bf16 *out;                       /* user output [T][H] */
   /* window layout, byte offsets */
-  size_t off_xin, off_recv, off_send, off_comb, off_y, off_hdr_out, off_hdr_in;
+  size_t off_recv, off_send, off_comb, off_y, off_hdr_out, off_hdr_in;
   int H, F, E, L, k, R, P, T, renorm, batch;
   int gate_kc; /* hidden elements per gate task (split-K) */
   uint64_t fwd; /* forwards before this one */
@@ -162,12 +162,6 @@ __device__ void ps_moe_gate(const ps_moe_args &a, char *smem)
                     });
     __syncthreads();
   }
-  /* the rows the puts read, in the window */
-  const size_t n16 = (size_t)a.T * a.H / 8;
-  uint4 *xin = (uint4 *)ps_win_ptr(a, a.off_xin);
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n16;
-       i += (size_t)gridDim.x * blockDim.x)
-    xin[i] = ((const uint4 *)a.x)[i];
 }
 
 /* A warp's softmax and top-k of one token's logits lg[0..E): fills ek/wk
@@ -313,15 +307,21 @@ __device__ void ps_moe_dispatch(const ps_moe_args &a)
       continue;
     }
     perseus_batch_handle h = a.st.hexp[j];
-    size_t src_off = a.off_xin + (size_t)t * row_bytes;
-    size_t dst_off = ps_row_off(a, a.off_recv, a.dc.rank, row);
-    if (perseus_lsa_index(a.dc, dst) >= 0) {
+    const char *src = (const char *)(a.x + (size_t)t * a.H); /* x itself: no copy in a window */
+    const int l = perseus_lsa_index(a.dc, dst);
+    if (l >= 0) { /* stored straight into the peer's receive region, then counted */
       perseus_batch pb(a.dc, h, a.batch ? (uint32_t)a.batch : 0xffffffffu);
-      pb.put(warp, dst, a.win, dst_off, a.win, src_off, row_bytes);
-      if (lane == 0 && atomicAdd(&a.st.sdone[seg], 1) == n - 1) pb.flush(dst);
+      perseus_tile_copy(warp, (char *)ncclGetLsaPointer(a.win, ps_row_off(a, a.off_recv,
+                                                                  a.dc.rank, row), l),
+                        src, row_bytes);
+      __syncwarp(); /* every lane's stores, before lane 0 counts them */
+      if (lane == 0) {
+        pb.stored(dst);
+        if (atomicAdd(&a.st.sdone[seg], 1) == n - 1) pb.flush(dst);
+      }
     } else {
-      perseus_tile_copy(warp, (char *)ps_win_ptr(a, ps_row_off(a, a.off_send, dst, row)),
-                        (const char *)ps_win_ptr(a, src_off), row_bytes);
+      perseus_tile_copy(warp, (char *)ps_win_ptr(a, ps_row_off(a, a.off_send, dst, row)), src,
+                        row_bytes);
       __syncwarp();
       if (lane == 0) {
         __threadfence();

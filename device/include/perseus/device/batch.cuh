@@ -197,10 +197,12 @@ struct perseus_batch {
   }
 
   /* Counts one tile that was stored straight into LSA peer `peer`'s window
-   * (perseus_lsa_index(dc, peer) >= 0) instead of put: by this thread, or by
-   * threads whose stores this thread acquired, each made visible at system
-   * scope first (__threadfence_system before the flag or atomic this thread
-   * read). Signals like put does. One thread. */
+   * (perseus_lsa_index(dc, peer) >= 0) instead of put: by this thread, by
+   * threads of its coop synchronized with it since (a __syncwarp or
+   * __syncthreads, as put does), or by other threads whose stores this
+   * thread acquired, each made visible at system scope first
+   * (__threadfence_system before the flag or atomic this thread read).
+   * Signals like put does. One thread. */
   __device__ void stored(int peer) const {
     __threadfence_system();
     count(peer, perseus_lsa_index(dc, peer), 1);
