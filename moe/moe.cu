@@ -73,15 +73,17 @@ static size_t ps_take(size_t *at, size_t bytes)
   return o;
 }
 
-/* The window: receive, send, combine and output rows, headers. */
+/* The window: receive, send, combine and output rows, headers. The send
+ * and output (y) rows serve GIN peers only (NVLink peers' rows are stored
+ * straight into their windows): none without GIN. */
 static void ps_moe_window_layout(perseus_moe *m, const ps_moe_layout_t *lay)
 {
   ps_moe_args &a = m->args;
   size_t at = 0, hdr = (size_t)m->nranks * m->L * sizeof(int);
   a.off_recv = ps_take(&at, lay->recv_bytes);
-  a.off_send = ps_take(&at, lay->send_bytes);
+  a.off_send = ps_take(&at, m->gin ? lay->send_bytes : 0);
   a.off_comb = ps_take(&at, lay->comb_bytes);
-  a.off_y = ps_take(&at, lay->y_bytes);
+  a.off_y = ps_take(&at, m->gin ? lay->y_bytes : 0);
   a.off_hdr_out = ps_take(&at, hdr);
   a.off_hdr_in = ps_take(&at, hdr);
   m->win_bytes = at;

@@ -309,16 +309,10 @@ __device__ void ps_moe_dispatch(const ps_moe_args &a)
     perseus_batch_handle h = a.st.hexp[j];
     const char *src = (const char *)(a.x + (size_t)t * a.H); /* x itself: no copy in a window */
     const int l = perseus_lsa_index(a.dc, dst);
-    if (l >= 0) { /* stored straight into the peer's receive region, then counted */
+    if (l >= 0) { /* stored straight into the peer's receive region */
       perseus_batch pb(a.dc, h, a.batch ? (uint32_t)a.batch : 0xffffffffu);
-      perseus_tile_copy(warp, (char *)ncclGetLsaPointer(a.win, ps_row_off(a, a.off_recv,
-                                                                  a.dc.rank, row), l),
-                        src, row_bytes);
-      __syncwarp(); /* every lane's stores, before lane 0 counts them */
-      if (lane == 0) {
-        pb.stored(dst);
-        if (atomicAdd(&a.st.sdone[seg], 1) == n - 1) pb.flush(dst);
-      }
+      pb.store(warp, dst, a.win, ps_row_off(a, a.off_recv, a.dc.rank, row), src, row_bytes);
+      if (lane == 0 && atomicAdd(&a.st.sdone[seg], 1) == n - 1) pb.flush(dst);
     } else {
       perseus_tile_copy(warp, (char *)ps_win_ptr(a, ps_row_off(a, a.off_send, dst, row)), src,
                         row_bytes);

@@ -159,23 +159,45 @@ struct perseus_batch {
     put_impl(coop, peer, dst, dst_off, src, src_off, bytes, &smem);
   }
 
+  /* The same for an LSA peer (perseus_lsa_index(dc, peer) >= 0) only, from
+   * any local memory `src`, a window or not: what put does for such a peer.
+   * A GIN put needs a registered source: use put. */
+  template <typename Coop>
+  __device__ void store(Coop coop, int peer, ncclWindow_t dst, size_t dst_off, const void *src,
+                        size_t bytes) const {
+    store_impl(coop, peer, perseus_lsa_index(dc, peer), dst, dst_off, (const char *)src, bytes,
+               nullptr);
+  }
+
  private:
   template <typename Coop>
   __device__ void put_impl(Coop &coop, int peer, ncclWindow_t dst, size_t dst_off,
                            ncclWindow_t src, size_t src_off, size_t bytes,
                            const perseus_tma_smem *tma) const {
     int l = perseus_lsa_index(dc, peer);
-    coop.sync(); /* every lane's part of the tile is written */
     if (l >= 0) {
-      char *d = (char *)ncclGetLsaPointer(dst, dst_off, l);
-      const char *s = (const char *)ncclGetLocalPointer(src, src_off);
-      if (tma) perseus_tile_copy_tma(coop, d, s, bytes, *tma);
-      else perseus_tile_copy(coop, d, s, bytes);
-      coop.sync(); /* every lane's stores before the count's release */
-    } else if (coop.thread_rank() == 0) {
+      store_impl(coop, peer, l, dst, dst_off, (const char *)ncclGetLocalPointer(src, src_off),
+                 bytes, tma);
+      return;
+    }
+    coop.sync(); /* every lane's part of the tile is written */
+    if (coop.thread_rank() == 0) {
       ncclGin gin{dc, h.ctx};
       gin.put(ncclTeamWorld(dc), peer, dst, dst_off, src, src_off, bytes);
+      count(peer, l, 1);
     }
+    coop.sync();
+  }
+
+  /* An LSA peer's tile: stores into its window through the LSA pointer, then the count. */
+  template <typename Coop>
+  __device__ void store_impl(Coop &coop, int peer, int l, ncclWindow_t dst, size_t dst_off,
+                             const char *s, size_t bytes, const perseus_tma_smem *tma) const {
+    coop.sync(); /* every lane's part of the tile is written */
+    char *d = (char *)ncclGetLsaPointer(dst, dst_off, l);
+    if (tma) perseus_tile_copy_tma(coop, d, s, bytes, *tma);
+    else perseus_tile_copy(coop, d, s, bytes);
+    coop.sync(); /* every lane's stores before the count's release */
     if (coop.thread_rank() == 0) count(peer, l, 1);
     coop.sync();
   }
