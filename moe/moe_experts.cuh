@@ -76,7 +76,7 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
       float h0 = v[0][0], h1 = v[0][1];
       float y0 = h0 / (1.f + __expf(-h0)) * v[1][0], y1 = h1 / (1.f + __expf(-h1)) * v[1][1];
       *(__nv_bfloat162 *)(a.act + (size_t)g[m] * a.F + n0 + c) = __floats2bfloat162_rn(y0, y1);
-    });
+    }, ps_l2_policy(total <= BM));
     __syncthreads();
   }
   if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_RUN_GEMM1, ps_now_ns() - t1);
@@ -131,7 +131,7 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
       ps_bf16 *yr = out[m] + h0 + c;
       *(__nv_bfloat162 *)yr = __floats2bfloat162_rn(v[0][0], v[0][1]);
       if (half2) *(__nv_bfloat162 *)(yr + PS_GEMM_N) = __floats2bfloat162_rn(v[1][0], v[1][1]);
-    });
+    }, ps_l2_policy(total <= BM));
     __syncthreads();
   }
   if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_RUN_GEMM2, ps_now_ns() - t1);
