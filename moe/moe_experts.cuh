@@ -12,34 +12,45 @@
 #ifndef PS_MOE_EXPERTS_CUH
 #define PS_MOE_EXPERTS_CUH
 
-/* Gathered row indices g of rows m0 .. m0+BM-1 of expert j; returns how many. */
-template <int BM>
-__device__ int ps_expert_rows(const ps_moe_args &a, int j, int m0, int *g)
-{
-  __shared__ int n;
-  if (threadIdx.x == 0) n = 0;
-  __syncthreads();
-  if (threadIdx.x < BM) {
-    int m = m0 + threadIdx.x, acc = 0;
-    for (int s = 0; s < a.R; s++) {
-      int c = a.st.rcnt[s * a.L + j];
-      if (m < acc + c) {
-        g[threadIdx.x] = s * a.P + a.st.roff[s * a.L + j] + (m - acc);
-        atomicAdd(&n, 1);
-        break;
-      }
-      acc += c;
-    }
-  }
-  __syncthreads();
-  return n;
-}
-
+/* Rows of expert j from every source: a load round per 32 sources, by
+ * each warp on its own (no barrier). */
 __device__ __forceinline__ int ps_expert_rows_total(const ps_moe_args &a, int j)
 {
   int m = 0;
-  for (int s = 0; s < a.R; s++) m += a.st.rcnt[s * a.L + j];
-  return m;
+  for (int s = threadIdx.x & 31; s < a.R; s += 32) m += a.st.rcnt[s * a.L + j];
+  return __reduce_add_sync(0xffffffffu, m);
+}
+
+/* Gathered row indices g of rows m0 .. m0+BM-1 (of `total`) of expert j;
+ * returns how many. Warp 0 reads the segments of 32 sources at a time (one
+ * load round: counts and offsets together) into a prefix table that each
+ * row's thread then searches, instead of each thread walking the sources'
+ * counts one dependent load after another. */
+template <int BM>
+__device__ int ps_expert_rows(const ps_moe_args &a, int j, int m0, int total, int *g)
+{
+  __shared__ int beg[33], off[32]; /* beg[i]: rows before chunk source i; beg[32]: the chunk's end */
+  const int lane = threadIdx.x & 31, r = m0 + (int)threadIdx.x;
+  int base = 0; /* rows of the sources before the chunk */
+  for (int s0 = 0; s0 < a.R && base < m0 + BM; s0 += 32) { /* uniform */
+    __syncthreads(); /* the previous chunk's table is read */
+    if (threadIdx.x < 32) {
+      const int s = s0 + lane, c = s < a.R ? a.st.rcnt[s * a.L + j] : 0;
+      const int o = s < a.R ? a.st.roff[s * a.L + j] : 0;
+      beg[lane + 1] = base + ps_warp_scan(c, lane);
+      off[lane] = o;
+      if (lane == 0) beg[0] = base;
+    }
+    __syncthreads();
+    if (threadIdx.x < BM && r >= beg[0] && r < beg[32]) {
+      int i = 0;
+      while (r >= beg[i + 1]) i++;
+      g[threadIdx.x] = (s0 + i) * a.P + off[i] + (r - beg[i]);
+    }
+    base = beg[32];
+  }
+  __syncthreads();
+  return max(0, min(BM, total - m0));
 }
 
 __device__ __forceinline__ void ps_spin_until(const int *ctr, int want)
@@ -65,7 +76,7 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
   const ps_bf16 *b[2] = {a.w1 + ((size_t)j * a.F + n0) * a.H, a.w3 + ((size_t)j * a.F + n0) * a.H};
   int total = ps_expert_rows_total(a, j);
   for (int m0 = 0; m0 < total; m0 += BM) {
-    int n = ps_expert_rows<BM>(a, j, m0, g);
+    int n = ps_expert_rows<BM>(a, j, m0, total, g);
     if (threadIdx.x < n) { /* our own rows from x (the dispatch left them there), a peer's received */
       const int gi = g[threadIdx.x];
       rows[threadIdx.x] = gi / a.P == a.dc.rank ? a.x + (size_t)a.st.self_tok[gi % a.P] * a.H
@@ -76,7 +87,7 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
       float h0 = v[0][0], h1 = v[0][1];
       float y0 = h0 / (1.f + __expf(-h0)) * v[1][0], y1 = h1 / (1.f + __expf(-h1)) * v[1][1];
       *(__nv_bfloat162 *)(a.act + (size_t)g[m] * a.F + n0 + c) = __floats2bfloat162_rn(y0, y1);
-    }, ps_l2_policy(total <= BM));
+    });
     __syncthreads();
   }
   if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_RUN_GEMM1, ps_now_ns() - t1);
@@ -118,7 +129,7 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
   const ps_bf16 *b[2] = {w, half2 ? w + (size_t)PS_GEMM_N * a.F : w};
   int total = ps_expert_rows_total(a, j);
   for (int m0 = 0; m0 < total; m0 += BM) {
-    int n = ps_expert_rows<BM>(a, j, m0, g);
+    int n = ps_expert_rows<BM>(a, j, m0, total, g);
     if (threadIdx.x < n) {
       const int gi = g[threadIdx.x], src = gi / a.P, l = perseus_lsa_index(a.dc, src);
       rows[threadIdx.x] = a.act + (size_t)gi * a.F;
@@ -131,7 +142,7 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
       ps_bf16 *yr = out[m] + h0 + c;
       *(__nv_bfloat162 *)yr = __floats2bfloat162_rn(v[0][0], v[0][1]);
       if (half2) *(__nv_bfloat162 *)(yr + PS_GEMM_N) = __floats2bfloat162_rn(v[1][0], v[1][1]);
-    }, ps_l2_policy(total <= BM));
+    });
     __syncthreads();
   }
   if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_RUN_GEMM2, ps_now_ns() - t1);

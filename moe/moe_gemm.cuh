@@ -60,27 +60,6 @@ __device__ __forceinline__ void ps_cp_async16(uint32_t dst, const void *src, boo
                : "memory");
 }
 
-/* The same with an L2 eviction policy (createpolicy), for weights read once. */
-__device__ __forceinline__ void ps_cp_async16_pol(uint32_t dst, const void *src, bool valid,
-                                                  uint64_t pol)
-{
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst),
-               "l"(src), "r"(valid ? 16 : 0), "l"(pol)
-               : "memory");
-}
-
-/* L2 policy of a tile's weight loads: evict first when each weight byte is
- * read once (one tile of rows: decode), so that the weight stream does not
- * push out of L2 what is read again (token rows, activations, results);
- * normal when the next row tile re-reads the weights. */
-__device__ __forceinline__ uint64_t ps_l2_policy(bool once)
-{
-  uint64_t p;
-  if (once) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  else asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-
 __device__ __forceinline__ void ps_ldmatrix_x4(uint32_t addr, uint32_t r[4])
 {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -146,12 +125,11 @@ __device__ __forceinline__ void ps_wgmma_m64n64(float d[32], uint64_t da, uint64
  * PS_GEMM_K) elements of each row are summed over. Every thread of the CTA
  * calls it; `smem` holds PS_GEMM_SMEM(BM) bytes. Epi is called as
  * epi(m, n, acc) for each m < mrows and even n, acc[i][0..1] being columns
- * n and n+1 of matrix i (columns past nrows hold zeros). With 64-row tiles
- * the weight loads carry L2 policy bpol (ps_l2_policy). */
+ * n and n+1 of matrix i (columns past nrows hold zeros). */
 template <int BM, int NB, typename Epi>
 __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
                              const __nv_bfloat16 *const b[NB], int nrows, size_t ldb, int K,
-                             char *smem, Epi epi, uint64_t bpol)
+                             char *smem, Epi epi)
 {
   static_assert(BM == 64 || BM == 128, "64- or 128-row tiles");
   constexpr int STAGES = PS_GEMM_STAGES(BM, NB), MI = BM / 64;
@@ -194,12 +172,8 @@ __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
     for (int q = 0; q < PB; q++)
 #pragma unroll
       for (int i = 0; i < NB; i++)
-        if constexpr (BM == 64) /* decode; 128-row tiles keep their registers */
-          ps_cp_async16_pol(st + a_bytes + i * b_bytes + ps_gemm_swz(lr + q * rstep, lc),
-                            b[i] + boff[q] + k0 + lc * 8, bok[q], bpol);
-        else
-          ps_cp_async16(st + a_bytes + i * b_bytes + ps_gemm_swz(lr + q * rstep, lc),
-                        b[i] + boff[q] + k0 + lc * 8, bok[q]);
+        ps_cp_async16(st + a_bytes + i * b_bytes + ps_gemm_swz(lr + q * rstep, lc),
+                      b[i] + boff[q] + k0 + lc * 8, bok[q]);
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
 

@@ -159,7 +159,7 @@ __device__ void ps_moe_gate(const ps_moe_args &a, char *smem)
                       float *lg = a.st.logits + (size_t)(m0 + m) * a.E + e0 + n;
                       if (e0 + n < a.E) atomicAdd(lg, v[0][0]);
                       if (e0 + n + 1 < a.E) atomicAdd(lg + 1, v[0][1]);
-                    }, ps_l2_policy(false));
+                    });
     __syncthreads();
   }
 }
