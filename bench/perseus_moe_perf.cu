@@ -120,11 +120,37 @@ static void mp_reduce(gc_world *w, double *v, int n, ncclRedOp_t op)
 enum { R_FUSED, R_BASE, R_BASEG, R_ROUTE, R_DISP, R_WAIT, R_EXP, R_COMB, R_WROWS, R_WG1, R_WCOMB,
        R_RG1, R_RG2, R_XEND, R_BEXP, R_FLOOR, R_CAP, R_FTF, R_BTF, R_ERR, R_N };
 
+/* Whether every rank's GPU has room for a row: the random weights (freed
+ * once loaded), the fused layer and the two baselines, 2% spare for what
+ * the layouts leave out. If not, rank 0 prints the row as skipped, why and
+ * what to change, and no rank creates anything (creation is collective). */
+static int mp_fits(gc_world *w, const perseus_moe_config_t *mc, const char *name, int T)
+{
+  ps_moe_layout_t lay;
+  double need = 0; /* 0 for a config the creates will refuse, naming the reason */
+  if (ps_moe_layout(mc, w->nranks, &lay) == 0)
+    need = 1.02 * ((double)lay.weight_bytes + (double)lay.total_bytes +
+                   (double)ps_moe_baseline_bytes(mc, w->nranks, PS_MOE_BASELINE_EXACT) +
+                   (double)ps_moe_baseline_bytes(mc, w->nranks, PS_MOE_BASELINE_GROUPED) +
+                   3.0 * T * mc->hidden * 2);
+  size_t free_b = 0, total_b = 0;
+  GC_CUDA(cudaMemGetInfo(&free_b, &total_b), "memory");
+  double v[2] = {need - (double)free_b, need};
+  mp_reduce(w, v, 2, ncclMax);
+  if (v[0] <= 0) return 1;
+  if (w->rank == 0)
+    printf("  %-14s %6d | skipped: needs about %.1f GB of device memory a GPU (random weights, the "
+           "fused layer, two baselines), %.1f GB more than one GPU has free: use more GPUs (-g), "
+           "fewer experts (-E) or fewer tokens (-t)\n", name, T, v[1] / 1e9, v[0] / 1e9);
+  return 0;
+}
+
 static void mp_row(gc_world *w, const mp_cfg *c, int pi, int ti, double gbps)
 {
   const ps_moe_preset_t *pr = &ps_moe_presets(NULL)[c->presets[pi]];
   int T = c->tokens[ti], n = c->ngpus, me = w->rank;
   perseus_moe_config_t mc = mp_config(c, pi, ti);
+  if (!mp_fits(w, &mc, pr->name, T)) return;
   size_t H = mc.hidden, F = mc.ffn, E = mc.experts, L = E / n;
   gp_progress(pr->name, -1, "%d tokens: weights", T);
   /* the same gate everywhere, each rank's own experts, the same for both layers */
@@ -300,6 +326,8 @@ static void usage(FILE *f)
     "           128-expert layer on 4 GPUs, with the rows per expert of that run)\n"
     "  -c 0|1   compare the two layers' outputs (default 1)\n"
     "  -s SEED  seed (default 1)                -W SEC   watchdog (default 300)\n"
+    "A row that does not fit on a GPU (random weights, the fused layer and both baselines at\n"
+    "once) prints as skipped, with the memory it needs; the other rows still run.\n"
     "Columns: median of the slowest rank per forward (fused; baselines exact: GEMM1 fp32 out,\n"
     "and grouped: both GEMMs grouped, GEMM1 bf16 out; speedup against the faster); the fused\n"
     "kernel's phases (latest CTA, us); idle time inside them (us): expert tasks waiting for\n"

@@ -120,6 +120,45 @@ static size_t bl_take(size_t *at, size_t bytes)
   return o;
 }
 
+/* Where each device buffer of a baseline sits in its one allocation, for a
+ * config that passed perseus_moe_check_config (which bounds every size: no
+ * overflow); `h_bf16`: GEMM1's output in bf16 (grouped) or fp32. */
+typedef struct {
+  size_t gate, w13, w2, logits, idx, pos, w, cnt, soff, send, recv, xe, h13, act, ws, plan;
+  size_t plan_bytes, total;
+} bl_offsets;
+
+static void bl_layout(int R, const perseus_moe_config_t *cfg, bool h_bf16, bl_offsets *o)
+{
+  const size_t E = cfg->experts, L = E / R, H = cfg->hidden, F = cfg->ffn, k = cfg->topk;
+  const size_t T = cfg->max_tokens, bf = sizeof(bl_bf16);
+  const size_t rows = R * T * std::min(k, L); /* received rows, worst case */
+  size_t at = 0;
+  o->gate = bl_take(&at, E * H * bf);
+  o->w13 = bl_take(&at, L * 2 * F * H * bf), o->w2 = bl_take(&at, L * H * F * bf);
+  o->logits = bl_take(&at, T * E * sizeof(float));
+  o->idx = bl_take(&at, T * k * sizeof(int32_t)), o->pos = bl_take(&at, T * k * sizeof(int32_t));
+  o->w = bl_take(&at, T * k * sizeof(float));
+  o->cnt = bl_take(&at, 2 * R * L * sizeof(int)), o->soff = bl_take(&at, R * L * sizeof(int));
+  o->send = bl_take(&at, T * k * H * bf);
+  o->recv = bl_take(&at, rows * H * bf), o->xe = bl_take(&at, rows * H * bf);
+  o->h13 = bl_take(&at, rows * 2 * F * (h_bf16 ? bf : sizeof(float)));
+  o->act = bl_take(&at, rows * F * bf);
+  o->ws = bl_take(&at, PS_BL_WORKSPACE_BYTES);
+  o->plan_bytes = 6 * L * sizeof(void *) + 2 * R * L * sizeof(int);
+  o->plan = bl_take(&at, o->plan_bytes);
+  o->total = at;
+}
+
+extern "C" size_t ps_moe_baseline_bytes(const perseus_moe_config_t *cfg, int nranks,
+                                        ps_moe_baseline_variant_t variant)
+{
+  if (!cfg || perseus_moe_check_config(cfg, nranks)) return 0; /* reason set */
+  bl_offsets o;
+  bl_layout(nranks, cfg, variant == PS_MOE_BASELINE_GROUPED, &o);
+  return o.total;
+}
+
 /* Grid for a warp-per-item kernel: enough blocks for n items, capped (the
  * kernels loop). */
 static int bl_grid_warps(long long n)
@@ -155,21 +194,10 @@ static ncclResult_t bl_setup(ps_moe_baseline *b, ps_moe_baseline_variant_t varia
   b->grouped = variant != PS_MOE_BASELINE_LOOP;
   b->h_bf16 = variant == PS_MOE_BASELINE_GROUPED;
 
-  /* device memory (the config check bounds every size: no overflow) */
-  size_t at = 0, bf = sizeof(bl_bf16);
-  size_t o_gate = bl_take(&at, (size_t)E * H * bf);
-  size_t o_w13 = bl_take(&at, (size_t)L * 2 * F * H * bf), o_w2 = bl_take(&at, (size_t)L * H * F * bf);
-  size_t o_logits = bl_take(&at, (size_t)T * E * sizeof(float));
-  size_t o_idx = bl_take(&at, (size_t)T * k * sizeof(int32_t)), o_pos = bl_take(&at, (size_t)T * k * sizeof(int32_t));
-  size_t o_w = bl_take(&at, (size_t)T * k * sizeof(float));
-  size_t o_cnt = bl_take(&at, (size_t)2 * R * L * sizeof(int)), o_soff = bl_take(&at, (size_t)R * L * sizeof(int));
-  size_t o_send = bl_take(&at, (size_t)T * k * H * bf);
-  size_t o_recv = bl_take(&at, rows * H * bf), o_xe = bl_take(&at, rows * H * bf);
-  size_t o_h13 = bl_take(&at, rows * 2 * F * (b->h_bf16 ? bf : sizeof(float)));
-  size_t o_act = bl_take(&at, rows * F * bf);
-  size_t o_ws = bl_take(&at, PS_BL_WORKSPACE_BYTES);
-  b->plan_bytes = (size_t)6 * L * sizeof(void *) + (size_t)2 * R * L * sizeof(int);
-  size_t o_plan = bl_take(&at, b->plan_bytes);
+  bl_offsets o;
+  bl_layout(R, &b->cfg, b->h_bf16, &o);
+  const size_t at = o.total;
+  b->plan_bytes = o.plan_bytes;
   size_t free_b = 0, total_b = 0;
   BL_CUDA(cudaMemGetInfo(&free_b, &total_b), "rank %d", b->rank);
   if (at > free_b) {
@@ -181,13 +209,13 @@ static ncclResult_t bl_setup(ps_moe_baseline *b, ps_moe_baseline_variant_t varia
   BL_CUDA(cudaMalloc(&b->dev_mem, at), "%zu bytes", at);
   BL_CUDA(cudaMemset(b->dev_mem, 0, at), "%zu bytes", at);
   char *d = (char *)b->dev_mem;
-  b->gate = (bl_bf16 *)(d + o_gate), b->w13 = (bl_bf16 *)(d + o_w13), b->w2 = (bl_bf16 *)(d + o_w2);
-  b->logits = (float *)(d + o_logits);
-  b->topk_idx = (int32_t *)(d + o_idx), b->pos = (int32_t *)(d + o_pos), b->topk_w = (float *)(d + o_w);
-  b->cnt = (int *)(d + o_cnt), b->soff = (int *)(d + o_soff);
-  b->send = (bl_bf16 *)(d + o_send), b->recv = (bl_bf16 *)(d + o_recv), b->xe = (bl_bf16 *)(d + o_xe);
-  b->h13 = d + o_h13, b->act = (bl_bf16 *)(d + o_act);
-  b->ws = d + o_ws, b->d_plan = d + o_plan;
+  b->gate = (bl_bf16 *)(d + o.gate), b->w13 = (bl_bf16 *)(d + o.w13), b->w2 = (bl_bf16 *)(d + o.w2);
+  b->logits = (float *)(d + o.logits);
+  b->topk_idx = (int32_t *)(d + o.idx), b->pos = (int32_t *)(d + o.pos), b->topk_w = (float *)(d + o.w);
+  b->cnt = (int *)(d + o.cnt), b->soff = (int *)(d + o.soff);
+  b->send = (bl_bf16 *)(d + o.send), b->recv = (bl_bf16 *)(d + o.recv), b->xe = (bl_bf16 *)(d + o.xe);
+  b->h13 = d + o.h13, b->act = (bl_bf16 *)(d + o.act);
+  b->ws = d + o.ws, b->d_plan = d + o.plan;
   BL_CUDA(cudaMallocHost((void **)&b->h_cnt, (size_t)2 * R * L * sizeof(int)), "%d x %d counts", R, L);
   BL_CUDA(cudaMallocHost(&b->h_plan, b->plan_bytes), "%zu bytes", b->plan_bytes);
   for (int i = 0; i < PS_BL_NEV; i++) BL_CUDA(cudaEventCreate(&b->ev[i]), "event %d", i);

@@ -70,6 +70,11 @@ typedef struct {
   float route_ms, dispatch_ms, experts_ms, back_ms, combine_ms, total_ms;
 } ps_moe_baseline_times_t;
 
+/* Device bytes ps_moe_baseline_create takes for cfg on nranks ranks; 0
+ * (the reason set) if cfg fails perseus_moe_check_config. */
+size_t ps_moe_baseline_bytes(const perseus_moe_config_t *cfg, int nranks,
+                             ps_moe_baseline_variant_t variant);
+
 /* Not collective (no NCCL call): checks cfg with perseus_moe_check_config for
  * comm's rank count, creates a cuBLAS handle and CUDA events and allocates
  * device buffers sized for max_tokens in the worst case, on the current CUDA
