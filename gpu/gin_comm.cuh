@@ -68,6 +68,13 @@ struct gc_window {
   ncclWindow_t win;
 };
 
+/* Pretend hosts (gp_test_hosts): consecutive ranks on one, each on its own
+ * GPU there; the GPUs of several hosts may be the same ones (NCCL's
+ * duplicate-GPU check is per host), and peers on other hosts are GIN peers.
+ * The GPU of `rank`, and its host (-1: the real one). */
+static inline int gc_rank_gpu(int rank) { return gp_sh->hosts ? rank % gp_sh->host_ranks : rank; }
+static inline int gc_rank_host(int rank) { return gp_sh->hosts ? rank / gp_sh->host_ranks : -1; }
+
 /* cudaSetDevice, the unique id through the shared area, ncclCommInitRank.
  * Returns NCCL's result so a caller can report a refusal; CUDA errors die. */
 static inline ncclResult_t gc_world_init(gc_world *w, int rank, int nranks)
@@ -75,13 +82,10 @@ static inline ncclResult_t gc_world_init(gc_world *w, int rank, int nranks)
   memset(w, 0, sizeof(*w));
   w->rank = rank;
   w->nranks = nranks;
-  /* Pretend hosts (gp_test_hosts): consecutive ranks on one, each on its own
-   * GPU there; the GPUs of several hosts may be the same ones (NCCL's
-   * duplicate-GPU check is per host), and peers on other hosts are GIN peers. */
-  int dev = gp_sh->hosts ? rank % gp_sh->host_ranks : rank;
+  int dev = gc_rank_gpu(rank);
   if (gp_sh->hosts) {
     char host[32];
-    snprintf(host, sizeof(host), "perseus-host-%d", rank / gp_sh->host_ranks);
+    snprintf(host, sizeof(host), "perseus-host-%d", gc_rank_host(rank));
     setenv("NCCL_HOSTID", host, 1);
   }
   gp_progress(NULL, -1, "cudaSetDevice(%d)", dev);
@@ -292,8 +296,8 @@ static inline int gc_probe_gpus_min(int detail, int min_gpus, int *ngpus, double
   }
   if (detail)
     for (int d = 0; d < *ngpus; d++) {
-      int g = gp_sh->hosts ? d % gp_sh->host_ranks : d;
-      if (gp_sh->hosts) printf("# rank %d: host %d, GPU %d: %s\n", d, d / gp_sh->host_ranks, g,
+      int g = gc_rank_gpu(d);
+      if (gp_sh->hosts) printf("# rank %d: host %d, GPU %d: %s\n", d, gc_rank_host(d), g,
                                gp_sh->gpu_name[g]);
       else printf("# rank %d: GPU %d: %s\n", d, g, gp_sh->gpu_name[g]);
     }
@@ -309,8 +313,8 @@ static inline void gc_print_rank_gpus(int n)
       printf(" [%d] %s", d, gp_sh->gpu_name[d]);
       continue;
     }
-    int g = d % gp_sh->host_ranks;
-    printf(" [%d] host %d GPU %d: %s", d, d / gp_sh->host_ranks, g, gp_sh->gpu_name[g]);
+    int g = gc_rank_gpu(d);
+    printf(" [%d] host %d GPU %d: %s", d, gc_rank_host(d), g, gp_sh->gpu_name[g]);
   }
 }
 
