@@ -33,7 +33,7 @@ extern "C" {
 #define MP_MAX 8
 
 struct mp_cfg {
-  int ngpus, iters, warmup, path, batch, check, watchdog_s;
+  int ngpus, iters, warmup, path, batch, gin_per_expert, check, watchdog_s;
   int experts; /* -E: overrides the presets' expert count (0: theirs) */
   int npresets, presets[MP_MAX], nregimes, tokens[MP_MAX];
   uint64_t seed;
@@ -45,6 +45,7 @@ static perseus_moe_config_t mp_config(const mp_cfg *c, int pi, int ti)
   perseus_moe_config_t mc =
       ps_moe_preset_config(&ps_moe_presets(NULL)[c->presets[pi]], c->tokens[ti], c->batch);
   if (c->experts) mc.experts = c->experts;
+  mc.gin_per_expert = c->gin_per_expert;
   return mc;
 }
 
@@ -321,7 +322,9 @@ static void usage(FILE *f)
     "  -t LIST  tokens per rank: decode (128), prefill (4096) or numbers (default decode,prefill)\n"
     "  -g N     GPUs (default: all visible)     -p PATH  lsa or gin (default lsa)\n"
     "  -n N     timed forwards (default 10)     -w N     warmup forwards (default 3)\n"
-    "  -B N     dispatch rows per signal (default 0: one per destination and expert)\n"
+    "  -B N     NVLink dispatch rows per signal (default 0: one per destination and expert)\n"
+    "  -S 0|1   GIN rows: 0 one put per destination each way (default), 1 one per\n"
+    "           destination and expert (in chunks of -B rows)\n"
     "  -E N     experts instead of the presets' (e.g. -g 1 -E 32: one rank's share of a\n"
     "           128-expert layer on 4 GPUs, with the rows per expert of that run)\n"
     "  -c 0|1   compare the two layers' outputs (default 1)\n"
@@ -347,7 +350,7 @@ int main(int argc, char **argv)
   c.iters = 10, c.warmup = 3, c.path = TT_LSA, c.check = 1, c.watchdog_s = 300, c.seed = 1;
   const char *mlist = NULL, *tlist = "decode,prefill";
   int opt, bad = 0;
-  while (!bad && (opt = getopt(argc, argv, "m:t:g:p:n:w:B:E:c:s:W:h")) != -1) {
+  while (!bad && (opt = getopt(argc, argv, "m:t:g:p:n:w:B:S:E:c:s:W:h")) != -1) {
     switch (opt) {
     case 'm': mlist = optarg; break;
     case 't': tlist = optarg; break;
@@ -360,6 +363,7 @@ int main(int argc, char **argv)
     case 'n': bad = gp_parse_int(optarg, 1, 100000, &c.iters); break;
     case 'w': bad = gp_parse_int(optarg, 0, 100000, &c.warmup); break;
     case 'B': bad = gp_parse_int(optarg, 0, 1 << 20, &c.batch); break;
+    case 'S': bad = gp_parse_int(optarg, 0, 1, &c.gin_per_expert); break;
     case 'E': bad = gp_parse_int(optarg, 1, 1 << 20, &c.experts); break;
     case 'c': bad = gp_parse_int(optarg, 0, 1, &c.check); break;
     case 's': bad = gp_parse_seed(optarg, &c.seed); break;
@@ -419,8 +423,9 @@ int main(int argc, char **argv)
   gethostname(host, sizeof(host) - 1);
   printf("# machine: host %s, %d GPUs:", host, c.ngpus);
   gc_print_rank_gpus(c.ngpus);
-  printf("\n# path %s, batch %d, %d forwards (+%d warmup), seed %" PRIu64 "\n",
-         tt_path_names[c.path], c.batch, c.iters, c.warmup, c.seed);
+  printf("\n# path %s, batch %d, GIN puts per %s, %d forwards (+%d warmup), seed %" PRIu64 "\n",
+         tt_path_names[c.path], c.batch, c.gin_per_expert ? "destination and expert" : "destination",
+         c.iters, c.warmup, c.seed);
   if (c.experts) printf("# experts: %d (-E), not the presets'\n", c.experts);
   int codes[GP_MAX_RANKS];
   int failed = gp_run(c.ngpus, 0, mp_child, &c, c.watchdog_s, "moe perf", NULL, NULL, codes);

@@ -260,7 +260,9 @@ static void usage(FILE *f)
     "  -H N     hidden (default 256)    -F N  expert FFN width (default 128)\n"
     "  -E N     experts (default 16)    -k N  top-k (default 4)\n"
     "  -T N     max tokens per rank (default 64)\n"
-    "  -B N     dispatch rows per signal (default 0: one per destination and expert)\n"
+    "  -B N     NVLink dispatch rows per signal (default 0: one per destination and expert)\n"
+    "  -S 0|1   GIN rows: 0 one put per destination each way (default), 1 one per\n"
+    "           destination and expert (in chunks of -B rows)\n"
     "  -r 0|1   renormalize the top-k weights (default 1)\n"
     "  -s SEED  seed (default: from the clock; printed)\n"
     "  -w SEC   watchdog (default 120)\n"
@@ -276,7 +278,7 @@ int main(int argc, char **argv)
   c.mc.hidden = 256, c.mc.ffn = 128, c.mc.experts = 16, c.mc.topk = 4, c.mc.max_tokens = 64;
   c.mc.renormalize = 1;
   int opt, bad = 0;
-  while (!bad && (opt = getopt(argc, argv, "p:g:n:l:a:H:F:E:k:T:B:r:s:w:h")) != -1) {
+  while (!bad && (opt = getopt(argc, argv, "p:g:n:l:a:H:F:E:k:T:B:S:r:s:w:h")) != -1) {
     switch (opt) {
     case 'p':
       if (!strcmp(optarg, "lsa")) c.path = TT_LSA;
@@ -293,6 +295,7 @@ int main(int argc, char **argv)
     case 'k': bad = gp_parse_int(optarg, 1, 64, &c.mc.topk); break;
     case 'T': bad = gp_parse_int(optarg, 1, 1 << 20, &c.mc.max_tokens); break;
     case 'B': bad = gp_parse_int(optarg, 0, 1 << 20, &c.mc.batch); break;
+    case 'S': bad = gp_parse_int(optarg, 0, 1, &c.mc.gin_per_expert); break;
     case 'r': bad = gp_parse_int(optarg, 0, 1, &c.mc.renormalize); break;
     case 's': bad = gp_parse_seed(optarg, &c.seed); break;
     case 'w': bad = gp_parse_int(optarg, 1, 24 * 3600, &c.watchdog_s); break;
@@ -318,9 +321,10 @@ int main(int argc, char **argv)
     return 1;
   }
   printf("# perseus_moe_test: path %s, %d GPUs, seed %#" PRIx64 ", %d forwards on %d x %d layers, hidden "
-         "%d, ffn %d, experts %d, top-%d, up to %d tokens per rank, batch %d, renormalize %d\n",
+         "%d, ffn %d, experts %d, top-%d, up to %d tokens per rank, batch %d, GIN puts per %s, renormalize %d\n",
          tt_path_names[c.path], c.ngpus, c.seed, c.iters, c.layers, c.alive, c.mc.hidden, c.mc.ffn, c.mc.experts,
-         c.mc.topk, c.mc.max_tokens, c.mc.batch, c.mc.renormalize);
+         c.mc.topk, c.mc.max_tokens, c.mc.batch,
+         c.mc.gin_per_expert ? "destination and expert" : "destination", c.mc.renormalize);
   int codes[GP_MAX_RANKS];
   double t0 = gp_now();
   int failed = gp_run(c.ngpus, 0, mt_child, &c, c.watchdog_s, "moe test", NULL, NULL, codes);

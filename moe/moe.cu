@@ -99,6 +99,8 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   size_t o_roff = ps_take(&at, (size_t)R * L * sizeof(int)), o_g1 = ps_take(&at, (size_t)L * sizeof(int));
   size_t o_g2 = ps_take(&at, (size_t)L * sizeof(int)), o_task = ps_take(&at, sizeof(int));
   size_t o_tot = ps_take(&at, (size_t)L * R * sizeof(uint64_t)), o_totc = ps_take(&at, (size_t)R * sizeof(uint64_t));
+  size_t o_totr = ps_take(&at, (size_t)R * sizeof(uint64_t)), o_dsent = ps_take(&at, (size_t)R * sizeof(int));
+  size_t o_rsegs = ps_take(&at, (size_t)R * sizeof(int)), o_rdone = ps_take(&at, (size_t)R * sizeof(int));
   size_t o_logits = ps_take(&at, (size_t)T * E * sizeof(float));
   size_t o_idx = ps_take(&at, (size_t)T * k * sizeof(int32_t)), o_w = ps_take(&at, (size_t)T * k * sizeof(float));
   size_t o_slot = ps_take(&at, (size_t)T * k * sizeof(int32_t));
@@ -125,7 +127,8 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   s.scnt = (int *)(d + o_scnt), s.soff = (int *)(d + o_soff), s.sdone = (int *)(d + o_sdone);
   s.rcnt = (int *)(d + o_rcnt), s.roff = (int *)(d + o_roff);
   s.g1done = (int *)(d + o_g1), s.g2done = (int *)(d + o_g2), s.task = (int *)(d + o_task);
-  s.tot = (uint64_t *)(d + o_tot), s.tot_c = (uint64_t *)(d + o_totc);
+  s.tot = (uint64_t *)(d + o_tot), s.tot_c = (uint64_t *)(d + o_totc), s.tot_r = (uint64_t *)(d + o_totr);
+  s.dsent = (int *)(d + o_dsent), s.rsegs = (int *)(d + o_rsegs), s.rdone = (int *)(d + o_rdone);
   s.logits = (float *)(d + o_logits), s.topk_idx = (int32_t *)(d + o_idx);
   s.topk_w = (float *)(d + o_w), s.slot = (int32_t *)(d + o_slot);
   s.self_tok = (int32_t *)(d + o_self);
@@ -141,12 +144,13 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   return ncclSuccess;
 }
 
-/* The devcomm: a control handle, a combine handle and one handle per local
- * expert, each a block of nranks GIN signals (when any peer needs GIN) and
- * per-peer counters. */
+/* The devcomm: a control handle, a combine handle, a rows handle (a GIN
+ * peer's rows in one put) and one handle per local expert, each a block of
+ * nranks GIN signals (when any peer needs GIN) and per-peer counters. */
+#define PS_MOE_SHARED_HANDLES 3
 static ncclResult_t ps_moe_devcomm(perseus_moe *m)
 {
-  const int nh = m->L + 2;
+  const int nh = m->L + PS_MOE_SHARED_HANDLES;
   ncclDevResourceRequirements_t *req =
       (ncclDevResourceRequirements_t *)calloc((size_t)nh, sizeof(*req));
   perseus_batch_handle *h = (perseus_batch_handle *)calloc((size_t)nh, sizeof(*h));
@@ -170,8 +174,9 @@ static ncclResult_t ps_moe_devcomm(perseus_moe *m)
     return rc;
   }
   m->have_dc = 1;
-  m->args.hctl = h[0], m->args.hcomb = h[1];
-  cudaError_t ce = cudaMemcpy(m->args.st.hexp, h + 2, (size_t)m->L * sizeof(*h), cudaMemcpyHostToDevice);
+  m->args.hctl = h[0], m->args.hcomb = h[1], m->args.hrows = h[2];
+  cudaError_t ce = cudaMemcpy(m->args.st.hexp, h + PS_MOE_SHARED_HANDLES, (size_t)m->L * sizeof(*h),
+                              cudaMemcpyHostToDevice);
   free(req), free(h);
   PS_MOE_CUDA(ce, "%d expert handles", m->L);
   /* a pageable copy may still be in flight on return; the reset kernel reads them */
@@ -187,10 +192,12 @@ static ncclResult_t ps_moe_devcomm(perseus_moe *m)
 /* One CTA per batch handle: this rank's GIN signals back to 0
  * (perseus_batch_reset: a devcomm may get signals a destroyed one left). */
 __global__ void ps_moe_reset_signals(ncclDevComm dc, perseus_batch_handle hctl,
-                                     perseus_batch_handle hcomb, const perseus_batch_handle *hexp)
+                                     perseus_batch_handle hcomb, perseus_batch_handle hrows,
+                                     const perseus_batch_handle *hexp)
 {
   const int b = blockIdx.x;
-  perseus_batch_reset(dc, b == 0 ? hctl : b == 1 ? hcomb : hexp[b - 2], threadIdx.x, blockDim.x);
+  perseus_batch_reset(dc, b == 0 ? hctl : b == 1 ? hcomb : b == 2 ? hrows : hexp[b - PS_MOE_SHARED_HANDLES],
+                      threadIdx.x, blockDim.x);
 }
 
 /* The reset, then a barrier (a one-word all-reduce behind it): no peer adds
@@ -200,8 +207,8 @@ static ncclResult_t ps_moe_zero_signals(perseus_moe *m)
   if (!m->gin) return ncclSuccess;
   cudaStream_t s;
   PS_MOE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "rank %d", m->rank);
-  ps_moe_reset_signals<<<m->L + 2, 128, 0, s>>>(m->dc, m->args.hctl, m->args.hcomb,
-                                               m->args.st.hexp);
+  ps_moe_reset_signals<<<m->L + PS_MOE_SHARED_HANDLES, 128, 0, s>>>(
+      m->dc, m->args.hctl, m->args.hcomb, m->args.hrows, m->args.st.hexp);
   cudaError_t ce = cudaGetLastError();
   ncclResult_t rc = ncclSuccess;
   void *word = NULL;
@@ -212,7 +219,7 @@ static ncclResult_t ps_moe_zero_signals(perseus_moe *m)
   if (word) cudaFree(word);
   cudaStreamDestroy(s);
   if (ce != cudaSuccess) {
-    ps_moe_set_error("resetting the GIN signals of %d batch handles failed: %s", m->L + 2,
+    ps_moe_set_error("resetting the GIN signals of %d batch handles failed: %s", m->L + PS_MOE_SHARED_HANDLES,
                      cudaGetErrorString(ce));
     return ncclUnhandledCudaError;
   }
@@ -272,6 +279,7 @@ static ncclResult_t ps_moe_setup(perseus_moe *m)
   a.dc = m->dc, a.win = m->win;
   a.H = m->cfg.hidden, a.F = m->cfg.ffn, a.E = m->cfg.experts, a.L = m->L, a.k = m->cfg.topk;
   a.R = m->nranks, a.P = m->P, a.renorm = m->cfg.renormalize, a.batch = m->cfg.batch;
+  a.gin_per_expert = m->cfg.gin_per_expert;
   a.gate_kc = a.H;
   return ncclSuccess;
 }

@@ -207,6 +207,11 @@ int perseus_moe_check_config(const perseus_moe_config_t *cfg, int nranks) {
                      PS_MOE_MAX_BATCH);
     return -1;
   }
+  if (cfg->gin_per_expert != 0 && cfg->gin_per_expert != 1) {
+    ps_moe_set_error("gin_per_expert %d must be 0 (one GIN put per destination) or 1 (one per "
+                     "destination and expert)", cfg->gin_per_expert);
+    return -1;
+  }
   ps_moe_layout_t l;
   return ps_moe_layout(cfg, nranks, &l);
 }

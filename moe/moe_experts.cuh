@@ -67,8 +67,11 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
   __shared__ int g[BM];
   __shared__ const ps_bf16 *rows[BM];
   const unsigned long long t0 = ps_now_ns();
-  for (int s = threadIdx.x; s < a.R; s += blockDim.x) /* this expert's rows from every peer */
-    if (s != a.dc.rank) perseus_recv(a.dc, a.st.hexp[j]).wait(s, a.st.tot[j * a.R + s]);
+  for (int s = threadIdx.x; s < a.R; s += blockDim.x) { /* this expert's rows from every peer */
+    if (s == a.dc.rank || a.st.rcnt[s * a.L + j] == 0) continue;
+    if (ps_gin_whole(a, s)) perseus_recv(a.dc, a.hrows).wait(s, a.st.tot_r[s]);
+    else perseus_recv(a.dc, a.st.hexp[j]).wait(s, a.st.tot[j * a.R + s]);
+  }
   __syncthreads();
   const unsigned long long t1 = ps_now_ns();
   if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_WAIT_ROWS, t1 - t0);
@@ -150,24 +153,30 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
 
 /* Each source's output rows of expert j back to it, one tile per segment:
  * an LSA source's are already there (ps_expert_gemm2 stored them), so only
- * counted; a GIN source's are put. Every GEMM2 task of j made its rows
- * visible at system scope before the caller saw it done. */
+ * counted; a GIN source's are put, or, when its rows travel in one put each
+ * way, counted, and the last of its experts puts all of them. Every GEMM2
+ * task of j made its rows visible at system scope before the caller saw it
+ * done; so did the callers before for their experts. One thread. */
 __device__ void ps_expert_return(const ps_moe_args &a, int j)
 {
   const size_t row_bytes = (size_t)a.H * sizeof(ps_bf16);
   perseus_batch pb(a.dc, a.hcomb, 1);
-  if (threadIdx.x == 0) __threadfence_system(); /* other CTAs' rows, for a GIN proxy's copy */
-  __syncthreads();
+  __threadfence_system(); /* other CTAs' rows, for a GIN proxy's copy */
   for (int s = 0; s < a.R; s++) {
     int c = a.st.rcnt[s * a.L + j], r = a.st.roff[s * a.L + j];
     if (c == 0) continue;
     if (perseus_lsa_index(a.dc, s) >= 0) {
-      if (threadIdx.x == 0) pb.stored(s);
-      continue;
+      pb.stored(s);
+    } else if (!ps_gin_whole(a, s)) {
+      /* our rows sit in the sender's combine region for us at the same offset */
+      pb.put(ncclCoopThread(), s, a.win, ps_row_off(a, a.off_comb, a.dc.rank, r), a.win,
+             ps_row_off(a, a.off_y, s, r), (size_t)c * row_bytes);
+    } else if (atomicAdd(&a.st.rdone[s], 1) == a.st.rsegs[s] - 1) {
+      __threadfence_system(); /* the other experts' rows, whose returns we acquired */
+      pb.put(ncclCoopThread(), s, a.win, ps_row_off(a, a.off_comb, a.dc.rank, 0), a.win,
+             ps_row_off(a, a.off_y, s, 0),
+             (size_t)ps_rows_all(a, a.st.rcnt, a.st.roff, s) * row_bytes);
     }
-    /* our rows sit in the sender's combine region for us at the same offset */
-    pb.put(ncclCoopCta(), s, a.win, ps_row_off(a, a.off_comb, a.dc.rank, r), a.win,
-           ps_row_off(a, a.off_y, s, r), (size_t)c * row_bytes);
   }
 }
 
@@ -209,7 +218,7 @@ __device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
         if (last) __threadfence();
       }
       __syncthreads();
-      if (last) ps_expert_return(a, j);
+      if (last && threadIdx.x == 0) ps_expert_return(a, j);
     }
     t_end = ps_now_ns();
   }

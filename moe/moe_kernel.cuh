@@ -13,8 +13,10 @@
  *            routed row goes out: NVLink peers by direct stores, one
  *            perseus_batch tile per row on the expert's handle, a signal per
  *            `batch` rows and a flush by the segment's last row; GIN peers
- *            gather into the send window and the segment's last row puts it
- *            in chunks of `batch` rows, one signal each.
+ *            gather into the send window, and the destination's last row
+ *            puts all of them at once (rows handle), or (gin_per_expert) the
+ *            segment's last row puts the segment in chunks of `batch` rows,
+ *            one signal each.
  *   headers  a warp per source: wait for its header, segment table and
  *            the cumulative tile total per (expert, source).
  *   --- barrier
@@ -23,7 +25,8 @@
  *            each starting when that expert's rows from every source arrived,
  *            then every expert's GEMM2 tasks of 128 columns, each starting
  *            when its expert's GEMM1 is done; the last GEMM2 task of an expert returns
- *            each source's rows in one put.
+ *            each source's rows in one put (gin_per_expert), or the last
+ *            expert of a GIN source puts all of that source's rows.
  *   combine  warp per (token, column group): wait for the destinations the
  *            token used, weighted sum of its rows, loads issued together.
  *   --- barrier; CTA 0 clears the per-forward counters, every CTA the logits.
@@ -52,12 +55,15 @@ struct ps_moe_state {
   int *scnt;          /* [R][L] rows this rank sends to (dst, expert) */
   int *soff;          /* [R][L] their offset in dst's receive region for us */
   int *sdone;         /* [R][L] rows put so far (last one closes the segment) */
+  int *dsent;         /* [R] rows gathered for a GIN destination (last one puts them) */
+  int *rsegs, *rdone; /* [R] experts with rows from a GIN source, and those returned */
   int *rcnt, *roff;   /* [R][L] rows from (src, expert) and their offset */
   int *g1done;        /* [L] GEMM1 tiles done */
   int *g2done;        /* [L] GEMM2 tasks done */
   int *task;          /* next task of the queue */
   uint64_t *tot;      /* [L][R] cumulative tiles expected from src on expert handle */
   uint64_t *tot_c;    /* [R] cumulative returned segments expected from dst */
+  uint64_t *tot_r;    /* [R] cumulative row puts expected from a GIN src (rows handle) */
   float *logits;      /* [T][E] */
   int32_t *topk_idx;  /* [T][k] */
   float *topk_w;      /* [T][k] */
@@ -69,7 +75,7 @@ struct ps_moe_state {
 struct ps_moe_args {
   ncclDevComm dc;
   ncclWindow_t win;
-  perseus_batch_handle hctl, hcomb;
+  perseus_batch_handle hctl, hcomb, hrows; /* hrows: a GIN destination's rows in one put */
   ps_moe_state st;
   const ps_bf16 *gate, *w1, *w3, *w2; /* [E][H]; [L][F][H] x2; [L][H][F] */
   ps_bf16 *act;                       /* [R*P][F] */
@@ -78,6 +84,7 @@ struct ps_moe_args {
   /* window layout, byte offsets */
   size_t off_recv, off_send, off_comb, off_y, off_hdr_out, off_hdr_in;
   int H, F, E, L, k, R, P, T, renorm, batch;
+  int gin_per_expert; /* GIN rows: one put per (peer, expert) segment instead of per peer */
   int gate_kc; /* hidden elements per gate task (split-K) */
   uint64_t fwd; /* forwards before this one */
   unsigned long long *prof; /* [2][PS_PROF_N]: this forward uses half fwd % 2 */
@@ -261,6 +268,18 @@ __device__ __forceinline__ int ps_warp_scan(int v, int lane)
   return v;
 }
 
+/* Whether rows to and from GIN peer `peer` move in one put each way. */
+__device__ __forceinline__ bool ps_gin_whole(const ps_moe_args &a, int peer)
+{
+  return !a.gin_per_expert && perseus_lsa_index(a.dc, peer) < 0;
+}
+
+/* Rows of a (peer, expert) table cnt/off in all: the last segment's end. */
+__device__ __forceinline__ int ps_rows_all(const ps_moe_args &a, const int *cnt, const int *off, int peer)
+{
+  return off[peer * a.L + a.L - 1] + cnt[peer * a.L + a.L - 1];
+}
+
 /* Segment offsets of our rows for destination dst, its header (row count
  * per expert) and the returns to expect from it; L experts 32 at a time. */
 __device__ void ps_moe_offsets(const ps_moe_args &a, int dst, int lane)
@@ -274,14 +293,16 @@ __device__ void ps_moe_offsets(const ps_moe_args &a, int dst, int lane)
     base += __shfl_sync(0xffffffffu, incl, 31);
     segs += __popc(__ballot_sync(0xffffffffu, c > 0));
   }
-  if (lane == 0) a.st.tot_c[dst] += (uint64_t)segs; /* the expert owners return one put per segment */
+  /* the expert owners return one put or store per segment, a GIN peer all at once */
+  if (lane == 0) a.st.tot_c[dst] += (uint64_t)(ps_gin_whole(a, dst) ? segs > 0 : segs);
 }
 
-/* Tiles a (peer, expert) segment of `rows` rows takes: one per row by stores
- * (NVLink), one per chunk of `batch` rows (or one) through GIN. */
+/* Tiles a (peer, expert) segment of `rows` rows takes on the expert's handle:
+ * one per row by stores (NVLink), one per chunk of `batch` rows (or one)
+ * through GIN, none when the peer's rows come in one put on the rows handle. */
 __device__ __forceinline__ uint64_t ps_seg_tiles(const ps_moe_args &a, int peer, int rows)
 {
-  if (rows == 0) return 0;
+  if (rows == 0 || ps_gin_whole(a, peer)) return 0;
   if (perseus_lsa_index(a.dc, peer) >= 0) return (uint64_t)rows;
   return a.batch ? (uint64_t)((rows + a.batch - 1) / a.batch) : 1;
 }
@@ -317,7 +338,16 @@ __device__ void ps_moe_dispatch(const ps_moe_args &a)
       perseus_tile_copy(warp, (char *)ps_win_ptr(a, ps_row_off(a, a.off_send, dst, row)), src,
                         row_bytes);
       __syncwarp();
-      if (lane == 0) {
+      if (lane == 0 && !a.gin_per_expert) {
+        __threadfence();
+        if (atomicAdd(&a.st.dsent[dst], 1) == ps_rows_all(a, a.st.scnt, a.st.soff, dst) - 1) {
+          __threadfence_system(); /* every row to dst is gathered: all in one put */
+          perseus_batch(a.dc, a.hrows, 1)
+              .put(ncclCoopThread(), dst, a.win, ps_row_off(a, a.off_recv, a.dc.rank, 0), a.win,
+                   ps_row_off(a, a.off_send, dst, 0),
+                   (size_t)ps_rows_all(a, a.st.scnt, a.st.soff, dst) * row_bytes);
+        }
+      } else if (lane == 0) {
         __threadfence();
         if (atomicAdd(&a.st.sdone[seg], 1) == n - 1) { /* the segment is gathered */
           __threadfence_system();
@@ -341,7 +371,7 @@ __device__ void ps_moe_headers(const ps_moe_args &a, int src, int lane)
   perseus_recv(a.dc, a.hctl).wait(src, a.fwd + 1); /* every lane: each acquires */
   const volatile int *hdr =
       (const volatile int *)ncclGetLocalPointer(a.win, a.off_hdr_in + (size_t)src * a.L * sizeof(int));
-  int base = 0;
+  int base = 0, segs = 0;
   for (int j0 = 0; j0 < a.L; j0 += 32) {
     int j = j0 + lane, c = j < a.L ? hdr[j] : 0;
     int incl = ps_warp_scan(c, lane);
@@ -351,6 +381,11 @@ __device__ void ps_moe_headers(const ps_moe_args &a, int src, int lane)
       a.st.tot[j * a.R + src] += ps_seg_tiles(a, src, c);
     }
     base += __shfl_sync(0xffffffffu, incl, 31);
+    segs += __popc(__ballot_sync(0xffffffffu, c > 0));
+  }
+  if (lane == 0 && ps_gin_whole(a, src)) { /* its rows in one put; ours back in one */
+    a.st.rsegs[src] = segs;
+    if (base > 0) a.st.tot_r[src] += 1;
   }
 }
 
@@ -394,6 +429,7 @@ __global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forwar
   grid.sync();
   if (blockIdx.x == 0) { /* the per-forward counters and marks, for the next forward */
     for (int i = threadIdx.x; i < a.R * a.L; i += blockDim.x) a.st.scnt[i] = 0, a.st.sdone[i] = 0;
+    for (int i = threadIdx.x; i < a.R; i += blockDim.x) a.st.dsent[i] = 0, a.st.rdone[i] = 0;
     for (int i = threadIdx.x; i < a.L; i += blockDim.x) a.st.g1done[i] = 0, a.st.g2done[i] = 0;
     if (threadIdx.x == 0) *a.st.task = 0;
     unsigned long long *next = a.prof + ((a.fwd + 1) & 1) * PS_PROF_N;

@@ -6,8 +6,10 @@
 # ranks sharing them; from 2 GPUs, two pretend hosts of all the GPUs: NVLink
 # within a host, GIN across), plus a larger shape with a fixed batch; then
 # perseus_moe_perf (fused against the NCCL + cuBLAS baseline, every preset,
-# decode and prefill; from 2 GPUs also over GIN). Run from the repository
-# root of a tree built elsewhere and carried over:
+# decode and prefill; from 2 GPUs also over GIN). The GIN tests put rows
+# per destination (the default) and, in one more 4-rank run, per
+# (destination, expert) segment (-S 1). Run from the repository root of a
+# tree built elsewhere and carried over:
 #
 #   scripts/gpu-moe.sh [LOGDIR [BUILDDIR]]     (defaults: ./moe-logs, $PERSEUS_BUILD_DIR or build)
 #
@@ -76,6 +78,11 @@ if [ "$ngpus" -ge 2 ]; then
   PERSEUS_TEST_HOSTS=2 run "moe_test-g$((2 * ngpus))-2hosts" "$TEST_BIN" -g $((2 * ngpus)) \
     -p lsa ${MOE_TEST_ARGS:-}
 fi
+# GIN rows per (destination, expert) segment (-S 1) instead of per destination:
+# 4 ranks over GIN, 32 experts, chunks of 3 rows
+# shellcheck disable=SC2086
+PERSEUS_TEST_HOSTS=4 run "moe_test-g4-gin-per-expert" "$TEST_BIN" -g 4 -p gin -S 1 -H 576 -F 256 \
+  -E 32 -k 8 -T 128 -B 3 ${MOE_TEST_ARGS:-}
 g=${counts##* }
 # shellcheck disable=SC2086
 # hidden 576: not a multiple of 256 (the combine's 8 columns x 32 lanes); 64 rows per

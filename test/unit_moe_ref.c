@@ -105,6 +105,7 @@ static void test_config(void) {
       {offsetof(perseus_moe_config_t, max_tokens), 1 << 20, 4},
       {offsetof(perseus_moe_config_t, renormalize), 0, 4},
       {offsetof(perseus_moe_config_t, batch), 1 << 20, 4},
+      {offsetof(perseus_moe_config_t, gin_per_expert), 1, 4},
       {offsetof(perseus_moe_config_t, experts), 4096, 4096},
   };
   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
@@ -139,6 +140,8 @@ static void test_config(void) {
       {offsetof(perseus_moe_config_t, renormalize), -1, 4, "renormalize -1 ", NULL},
       {offsetof(perseus_moe_config_t, batch), -1, 4, "batch -1 ", NULL},
       {offsetof(perseus_moe_config_t, batch), (1 << 20) + 1, 4, "batch 1048577 ", NULL},
+      {offsetof(perseus_moe_config_t, gin_per_expert), 2, 4, "gin_per_expert 2 ", "0 (one GIN put per destination)"},
+      {offsetof(perseus_moe_config_t, gin_per_expert), -1, 4, "gin_per_expert -1 ", NULL},
       {NRANKS, 0, 0, "nranks 0 ", NULL},
       {NRANKS, -1, -1, "nranks -1 ", NULL},
       {NRANKS, 5000, 5000, "nranks 5000 ", "4096"},

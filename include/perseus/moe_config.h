@@ -20,7 +20,11 @@ typedef struct {
   int topk;        /* k: 1..min(E, PERSEUS_MOE_MAX_TOPK) */
   int max_tokens;  /* most tokens per rank in one forward, >= 1 */
   int renormalize; /* 1: top-k weights divided by their sum (Qwen3, DeepSeek); 0: raw */
-  int batch;       /* dispatch rows per signal; 0: one signal per (destination, expert) */
+  int batch;       /* NVLink dispatch rows per signal; 0: one signal per (destination, expert) */
+  int gin_per_expert; /* GIN peers: 0 (default): one put each way per (source, destination) pair,
+                         an expert starts when every source's rows arrived; 1: one put per
+                         (destination, expert) segment in chunks of `batch` rows, each expert
+                         starts on its own rows (more puts, more overlap) */
 } perseus_moe_config_t;
 
 /* Checks a config for `nranks` ranks: 0, or -1 with the reason (naming the
