@@ -60,40 +60,50 @@ __device__ __forceinline__ void ps_spin_until(const int *ctr, int want)
   __threadfence();
 }
 
-/* GEMM1 tile n0..n0+63 of expert j: act = silu(X W1^T) * (X W3^T). */
+/* GEMM1 tile n0..n0+63 of expert j: act = silu(X W1^T) * (X W3^T). The
+ * first weights are loaded while the rows are awaited and looked up. */
 template <int BM>
 __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
 {
   __shared__ int g[BM];
   __shared__ const ps_bf16 *rows[BM];
-  const unsigned long long t0 = ps_now_ns();
-  for (int s = threadIdx.x; s < a.R; s += blockDim.x) { /* this expert's rows from every peer */
-    if (s == a.dc.rank || a.st.rcnt[s * a.L + j] == 0) continue;
-    if (ps_gin_whole(a, s)) perseus_recv(a.dc, a.hrows).wait(s, a.st.tot_r[s]);
-    else perseus_recv(a.dc, a.st.hexp[j]).wait(s, a.st.tot[j * a.R + s]);
-  }
-  __syncthreads();
-  const unsigned long long t1 = ps_now_ns();
-  if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_WAIT_ROWS, t1 - t0);
+  const unsigned long long ts = ps_now_ns();
+  unsigned long long waited = 0; /* the profile's task time leaves the wait out */
   const ps_bf16 *recv = ps_win_ptr(a, a.off_recv);
   const ps_bf16 *b[2] = {a.w1 + ((size_t)j * a.F + n0) * a.H, a.w3 + ((size_t)j * a.F + n0) * a.H};
-  int total = ps_expert_rows_total(a, j);
-  for (int m0 = 0; m0 < total; m0 += BM) {
-    int n = ps_expert_rows<BM>(a, j, m0, total, g);
-    if (threadIdx.x < n) { /* our own rows from x (the dispatch left them there), a peer's received */
-      const int gi = g[threadIdx.x];
-      rows[threadIdx.x] = gi / a.P == a.dc.rank ? a.x + (size_t)a.st.self_tok[gi % a.P] * a.H
-                                                : recv + (size_t)gi * a.H;
-    }
-    __syncthreads();
-    ps_gemm_tile<BM, 2>(rows, n, b, PS_GEMM_N, a.H, a.H, smem, [&](int m, int c, float (*v)[2]) {
+  int total = 0;
+  for (int m0 = 0; m0 == 0 || m0 < total; m0 += BM) {
+    auto prep = [&]() -> int {
+      if (m0 == 0) { /* this expert's rows from every peer */
+        const unsigned long long t0 = ps_now_ns();
+        for (int s = threadIdx.x; s < a.R; s += blockDim.x) {
+          if (s == a.dc.rank || a.st.rcnt[s * a.L + j] == 0) continue;
+          if (ps_gin_whole(a, s)) perseus_recv(a.dc, a.hrows).wait(s, a.st.tot_r[s]);
+          else perseus_recv(a.dc, a.st.hexp[j]).wait(s, a.st.tot[j * a.R + s]);
+        }
+        __syncthreads();
+        waited = ps_now_ns() - t0;
+        if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_WAIT_ROWS, waited);
+        total = ps_expert_rows_total(a, j);
+        if (total == 0) return 0;
+      }
+      const int n = ps_expert_rows<BM>(a, j, m0, total, g);
+      if (threadIdx.x < n) { /* our own rows from x (the dispatch left them there), a peer's received */
+        const int gi = g[threadIdx.x];
+        rows[threadIdx.x] = gi / a.P == a.dc.rank ? a.x + (size_t)a.st.self_tok[gi % a.P] * a.H
+                                                  : recv + (size_t)gi * a.H;
+      }
+      __syncthreads();
+      return n;
+    };
+    ps_gemm_tile_prep<BM, 2>(prep, rows, b, PS_GEMM_N, a.H, a.H, smem, [&](int m, int c, float (*v)[2]) {
       float h0 = v[0][0], h1 = v[0][1];
       float y0 = h0 / (1.f + __expf(-h0)) * v[1][0], y1 = h1 / (1.f + __expf(-h1)) * v[1][1];
       *(__nv_bfloat162 *)(a.act + (size_t)g[m] * a.F + n0 + c) = __floats2bfloat162_rn(y0, y1);
     });
     __syncthreads();
   }
-  if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_RUN_GEMM1, ps_now_ns() - t1);
+  if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_RUN_GEMM1, ps_now_ns() - ts - waited);
 }
 
 /* GEMM2 tasks take 128 columns of Y: the rows of W2 for columns h0..h0+63
@@ -117,38 +127,46 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
   __shared__ int g[BM];
   __shared__ const ps_bf16 *rows[BM];
   __shared__ ps_bf16 *out[BM];
-  unsigned long long t1 = 0;
-  if (threadIdx.x == 0) {
-    const unsigned long long t0 = ps_now_ns();
-    ps_spin_until(&a.st.g1done[j], a.F / PS_GEMM_N);
-    t1 = ps_now_ns();
-    ps_prof_add(a, PS_PROF_WAIT_GEMM1, t1 - t0);
-  }
-  __syncthreads();
+  const unsigned long long ts = ps_now_ns();
+  unsigned long long waited = 0; /* thread 0's; the profile's task time leaves it out */
   /* a missing second half re-reads the first one's weights (from L2) and
    * writes nothing */
   const bool half2 = h0 + PS_GEMM_N < a.H;
   const ps_bf16 *w = a.w2 + ((size_t)j * a.H + h0) * a.F;
   const ps_bf16 *b[2] = {w, half2 ? w + (size_t)PS_GEMM_N * a.F : w};
-  int total = ps_expert_rows_total(a, j);
-  for (int m0 = 0; m0 < total; m0 += BM) {
-    int n = ps_expert_rows<BM>(a, j, m0, total, g);
-    if (threadIdx.x < n) {
-      const int gi = g[threadIdx.x], src = gi / a.P, l = perseus_lsa_index(a.dc, src);
-      rows[threadIdx.x] = a.act + (size_t)gi * a.F;
-      out[threadIdx.x] = l >= 0 ? (ps_bf16 *)ncclGetLsaPointer(a.win, ps_row_off(a, a.off_comb,
-                                                                      a.dc.rank, gi % a.P), l)
-                                : ps_win_ptr(a, a.off_y) + (size_t)gi * a.H;
-    }
-    __syncthreads();
-    ps_gemm_tile<BM, 2>(rows, n, b, PS_GEMM_N, a.F, a.F, smem, [&](int m, int c, float (*v)[2]) {
+  int total = 0;
+  for (int m0 = 0; m0 == 0 || m0 < total; m0 += BM) {
+    auto prep = [&]() -> int { /* under the first weights' loads */
+      if (m0 == 0) {
+        if (threadIdx.x == 0) {
+          const unsigned long long t0 = ps_now_ns();
+          ps_spin_until(&a.st.g1done[j], a.F / PS_GEMM_N);
+          waited = ps_now_ns() - t0;
+          ps_prof_add(a, PS_PROF_WAIT_GEMM1, waited);
+        }
+        __syncthreads();
+        total = ps_expert_rows_total(a, j);
+        if (total == 0) return 0;
+      }
+      const int n = ps_expert_rows<BM>(a, j, m0, total, g);
+      if (threadIdx.x < n) {
+        const int gi = g[threadIdx.x], src = gi / a.P, l = perseus_lsa_index(a.dc, src);
+        rows[threadIdx.x] = a.act + (size_t)gi * a.F;
+        out[threadIdx.x] = l >= 0 ? (ps_bf16 *)ncclGetLsaPointer(a.win, ps_row_off(a, a.off_comb,
+                                                                        a.dc.rank, gi % a.P), l)
+                                  : ps_win_ptr(a, a.off_y) + (size_t)gi * a.H;
+      }
+      __syncthreads();
+      return n;
+    };
+    ps_gemm_tile_prep<BM, 2>(prep, rows, b, PS_GEMM_N, a.F, a.F, smem, [&](int m, int c, float (*v)[2]) {
       ps_bf16 *yr = out[m] + h0 + c;
       *(__nv_bfloat162 *)yr = __floats2bfloat162_rn(v[0][0], v[0][1]);
       if (half2) *(__nv_bfloat162 *)(yr + PS_GEMM_N) = __floats2bfloat162_rn(v[1][0], v[1][1]);
     });
     __syncthreads();
   }
-  if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_RUN_GEMM2, ps_now_ns() - t1);
+  if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_RUN_GEMM2, ps_now_ns() - ts - waited);
 }
 
 /* Each source's output rows of expert j back to it, one tile per segment:

@@ -125,11 +125,18 @@ __device__ __forceinline__ void ps_wgmma_m64n64(float d[32], uint64_t da, uint64
  * PS_GEMM_K) elements of each row are summed over. Every thread of the CTA
  * calls it; `smem` holds PS_GEMM_SMEM(BM) bytes. Epi is called as
  * epi(m, n, acc) for each m < mrows and even n, acc[i][0..1] being columns
- * n and n+1 of matrix i (columns past nrows hold zeros). */
-template <int BM, int NB, typename Epi>
-__device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
-                             const __nv_bfloat16 *const b[NB], int nrows, size_t ldb, int K,
-                             char *smem, Epi epi)
+ * n and n+1 of matrix i (columns past nrows hold zeros).
+ *
+ * The rows come from prep(), called by every thread once the first stages'
+ * weight loads are in flight: it fills rows[] (visible to the CTA when it
+ * returns, e.g. behind a __syncthreads) and returns mrows. So whatever the
+ * rows wait for (their arrival, a task's row table, the activation) takes
+ * place under the weights' HBM latency instead of before it. mrows 0: the
+ * weights in flight are drained and nothing is computed. */
+template <int BM, int NB, typename Prep, typename Epi>
+__device__ void ps_gemm_tile_prep(Prep prep, const __nv_bfloat16 *const *rows,
+                                  const __nv_bfloat16 *const b[NB], int nrows, size_t ldb, int K,
+                                  char *smem, Epi epi)
 {
   static_assert(BM == 64 || BM == 128, "64- or 128-row tiles");
   constexpr int STAGES = PS_GEMM_STAGES(BM, NB), MI = BM / 64;
@@ -154,35 +161,49 @@ __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
   bool aok[PA], bok[PB];
   const int lc = tid % PS_GEMM_CH, lr = tid / PS_GEMM_CH, rstep = PS_GEMM_THREADS / PS_GEMM_CH;
 #pragma unroll
-  for (int q = 0; q < PA; q++) {
-    aok[q] = lr + q * rstep < mrows;
-    arow[q] = rows[aok[q] ? lr + q * rstep : 0];
-  }
-#pragma unroll
   for (int q = 0; q < PB; q++) {
     bok[q] = lr + q * rstep < nrows;
     boff[q] = (size_t)(bok[q] ? lr + q * rstep : 0) * ldb;
   }
-  auto load = [&](int stage, int k0) {
+  auto load_b = [&](int stage, int k0) {
     uint32_t st = s0 + stage * stage_bytes;
-#pragma unroll
-    for (int q = 0; q < PA; q++)
-      ps_cp_async16(st + ps_gemm_swz(lr + q * rstep, lc), arow[q] + k0 + lc * 8, aok[q]);
 #pragma unroll
     for (int q = 0; q < PB; q++)
 #pragma unroll
       for (int i = 0; i < NB; i++)
         ps_cp_async16(st + a_bytes + i * b_bytes + ps_gemm_swz(lr + q * rstep, lc),
                       b[i] + boff[q] + k0 + lc * 8, bok[q]);
+  };
+  auto load_a = [&](int stage, int k0) { /* and closes the stage's group */
+    uint32_t st = s0 + stage * stage_bytes;
+#pragma unroll
+    for (int q = 0; q < PA; q++)
+      ps_cp_async16(st + ps_gemm_swz(lr + q * rstep, lc), arow[q] + k0 + lc * 8, aok[q]);
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
 
   const int nk = K / PS_GEMM_K;
-  /* every step commits one group (empty past the end), so "all but the
+  /* the first stages' weights, then the rows (prep), then their A tiles:
+   * group 0 holds those weights and A of step 0, group s > 0 A of step s.
+   * Every step commits one group (empty past the end), so "all but the
    * newest STAGES-2 groups done" always means "step kt's tiles are in" */
 #pragma unroll
+  for (int s = 0; s < STAGES - 1; s++)
+    if (s < nk) load_b(s, s * PS_GEMM_K);
+  const int mrows = prep();
+  if (mrows <= 0) { /* CTA-uniform */
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+    __syncthreads(); /* shared memory is free for the caller's next tile */
+    return;
+  }
+#pragma unroll
+  for (int q = 0; q < PA; q++) {
+    aok[q] = lr + q * rstep < mrows;
+    arow[q] = rows[aok[q] ? lr + q * rstep : 0];
+  }
+#pragma unroll
   for (int s = 0; s < STAGES - 1; s++) {
-    if (s < nk) load(s, s * PS_GEMM_K);
+    if (s < nk) load_a(s, s * PS_GEMM_K);
     else asm volatile("cp.async.commit_group;" ::: "memory");
   }
   for (int kt = 0; kt < nk; kt++) {
@@ -193,7 +214,7 @@ __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
     __syncthreads(); /* step kt's tiles are visible; step kt-1's stage is free */
     {
       int next = kt + STAGES - 1;
-      if (next < nk) load(next % STAGES, next * PS_GEMM_K);
+      if (next < nk) load_b(next % STAGES, next * PS_GEMM_K), load_a(next % STAGES, next * PS_GEMM_K);
       else asm volatile("cp.async.commit_group;" ::: "memory");
     }
     const uint32_t st = s0 + (kt % STAGES) * stage_bytes;
@@ -264,6 +285,15 @@ __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
       }
     }
   }
+}
+
+/* The same with the rows known up front. */
+template <int BM, int NB, typename Epi>
+__device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
+                             const __nv_bfloat16 *const b[NB], int nrows, size_t ldb, int K,
+                             char *smem, Epi epi)
+{
+  ps_gemm_tile_prep<BM, NB>([&]() { return mrows; }, rows, b, nrows, ldb, K, smem, epi);
 }
 
 #endif
