@@ -86,6 +86,7 @@ static void ps_moe_window_layout(perseus_moe *m, const ps_moe_layout_t *lay)
   a.off_y = ps_take(&at, m->gin ? lay->y_bytes : 0);
   a.off_hdr_out = ps_take(&at, hdr);
   a.off_hdr_in = ps_take(&at, hdr);
+  a.off_done = ps_take(&at, (size_t)m->nranks * m->L * sizeof(uint64_t));
   m->win_bytes = at;
 }
 

@@ -169,10 +169,12 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
   if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_RUN_GEMM2, ps_now_ns() - ts - waited);
 }
 
-/* Each source's output rows of expert j back to it, one tile per segment:
- * an LSA source's are already there (ps_expert_gemm2 stored them), so only
- * counted; a GIN source's are put, or, when its rows travel in one put each
- * way, counted, and the last of its experts puts all of them. Every GEMM2
+/* Each source's output rows of expert j back to it: an LSA source's are
+ * already there (ps_expert_gemm2 stored them), so only the expert's done
+ * mark in its window is set, which lets its combine start on the tokens of
+ * this expert while others still run; a GIN source's are put, one tile per
+ * segment, or, when its rows travel in one put each way, counted, and the
+ * last of its experts puts all of them. Every GEMM2
  * task of j made its rows visible at system scope before the caller saw it
  * done; so did the callers before for their experts. One thread. */
 __device__ void ps_expert_return(const ps_moe_args &a, int j)
@@ -183,8 +185,10 @@ __device__ void ps_expert_return(const ps_moe_args &a, int j)
   for (int s = 0; s < a.R; s++) {
     int c = a.st.rcnt[s * a.L + j], r = a.st.roff[s * a.L + j];
     if (c == 0) continue;
-    if (perseus_lsa_index(a.dc, s) >= 0) {
-      pb.stored(s);
+    if (const int l = perseus_lsa_index(a.dc, s); l >= 0) {
+      uint64_t *done = (uint64_t *)ncclGetLsaPointer(
+          a.win, a.off_done + ((size_t)a.dc.rank * a.L + j) * sizeof(uint64_t), l);
+      asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(done), "l"(a.fwd + 1) : "memory");
     } else if (!ps_gin_whole(a, s)) {
       /* our rows sit in the sender's combine region for us at the same offset */
       pb.put(ncclCoopThread(), s, a.win, ps_row_off(a, a.off_comb, a.dc.rank, r), a.win,
@@ -267,10 +271,18 @@ __device__ void ps_moe_combine(const ps_moe_args &a)
     const int t = it / groups, g0 = it % groups * per, g1 = min(g0 + per, chunks);
     const unsigned long long t0 = ps_now_ns();
     int dst = 0, j = 0;
-    if (lane < a.k) { /* every destination this token used has returned everything */
+    if (lane < a.k) { /* each of the token's experts is done */
       const int e = a.st.topk_idx[t * a.k + lane];
       dst = e / a.L, j = e % a.L;
-      rv.wait(dst, a.st.tot_c[dst]);
+      if (perseus_lsa_index(a.dc, dst) >= 0) { /* its mark, set by dst (ps_expert_return) */
+        const uint64_t *done = (const uint64_t *)ncclGetLocalPointer(
+            a.win, a.off_done + ((size_t)dst * a.L + j) * sizeof(uint64_t));
+        uint64_t v;
+        do asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(done) : "memory");
+        while (v < a.fwd + 1);
+      } else { /* a GIN destination: everything it returns */
+        rv.wait(dst, a.st.tot_c[dst]);
+      }
     }
     __syncwarp();
     if (g0 == 0) waited += ps_now_ns() - t0; /* once per token */

@@ -27,8 +27,9 @@
  *            when its expert's GEMM1 is done; the last GEMM2 task of an expert returns
  *            each source's rows in one put (gin_per_expert), or the last
  *            expert of a GIN source puts all of that source's rows.
- *   combine  warp per (token, column group): wait for the destinations the
- *            token used, weighted sum of its rows, loads issued together.
+ *   combine  warp per (token, column group): wait for the token's experts
+ *            (an LSA owner's done mark per expert; a GIN owner's returns),
+ *            weighted sum of its rows, loads issued together.
  *   --- barrier; CTA 0 clears the per-forward counters, every CTA the logits.
  * Everything cumulative (tiles per handle) stays monotonic across forwards,
  * so nothing is reset that a peer could still be adding to. */
@@ -62,7 +63,7 @@ struct ps_moe_state {
   int *g2done;        /* [L] GEMM2 tasks done */
   int *task;          /* next task of the queue */
   uint64_t *tot;      /* [L][R] cumulative tiles expected from src on expert handle */
-  uint64_t *tot_c;    /* [R] cumulative returned segments expected from dst */
+  uint64_t *tot_c;    /* [R] cumulative returns expected from a GIN dst */
   uint64_t *tot_r;    /* [R] cumulative row puts expected from a GIN src (rows handle) */
   float *logits;      /* [T][E] */
   int32_t *topk_idx;  /* [T][k] */
@@ -83,6 +84,7 @@ struct ps_moe_args {
   ps_bf16 *out;                       /* user output [T][H] */
   /* window layout, byte offsets */
   size_t off_recv, off_send, off_comb, off_y, off_hdr_out, off_hdr_in;
+  size_t off_done; /* [R][L] u64: forwards whose results of expert j rank d stored here (LSA) */
   int H, F, E, L, k, R, P, T, renorm, batch;
   int gin_per_expert; /* GIN rows: one put per (peer, expert) segment instead of per peer */
   int gate_kc; /* hidden elements per gate task (split-K) */
@@ -299,8 +301,10 @@ __device__ void ps_moe_offsets(const ps_moe_args &a, int dst, int lane)
     base += __shfl_sync(0xffffffffu, incl, 31);
     segs += __popc(__ballot_sync(0xffffffffu, c > 0));
   }
-  /* the expert owners return one put or store per segment, a GIN peer all at once */
-  if (lane == 0) a.st.tot_c[dst] += (uint64_t)(ps_gin_whole(a, dst) ? segs > 0 : segs);
+  /* a GIN peer returns one put per segment or all at once; an LSA peer
+   * marks each expert done instead (off_done) */
+  if (lane == 0 && perseus_lsa_index(a.dc, dst) < 0)
+    a.st.tot_c[dst] += (uint64_t)(ps_gin_whole(a, dst) ? segs > 0 : segs);
 }
 
 /* Tiles a (peer, expert) segment of `rows` rows takes on the expert's handle:
