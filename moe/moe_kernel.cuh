@@ -24,9 +24,11 @@
  *            tiles (W1 and W3 on the same rows, SiLU-gated, bf16 activation),
  *            each starting when that expert's rows from every source arrived,
  *            then every expert's GEMM2 tasks of 128 columns, each starting
- *            when its expert's GEMM1 is done; the last GEMM2 task of an expert returns
- *            each source's rows in one put (gin_per_expert), or the last
- *            expert of a GIN source puts all of that source's rows.
+ *            when its expert's GEMM1 is done (GEMM2 stores an NVLink
+ *            source's rows straight into its window); the last GEMM2 task
+ *            of an expert sets its done mark in each NVLink source's
+ *            window, puts a GIN source's rows back (gin_per_expert), or,
+ *            as the last expert of a GIN source, puts all of its rows.
  *   combine  warp per (token, column group): wait for the token's experts
  *            (an LSA owner's done mark per expert; a GIN owner's returns),
  *            weighted sum of its rows, loads issued together.
