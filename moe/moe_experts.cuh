@@ -60,10 +60,11 @@ __device__ __forceinline__ void ps_spin_until(const int *ctr, int want)
   __threadfence();
 }
 
-/* GEMM1 tile n0..n0+63 of expert j: act = silu(X W1^T) * (X W3^T). The
- * first weights are loaded while the rows are awaited and looked up. */
+/* GEMM1 tile n0..n0+63 of expert j, its row tiles mt0 .. mt1-1 (those that
+ * exist): act = silu(X W1^T) * (X W3^T). The first weights are loaded while
+ * the rows are awaited and looked up. */
 template <int BM>
-__device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
+__device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, int mt0, int mt1, char *smem)
 {
   __shared__ int g[BM];
   __shared__ const ps_bf16 *rows[BM];
@@ -72,9 +73,9 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
   const ps_bf16 *recv = ps_win_ptr(a, a.off_recv);
   const ps_bf16 *b[2] = {a.w1 + ((size_t)j * a.F + n0) * a.H, a.w3 + ((size_t)j * a.F + n0) * a.H};
   int total = 0;
-  for (int m0 = 0; m0 == 0 || m0 < total; m0 += BM) {
+  for (int m0 = mt0 * BM; m0 == mt0 * BM || m0 < min(total, mt1 * BM); m0 += BM) {
     auto prep = [&]() -> int {
-      if (m0 == 0) { /* this expert's rows from every peer */
+      if (m0 == mt0 * BM) { /* this expert's rows from every peer */
         const unsigned long long t0 = ps_now_ns();
         for (int s = threadIdx.x; s < a.R; s += blockDim.x) {
           if (s == a.dc.rank || a.st.rcnt[s * a.L + j] == 0) continue;
@@ -85,7 +86,7 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, char *smem)
         waited = ps_now_ns() - t0;
         if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_WAIT_ROWS, waited);
         total = ps_expert_rows_total(a, j);
-        if (total == 0) return 0;
+        if (m0 >= total) return 0;
       }
       const int n = ps_expert_rows<BM>(a, j, m0, total, g);
       if (threadIdx.x < n) { /* our own rows from x (the dispatch left them there), a peer's received */
@@ -117,12 +118,14 @@ __device__ __forceinline__ int ps_g2_tasks(const ps_moe_args &a)
 }
 
 /* GEMM2 columns h0 .. h0 + 127 of expert j (h0 .. h0 + 63 at the end of a
- * hidden size that is an odd multiple of 64): Y = act W2^T. A row of an LSA
+ * hidden size that is an odd multiple of 64), row tiles mt0 .. mt1-1, once
+ * g1done[j] reached g1_want: Y = act W2^T. A row of an LSA
  * source (ourselves included) goes straight into that source's combine
  * region, where ps_expert_return would have put it; a GIN source's into the
  * y window, which ps_expert_return puts. */
 template <int BM>
-__device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
+__device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, int mt0, int mt1, int g1_want,
+                                char *smem)
 {
   __shared__ int g[BM];
   __shared__ const ps_bf16 *rows[BM];
@@ -135,18 +138,18 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, char *smem)
   const ps_bf16 *w = a.w2 + ((size_t)j * a.H + h0) * a.F;
   const ps_bf16 *b[2] = {w, half2 ? w + (size_t)PS_GEMM_N * a.F : w};
   int total = 0;
-  for (int m0 = 0; m0 == 0 || m0 < total; m0 += BM) {
+  for (int m0 = mt0 * BM; m0 == mt0 * BM || m0 < min(total, mt1 * BM); m0 += BM) {
     auto prep = [&]() -> int { /* under the first weights' loads */
-      if (m0 == 0) {
+      if (m0 == mt0 * BM) {
         if (threadIdx.x == 0) {
           const unsigned long long t0 = ps_now_ns();
-          ps_spin_until(&a.st.g1done[j], a.F / PS_GEMM_N);
+          ps_spin_until(&a.st.g1done[j], g1_want);
           waited = ps_now_ns() - t0;
           ps_prof_add(a, PS_PROF_WAIT_GEMM1, waited);
         }
         __syncthreads();
         total = ps_expert_rows_total(a, j);
-        if (total == 0) return 0;
+        if (m0 >= total) return 0;
       }
       const int n = ps_expert_rows<BM>(a, j, m0, total, g);
       if (threadIdx.x < n) {
@@ -202,41 +205,88 @@ __device__ void ps_expert_return(const ps_moe_args &a, int j)
   }
 }
 
+/* Row-tile tasks (128-row kernel, up to this many local experts): a task is
+ * one column tile of one row tile of an expert, and the row tiles of a
+ * column tile are adjacent in the queue. An expert with many rows (prefill,
+ * more so with more ranks) then has its column tile's weights streamed by
+ * several CTAs at about the same time, mostly read from HBM once and shared
+ * in L2, instead of once per row tile by one CTA. Experts without rows get
+ * no tasks. */
+#define PS_MOE_TILED_MAX_L 512
+
 template <int BM>
 __device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
 {
-  __shared__ int task;
+  /* task: the claimed index; then expert, column tile (GEMM2 from n1), row
+   * tiles [mt0, mt1) and the expert's row tiles */
+  __shared__ int task, tj, ti, tm0, tm1, ttiles;
+  __shared__ int tpre[PS_MOE_TILED_MAX_L + 1]; /* row tiles of the experts before j */
   /* every GEMM1 tile (expert by expert) before any GEMM2 tile: a CTA that
    * holds a GEMM2 tile waits for its expert's GEMM1, so GEMM2 tiles queued
    * early would idle CTAs that could stream weights meanwhile */
   const int n1 = a.F / PS_GEMM_N, n2 = ps_g2_tasks(a);
+  const bool tiled = BM == 128 && a.L <= PS_MOE_TILED_MAX_L;
+  if (tiled && threadIdx.x < 32) { /* warp 0: row tiles per expert, prefix */
+    const int lane = threadIdx.x;
+    int base = 0;
+    for (int j0 = 0; j0 < a.L; j0 += 32) {
+      const int j = j0 + lane;
+      int rows = 0;
+      if (j < a.L)
+        for (int s = 0; s < a.R; s++) rows += a.st.rcnt[s * a.L + j];
+      const int incl = ps_warp_scan((rows + BM - 1) / BM, lane);
+      if (j < a.L) tpre[j + 1] = base + incl;
+      base += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) tpre[0] = 0;
+  }
+  __syncthreads();
+  const int ntiles = tiled ? tpre[a.L] : a.L; /* untiled: one "tile" an expert, all its rows */
+  const int t1 = ntiles * n1, tall = ntiles * (n1 + n2);
   const unsigned long long t0 = ps_now_ns();
   unsigned long long t_end = t0; /* the end of this CTA's last task */
   for (;;) {
-    if (threadIdx.x == 0) task = atomicAdd(a.st.task, 1);
+    if (threadIdx.x == 0) {
+      const int tk = atomicAdd(a.st.task, 1);
+      task = tk;
+      if (tk < tall) {
+        const bool g1 = tk < t1;
+        const int n = g1 ? n1 : n2, r = g1 ? tk : tk - t1;
+        if (tiled) { /* the expert j with n tpre[j] <= r < n tpre[j + 1] */
+          int lo = 0, hi = a.L - 1;
+          while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (n * tpre[mid] <= r) lo = mid;
+            else hi = mid - 1;
+          }
+          const int tiles = tpre[lo + 1] - tpre[lo], rr = r - n * tpre[lo];
+          tj = lo, ti = (g1 ? 0 : n1) + rr / tiles, tm0 = rr % tiles, tm1 = tm0 + 1, ttiles = tiles;
+        } else {
+          tj = r / n, ti = (g1 ? 0 : n1) + r % n, tm0 = 0, tm1 = INT_MAX / BM, ttiles = 1;
+        }
+      }
+    }
     __syncthreads();
-    int tk = task;
+    const int tk = task, j = tj, i = ti, mt0 = tm0, mt1 = tm1, tiles = ttiles;
     __syncthreads();
-    if (tk >= a.L * (n1 + n2)) {
+    if (tk >= tall) {
       if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_EXPERTS_END, t_end - t0);
       break;
     }
-    bool g1 = tk < a.L * n1;
-    int j = g1 ? tk / n1 : (tk - a.L * n1) / n2, i = g1 ? tk % n1 : n1 + (tk - a.L * n1) % n2;
-    if (g1) {
-      ps_expert_gemm1<BM>(a, j, i * PS_GEMM_N, smem);
+    if (i < n1) {
+      ps_expert_gemm1<BM>(a, j, i * PS_GEMM_N, mt0, mt1, smem);
       __syncthreads();
       if (threadIdx.x == 0) {
         __threadfence();
         atomicAdd(&a.st.g1done[j], 1);
       }
     } else {
-      ps_expert_gemm2<BM>(a, j, (i - n1) * PS_MOE_G2_COLS, smem);
+      ps_expert_gemm2<BM>(a, j, (i - n1) * PS_MOE_G2_COLS, mt0, mt1, n1 * tiles, smem);
       __shared__ int last;
       __syncthreads();
       if (threadIdx.x == 0) {
         __threadfence_system(); /* rows stored into LSA peers' windows, before they are counted */
-        last = atomicAdd(&a.st.g2done[j], 1) == n2 - 1;
+        last = atomicAdd(&a.st.g2done[j], 1) == n2 * tiles - 1;
         if (last) __threadfence();
       }
       __syncthreads();
