@@ -358,7 +358,9 @@ extern "C" ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, voi
   ps_moe_args a = m->args;
   a.x = (const ps_bf16 *)x, a.out = (ps_bf16 *)out, a.T = ntokens, a.fwd = m->fwd;
   m->last_tokens = ntokens;
-  const int bm = ps_moe_tile_rows(&m->cfg, m->nranks, ntokens, m->tile_rows), ki = bm == 128;
+  int bm = ps_moe_tile_rows(&m->cfg, m->nranks, ntokens, m->tile_rows);
+  if (m->L > PS_MOE_TILED_MAX_L) bm = 64; /* the 128-row kernel's task table holds 512 experts */
+  const int ki = bm == 128;
   const int grid = m->grid[ki], smem = ps_moe_smem(ki);
   { /* split the gate's K so that there are about two tasks per CTA, slices of >= 256 */
     int tiles = (ntokens + bm - 1) / bm * ((a.E + PS_GEMM_N - 1) / PS_GEMM_N);

@@ -12,6 +12,11 @@
 #ifndef PS_MOE_EXPERTS_CUH
 #define PS_MOE_EXPERTS_CUH
 
+/* Whether the kernel with BM-row tiles runs row-tile tasks (ps_moe_experts),
+ * and the most local experts it takes (the host uses 64-row tiles above) */
+#define PS_MOE_TILED(BM) ((BM) == 128)
+#define PS_MOE_TILED_MAX_L 512
+
 /* Rows of expert j from every source: a load round per 32 sources, by
  * each warp on its own (no barrier). */
 __device__ __forceinline__ int ps_expert_rows_total(const ps_moe_args &a, int j)
@@ -60,11 +65,11 @@ __device__ __forceinline__ void ps_spin_until(const int *ctr, int want)
   __threadfence();
 }
 
-/* GEMM1 tile n0..n0+63 of expert j, its row tiles mt0 .. mt1-1 (those that
- * exist): act = silu(X W1^T) * (X W3^T). The first weights are loaded while
+/* GEMM1 tile n0..n0+63 of expert j, its row tile mt (tiled kernel) or all
+ * of its rows: act = silu(X W1^T) * (X W3^T). The first weights are loaded while
  * the rows are awaited and looked up. */
 template <int BM>
-__device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, int mt0, int mt1, char *smem)
+__device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, int mt, char *smem)
 {
   __shared__ int g[BM];
   __shared__ const ps_bf16 *rows[BM];
@@ -73,9 +78,10 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, int mt0, in
   const ps_bf16 *recv = ps_win_ptr(a, a.off_recv);
   const ps_bf16 *b[2] = {a.w1 + ((size_t)j * a.F + n0) * a.H, a.w3 + ((size_t)j * a.F + n0) * a.H};
   int total = 0;
-  for (int m0 = mt0 * BM; m0 == mt0 * BM || m0 < min(total, mt1 * BM); m0 += BM) {
+  const int mfirst = PS_MOE_TILED(BM) ? mt * BM : 0;
+  for (int m0 = mfirst; m0 == mfirst || (!PS_MOE_TILED(BM) && m0 < total); m0 += BM) {
     auto prep = [&]() -> int {
-      if (m0 == mt0 * BM) { /* this expert's rows from every peer */
+      if (m0 == mfirst) { /* this expert's rows from every peer */
         const unsigned long long t0 = ps_now_ns();
         for (int s = threadIdx.x; s < a.R; s += blockDim.x) {
           if (s == a.dc.rank || a.st.rcnt[s * a.L + j] == 0) continue;
@@ -118,14 +124,13 @@ __device__ __forceinline__ int ps_g2_tasks(const ps_moe_args &a)
 }
 
 /* GEMM2 columns h0 .. h0 + 127 of expert j (h0 .. h0 + 63 at the end of a
- * hidden size that is an odd multiple of 64), row tiles mt0 .. mt1-1, once
+ * hidden size that is an odd multiple of 64), row tile mt (tiled kernel) or all, once
  * g1done[j] reached g1_want: Y = act W2^T. A row of an LSA
  * source (ourselves included) goes straight into that source's combine
  * region, where ps_expert_return would have put it; a GIN source's into the
  * y window, which ps_expert_return puts. */
 template <int BM>
-__device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, int mt0, int mt1, int g1_want,
-                                char *smem)
+__device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, int mt, int g1_want, char *smem)
 {
   __shared__ int g[BM];
   __shared__ const ps_bf16 *rows[BM];
@@ -138,9 +143,10 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, int mt0, in
   const ps_bf16 *w = a.w2 + ((size_t)j * a.H + h0) * a.F;
   const ps_bf16 *b[2] = {w, half2 ? w + (size_t)PS_GEMM_N * a.F : w};
   int total = 0;
-  for (int m0 = mt0 * BM; m0 == mt0 * BM || m0 < min(total, mt1 * BM); m0 += BM) {
+  const int mfirst = PS_MOE_TILED(BM) ? mt * BM : 0;
+  for (int m0 = mfirst; m0 == mfirst || (!PS_MOE_TILED(BM) && m0 < total); m0 += BM) {
     auto prep = [&]() -> int { /* under the first weights' loads */
-      if (m0 == mt0 * BM) {
+      if (m0 == mfirst) {
         if (threadIdx.x == 0) {
           const unsigned long long t0 = ps_now_ns();
           ps_spin_until(&a.st.g1done[j], g1_want);
@@ -205,27 +211,27 @@ __device__ void ps_expert_return(const ps_moe_args &a, int j)
   }
 }
 
-/* Row-tile tasks (128-row kernel, up to this many local experts): a task is
- * one column tile of one row tile of an expert, and the row tiles of a
- * column tile are adjacent in the queue. An expert with many rows (prefill,
- * more so with more ranks) then has its column tile's weights streamed by
- * several CTAs at about the same time, mostly read from HBM once and shared
- * in L2, instead of once per row tile by one CTA. Experts without rows get
- * no tasks. */
-#define PS_MOE_TILED_MAX_L 512
+/* Row-tile tasks (the 128-row kernel, which the host uses only up to
+ * PS_MOE_TILED_MAX_L local experts): a task is one column tile of one row
+ * tile of an expert, and the row tiles of a column tile are adjacent in the
+ * queue. An expert with many rows (prefill, more so with more ranks) then
+ * has its column tile's weights streamed by several CTAs at about the same
+ * time, mostly read from HBM once and shared in L2, instead of once per row
+ * tile by one CTA. Experts without rows get no tasks. The 64-row kernel
+ * (decode: few rows an expert) keeps a task per column tile, all rows. */
 
 template <int BM>
 __device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
 {
   /* task: the claimed index; then expert, column tile (GEMM2 from n1), row
-   * tiles [mt0, mt1) and the expert's row tiles */
-  __shared__ int task, tj, ti, tm0, tm1, ttiles;
+   * tile and the expert's row tiles */
+  __shared__ int task, tj, ti, tmt, ttiles;
   __shared__ int tpre[PS_MOE_TILED_MAX_L + 1]; /* row tiles of the experts before j */
   /* every GEMM1 tile (expert by expert) before any GEMM2 tile: a CTA that
    * holds a GEMM2 tile waits for its expert's GEMM1, so GEMM2 tiles queued
    * early would idle CTAs that could stream weights meanwhile */
   const int n1 = a.F / PS_GEMM_N, n2 = ps_g2_tasks(a);
-  const bool tiled = BM == 128 && a.L <= PS_MOE_TILED_MAX_L;
+  constexpr bool tiled = PS_MOE_TILED(BM);
   if (tiled && threadIdx.x < 32) { /* warp 0: row tiles per expert, prefix */
     const int lane = threadIdx.x;
     int base = 0;
@@ -260,28 +266,28 @@ __device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
             else hi = mid - 1;
           }
           const int tiles = tpre[lo + 1] - tpre[lo], rr = r - n * tpre[lo];
-          tj = lo, ti = (g1 ? 0 : n1) + rr / tiles, tm0 = rr % tiles, tm1 = tm0 + 1, ttiles = tiles;
+          tj = lo, ti = (g1 ? 0 : n1) + rr / tiles, tmt = rr % tiles, ttiles = tiles;
         } else {
-          tj = r / n, ti = (g1 ? 0 : n1) + r % n, tm0 = 0, tm1 = INT_MAX / BM, ttiles = 1;
+          tj = r / n, ti = (g1 ? 0 : n1) + r % n, tmt = 0, ttiles = 1;
         }
       }
     }
     __syncthreads();
-    const int tk = task, j = tj, i = ti, mt0 = tm0, mt1 = tm1, tiles = ttiles;
+    const int tk = task, j = tj, i = ti, mt = tmt, tiles = ttiles;
     __syncthreads();
     if (tk >= tall) {
       if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_EXPERTS_END, t_end - t0);
       break;
     }
     if (i < n1) {
-      ps_expert_gemm1<BM>(a, j, i * PS_GEMM_N, mt0, mt1, smem);
+      ps_expert_gemm1<BM>(a, j, i * PS_GEMM_N, mt, smem);
       __syncthreads();
       if (threadIdx.x == 0) {
         __threadfence();
         atomicAdd(&a.st.g1done[j], 1);
       }
     } else {
-      ps_expert_gemm2<BM>(a, j, (i - n1) * PS_MOE_G2_COLS, mt0, mt1, n1 * tiles, smem);
+      ps_expert_gemm2<BM>(a, j, (i - n1) * PS_MOE_G2_COLS, mt, n1 * tiles, smem);
       __shared__ int last;
       __syncthreads();
       if (threadIdx.x == 0) {

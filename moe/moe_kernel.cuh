@@ -38,7 +38,6 @@
 #ifndef PS_MOE_KERNEL_CUH
 #define PS_MOE_KERNEL_CUH
 
-#include <climits>
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <nccl.h>
