@@ -90,6 +90,9 @@ static void ps_moe_window_layout(perseus_moe *m, const ps_moe_layout_t *lay)
   m->win_bytes = at;
 }
 
+/* Batch handles besides the experts': control, combine, rows (ps_moe_devcomm). */
+#define PS_MOE_SHARED_HANDLES 3
+
 /* Plain device memory: state, weights, activation; one allocation. */
 static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
 {
@@ -106,7 +109,8 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   size_t o_idx = ps_take(&at, (size_t)T * k * sizeof(int32_t)), o_w = ps_take(&at, (size_t)T * k * sizeof(float));
   size_t o_slot = ps_take(&at, (size_t)T * k * sizeof(int32_t));
   size_t o_self = ps_take(&at, (size_t)m->P * sizeof(int32_t));
-  size_t o_hexp = ps_take(&at, (size_t)L * sizeof(perseus_batch_handle));
+  /* every batch handle: the shared ones (ps_moe_devcomm), then the experts' */
+  size_t o_hexp = ps_take(&at, (size_t)(PS_MOE_SHARED_HANDLES + L) * sizeof(perseus_batch_handle));
   size_t o_prof = ps_take(&at, 2 * PS_PROF_N * sizeof(unsigned long long));
   size_t o_gate = ps_take(&at, (size_t)E * m->cfg.hidden * sizeof(ps_bf16));
   size_t wexp = (size_t)L * m->cfg.ffn * m->cfg.hidden * sizeof(ps_bf16);
@@ -133,7 +137,7 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   s.logits = (float *)(d + o_logits), s.topk_idx = (int32_t *)(d + o_idx);
   s.topk_w = (float *)(d + o_w), s.slot = (int32_t *)(d + o_slot);
   s.self_tok = (int32_t *)(d + o_self);
-  s.hexp = (perseus_batch_handle *)(d + o_hexp);
+  s.hexp = (perseus_batch_handle *)(d + o_hexp) + PS_MOE_SHARED_HANDLES;
   m->args.prof = (unsigned long long *)(d + o_prof);
   unsigned long long marks[PS_PROF_N] = {0}; /* the first forward's: min slots start high */
   marks[PS_PROF_START] = marks[PS_PROF_HEADERS] = ~0ull;
@@ -148,7 +152,6 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
 /* The devcomm: a control handle, a combine handle, a rows handle (a GIN
  * peer's rows in one put) and one handle per local expert, each a block of
  * nranks GIN signals (when any peer needs GIN) and per-peer counters. */
-#define PS_MOE_SHARED_HANDLES 3
 static ncclResult_t ps_moe_devcomm(perseus_moe *m)
 {
   const int nh = m->L + PS_MOE_SHARED_HANDLES;
@@ -176,7 +179,8 @@ static ncclResult_t ps_moe_devcomm(perseus_moe *m)
   }
   m->have_dc = 1;
   m->args.hctl = h[0], m->args.hcomb = h[1], m->args.hrows = h[2];
-  cudaError_t ce = cudaMemcpy(m->args.st.hexp, h + PS_MOE_SHARED_HANDLES, (size_t)m->L * sizeof(*h),
+  /* all of them, for the reset kernel; the forward takes the shared ones as arguments */
+  cudaError_t ce = cudaMemcpy(m->args.st.hexp - PS_MOE_SHARED_HANDLES, h, (size_t)nh * sizeof(*h),
                               cudaMemcpyHostToDevice);
   free(req), free(h);
   PS_MOE_CUDA(ce, "%d expert handles", m->L);
@@ -192,13 +196,9 @@ static ncclResult_t ps_moe_devcomm(perseus_moe *m)
 
 /* One CTA per batch handle: this rank's GIN signals back to 0
  * (perseus_batch_reset: a devcomm may get signals a destroyed one left). */
-__global__ void ps_moe_reset_signals(ncclDevComm dc, perseus_batch_handle hctl,
-                                     perseus_batch_handle hcomb, perseus_batch_handle hrows,
-                                     const perseus_batch_handle *hexp)
+__global__ void ps_moe_reset_signals(ncclDevComm dc, const perseus_batch_handle *h)
 {
-  const int b = blockIdx.x;
-  perseus_batch_reset(dc, b == 0 ? hctl : b == 1 ? hcomb : b == 2 ? hrows : hexp[b - PS_MOE_SHARED_HANDLES],
-                      threadIdx.x, blockDim.x);
+  perseus_batch_reset(dc, h[blockIdx.x], threadIdx.x, blockDim.x);
 }
 
 /* The reset, then a barrier (a one-word all-reduce behind it): no peer adds
@@ -209,7 +209,7 @@ static ncclResult_t ps_moe_zero_signals(perseus_moe *m)
   cudaStream_t s;
   PS_MOE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "rank %d", m->rank);
   ps_moe_reset_signals<<<m->L + PS_MOE_SHARED_HANDLES, 128, 0, s>>>(
-      m->dc, m->args.hctl, m->args.hcomb, m->args.hrows, m->args.st.hexp);
+      m->dc, m->args.st.hexp - PS_MOE_SHARED_HANDLES);
   cudaError_t ce = cudaGetLastError();
   ncclResult_t rc = ncclSuccess;
   void *word = NULL;

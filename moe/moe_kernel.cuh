@@ -350,17 +350,16 @@ __device__ void ps_moe_dispatch(const ps_moe_args &a)
       perseus_tile_copy(warp, (char *)ps_win_ptr(a, ps_row_off(a, a.off_send, dst, row)), src,
                         row_bytes);
       __syncwarp();
-      if (lane == 0 && !a.gin_per_expert) {
-        __threadfence();
-        if (atomicAdd(&a.st.dsent[dst], 1) == ps_rows_all(a, a.st.scnt, a.st.soff, dst) - 1) {
+      if (lane == 0) __threadfence(); /* the row, before it is counted */
+      if (lane == 0 && ps_gin_whole(a, dst)) {
+        const int all = ps_rows_all(a, a.st.scnt, a.st.soff, dst);
+        if (atomicAdd(&a.st.dsent[dst], 1) == all - 1) {
           __threadfence_system(); /* every row to dst is gathered: all in one put */
           perseus_batch(a.dc, a.hrows, 1)
               .put(ncclCoopThread(), dst, a.win, ps_row_off(a, a.off_recv, a.dc.rank, 0), a.win,
-                   ps_row_off(a, a.off_send, dst, 0),
-                   (size_t)ps_rows_all(a, a.st.scnt, a.st.soff, dst) * row_bytes);
+                   ps_row_off(a, a.off_send, dst, 0), (size_t)all * row_bytes);
         }
       } else if (lane == 0) {
-        __threadfence();
         if (atomicAdd(&a.st.sdone[seg], 1) == n - 1) { /* the segment is gathered */
           __threadfence_system();
           int first = a.st.soff[seg], chunk = a.batch ? a.batch : n;
