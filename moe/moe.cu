@@ -149,6 +149,46 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   return ncclSuccess;
 }
 
+/* The expert weights as 2-D tensors for TMA (ps_gemm_b): [rows][K] bf16,
+ * boxes of PS_GEMM_N rows x PS_GEMM_K, the tile layout's 128-byte swizzle.
+ * cuTensorMapEncodeTiled comes from the driver through the runtime, so
+ * nothing links libcuda. */
+static ncclResult_t ps_moe_tensor_maps(perseus_moe *m)
+{
+  typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  void *fn = NULL;
+  cudaDriverEntryPointQueryResult q;
+  PS_MOE_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                               cudaEnableDefault, &q), "TMA descriptors");
+  if (!fn || q != cudaDriverEntryPointSuccess) {
+    ps_moe_set_error("the CUDA driver has no cuTensorMapEncodeTiled (query result %d): TMA "
+                     "needs a driver of CUDA 12.0 or later", (int)q);
+    return ncclSystemError;
+  }
+  ps_moe_args &a = m->args;
+  const cuuint64_t H = (cuuint64_t)m->cfg.hidden, F = (cuuint64_t)m->cfg.ffn, L = (cuuint64_t)m->L;
+  struct { CUtensorMap *map; const ps_bf16 *w; cuuint64_t k, rows; } t[3] = {
+      {&a.tm_w1, a.w1, H, L * F}, {&a.tm_w3, a.w3, H, L * F}, {&a.tm_w2, a.w2, F, L * H}};
+  for (int i = 0; i < 3; i++) {
+    const cuuint64_t dim[2] = {t[i].k, t[i].rows}, stride[1] = {t[i].k * sizeof(ps_bf16)};
+    const cuuint32_t box[2] = {PS_GEMM_K, PS_GEMM_N}, estride[2] = {1, 1};
+    CUresult r = ((encode_fn)fn)(t[i].map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)t[i].w,
+                                 dim, stride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+      ps_moe_set_error("cuTensorMapEncodeTiled failed (CUresult %d) for weights %d: %llu x %llu "
+                       "bf16 at %p", (int)r, i, (unsigned long long)t[i].rows,
+                       (unsigned long long)t[i].k, (const void *)t[i].w);
+      return ncclSystemError;
+    }
+  }
+  return ncclSuccess;
+}
+
 /* The devcomm: a control handle, a combine handle, a rows handle (a GIN
  * peer's rows in one put) and one handle per local expert, each a block of
  * nranks GIN signals (when any peer needs GIN) and per-peer counters. */
@@ -242,6 +282,7 @@ static ncclResult_t ps_moe_setup(perseus_moe *m)
   m->gin = ncclTeamLsa(m->comm).nRanks != m->nranks;
   ps_moe_window_layout(m, &lay);
   ncclResult_t rc = ps_moe_alloc_dev(m, &lay);
+  if (rc == ncclSuccess) rc = ps_moe_tensor_maps(m);
   if (rc != ncclSuccess) return rc;
   PS_MOE_NCCL(ncclMemAlloc(&m->win_ptr, m->win_bytes), "%zu-byte window", m->win_bytes);
   PS_MOE_NCCL(ncclCommWindowRegister(m->comm, m->win_ptr, m->win_bytes, &m->win,
@@ -447,6 +488,7 @@ extern "C" ncclResult_t perseus_moe_routing(perseus_moe_t *m, const int32_t **ex
   *expert = m->args.st.topk_idx, *weight = m->args.st.topk_w;
   return ncclSuccess;
 }
+
 
 extern "C" ncclResult_t perseus_moe_destroy(perseus_moe_t *m)
 {

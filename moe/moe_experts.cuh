@@ -76,7 +76,8 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, int mt, cha
   const unsigned long long ts = ps_now_ns();
   unsigned long long waited = 0; /* the profile's task time leaves the wait out */
   const ps_bf16 *recv = ps_win_ptr(a, a.off_recv);
-  const ps_bf16 *b[2] = {a.w1 + ((size_t)j * a.F + n0) * a.H, a.w3 + ((size_t)j * a.F + n0) * a.H};
+  ps_gemm_b<2> bs = {};
+  bs.map[0] = &a.tm_w1, bs.map[1] = &a.tm_w3, bs.row[0] = bs.row[1] = j * a.F + n0;
   int total = 0;
   const int mfirst = PS_MOE_TILED(BM) ? mt * BM : 0;
   for (int m0 = mfirst; m0 == mfirst || (!PS_MOE_TILED(BM) && m0 < total); m0 += BM) {
@@ -103,7 +104,7 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, int mt, cha
       __syncthreads();
       return n;
     };
-    ps_gemm_tile_prep<BM, 2>(prep, rows, b, PS_GEMM_N, a.H, a.H, smem, [&](int m, int c, float (*v)[2]) {
+    ps_gemm_tile_prep<BM, 2, true>(prep, rows, bs, a.H, smem, [&](int m, int c, float (*v)[2]) {
       float h0 = v[0][0], h1 = v[0][1];
       float y0 = h0 / (1.f + __expf(-h0)) * v[1][0], y1 = h1 / (1.f + __expf(-h1)) * v[1][1];
       *(__nv_bfloat162 *)(a.act + (size_t)g[m] * a.F + n0 + c) = __floats2bfloat162_rn(y0, y1);
@@ -140,8 +141,9 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, int mt, int
   /* a missing second half re-reads the first one's weights (from L2) and
    * writes nothing */
   const bool half2 = h0 + PS_GEMM_N < a.H;
-  const ps_bf16 *w = a.w2 + ((size_t)j * a.H + h0) * a.F;
-  const ps_bf16 *b[2] = {w, half2 ? w + (size_t)PS_GEMM_N * a.F : w};
+  ps_gemm_b<2> bs = {};
+  bs.map[0] = bs.map[1] = &a.tm_w2;
+  bs.row[0] = j * a.H + h0, bs.row[1] = bs.row[0] + (half2 ? PS_GEMM_N : 0);
   int total = 0;
   const int mfirst = PS_MOE_TILED(BM) ? mt * BM : 0;
   for (int m0 = mfirst; m0 == mfirst || (!PS_MOE_TILED(BM) && m0 < total); m0 += BM) {
@@ -168,7 +170,7 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, int mt, int
       __syncthreads();
       return n;
     };
-    ps_gemm_tile_prep<BM, 2>(prep, rows, b, PS_GEMM_N, a.F, a.F, smem, [&](int m, int c, float (*v)[2]) {
+    ps_gemm_tile_prep<BM, 2, true>(prep, rows, bs, a.F, smem, [&](int m, int c, float (*v)[2]) {
       ps_bf16 *yr = out[m] + h0 + c;
       *(__nv_bfloat162 *)yr = __floats2bfloat162_rn(v[0][0], v[0][1]);
       if (half2) *(__nv_bfloat162 *)(yr + PS_GEMM_N) = __floats2bfloat162_rn(v[1][0], v[1][1]);

@@ -5,9 +5,9 @@
  * for up to BM (64 or 128) gathered rows m (row m of A at rows[m], K
  * contiguous) and PS_GEMM_N columns n (B_b row-major [N][K], K contiguous:
  * the weight layout), for NB weight matrices at once (GEMM1 needs W1 and W3
- * on the same rows). Tiles of A and B stream through shared memory with
- * cp.async, PS_GEMM_STAGES(BM, NB) deep; rows past the valid count are
- * zero-filled. The epilogue is a functor called per output pair (m, n, n+1)
+ * on the same rows). Tiles of A (by cp.async) and B (by TMA, or cp.async
+ * for the gate) stream through shared memory PS_GEMM_STAGES(BM, NB) deep;
+ * rows past the valid count are zero-filled. The epilogue is a functor called per output pair (m, n, n+1)
  * with the NB accumulators. 64-row tiles are for few rows per expert
  * (decode: weight streaming, which wants the deeper pipeline), 128-row ones
  * for many (prefill: half the weight traffic per flop).
@@ -21,6 +21,7 @@
 #ifndef PS_MOE_GEMM_CUH
 #define PS_MOE_GEMM_CUH
 
+#include <cuda.h> /* CUtensorMap */
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -85,6 +86,51 @@ __device__ __forceinline__ uint64_t ps_wgmma_desc(uint32_t saddr)
          (uint64_t)1 << 62;
 }
 
+/* ---- the weights by TMA: one thread loads a stage's PS_GEMM_N x PS_GEMM_K
+ * box of each matrix (the tensor map's 128-byte swizzle is the layout
+ * above), completing on the stage's mbarrier with its byte count. Fewer
+ * instructions and registers than 256 threads' cp.async, and the copy
+ * engine, not the warps, generates the addresses. */
+__device__ __forceinline__ void ps_mbar_init(uint32_t bar)
+{
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+
+/* The stage's loads are counted on it: one arrival that expects `bytes`. */
+__device__ __forceinline__ void ps_mbar_expect(uint32_t bar, uint32_t bytes)
+{
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void ps_mbar_wait(uint32_t bar, uint32_t parity)
+{
+  asm volatile("{\n.reg .pred p;\nPS_MBAR_WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               "@!p bra PS_MBAR_WAIT;\n}\n" ::"r"(bar), "r"(parity)
+               : "memory");
+}
+
+/* Box (k0, row) of a 2-D tensor map (innermost coordinate first). */
+__device__ __forceinline__ void ps_tma_load(uint32_t dst, const CUtensorMap *map, int k0, int row,
+                                            uint32_t bar)
+{
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+               "[%0], [%1, {%2, %3}], [%4];" ::"r"(dst), "l"(map), "r"(k0), "r"(row), "r"(bar)
+               : "memory");
+}
+
+/* Where a tile's NB weight matrices come from: b[i] (rows ldb elements
+ * apart, the first nrows existing) by cp.async, or, with a tensor map per
+ * matrix, the box at row[i] by TMA (rows past the tensor read as zero). */
+template <int NB> struct ps_gemm_b {
+  const __nv_bfloat16 *b[NB];
+  int nrows;
+  size_t ldb;
+  const CUtensorMap *map[NB]; /* TMA (the tile's template flag) */
+  int row[NB];
+};
+
 #if PS_GEMM_WGMMA
 /* d[64 x 32] += A[64 x 16] B[32 x 16]^T for the calling warp group; the
  * accumulator fragment is mma.sync's m16n8 one per warp (rows 16 w .. +15
@@ -119,24 +165,24 @@ __device__ __forceinline__ void ps_wgmma_m64n64(float d[32], uint64_t da, uint64
 }
 #endif
 
-/* rows[m] (m < mrows <= BM) points at row m of A; b[i] at row 0 of this
- * tile's PS_GEMM_N rows of weight matrix i, rows `ldb` elements apart, of
- * which the first `nrows` exist (the rest read as zero); K (a multiple of
- * PS_GEMM_K) elements of each row are summed over. Every thread of the CTA
- * calls it; `smem` holds PS_GEMM_SMEM(BM) bytes. Epi is called as
- * epi(m, n, acc) for each m < mrows and even n, acc[i][0..1] being columns
- * n and n+1 of matrix i (columns past nrows hold zeros).
+/* rows[m] (m < mrows <= BM) points at row m of A; bs gives this tile's
+ * PS_GEMM_N rows of each weight matrix (TMA: by bs.map and bs.row; else
+ * by bs.b, bs.ldb and bs.nrows); K (a multiple of PS_GEMM_K) elements of
+ * each row are summed over. Every thread of the CTA calls it; `smem` holds
+ * PS_GEMM_SMEM(BM) bytes. Epi is called as epi(m, n, acc) for each
+ * m < mrows and even n, acc[i][0..1] being columns n and n+1 of matrix i
+ * (columns past the weights' rows hold zeros).
  *
  * The rows come from prep(), called by every thread once the first stages'
- * weight loads are in flight: it fills rows[] (visible to the CTA when it
- * returns, e.g. behind a __syncthreads) and returns mrows. So whatever the
+ * weight loads are in flight: it fills rows[] and returns mrows, both
+ * visible to the CTA behind a __syncthreads (with TMA that barrier also
+ * publishes the stages' mbarriers, initialised before prep). So whatever the
  * rows wait for (their arrival, a task's row table, the activation) takes
  * place under the weights' HBM latency instead of before it. mrows 0: the
  * weights in flight are drained and nothing is computed. */
-template <int BM, int NB, typename Prep, typename Epi>
+template <int BM, int NB, bool TMA, typename Prep, typename Epi>
 __device__ void ps_gemm_tile_prep(Prep prep, const __nv_bfloat16 *const *rows,
-                                  const __nv_bfloat16 *const b[NB], int nrows, size_t ldb, int K,
-                                  char *smem, Epi epi)
+                                  const ps_gemm_b<NB> &bs, int K, char *smem, Epi epi)
 {
   static_assert(BM == 64 || BM == 128, "64- or 128-row tiles");
   constexpr int STAGES = PS_GEMM_STAGES(BM, NB), MI = BM / 64;
@@ -157,22 +203,43 @@ __device__ void ps_gemm_tile_prep(Prep prep, const __nv_bfloat16 *const *rows,
    * (t + 256 q) / 8, column (t + 256 q) % 8; A has BM rows, B 64 */
   constexpr int PA = BM * PS_GEMM_CH / PS_GEMM_THREADS, PB = PS_GEMM_N * PS_GEMM_CH / PS_GEMM_THREADS;
   const __nv_bfloat16 *arow[PA];
-  size_t boff[PB];
-  bool aok[PA], bok[PB];
+  constexpr int PBC = TMA ? 1 : PB; /* cp.async weight chunks (none by TMA) */
+  size_t boff[PBC];
+  bool aok[PA], bok[PBC];
   const int lc = tid % PS_GEMM_CH, lr = tid / PS_GEMM_CH, rstep = PS_GEMM_THREADS / PS_GEMM_CH;
+  __shared__ __align__(8) uint64_t bar[STAGES]; /* TMA: stage s's weights are in */
+  const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(bar);
+  if constexpr (TMA) {
+    /* the previous tile waited for all of its stages: the barriers are idle */
+    if (tid == 0) {
 #pragma unroll
-  for (int q = 0; q < PB; q++) {
-    bok[q] = lr + q * rstep < nrows;
-    boff[q] = (size_t)(bok[q] ? lr + q * rstep : 0) * ldb;
+      for (int s = 0; s < STAGES; s++) ps_mbar_init(bar0 + 8 * s);
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* visible to the copies */
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < PBC; q++) {
+      bok[q] = lr + q * rstep < bs.nrows;
+      boff[q] = (size_t)(bok[q] ? lr + q * rstep : 0) * bs.ldb;
+    }
   }
   auto load_b = [&](int stage, int k0) {
     uint32_t st = s0 + stage * stage_bytes;
+    if constexpr (TMA) {
+      if (tid == 0) {
+        ps_mbar_expect(bar0 + 8 * stage, NB * b_bytes);
 #pragma unroll
-    for (int q = 0; q < PB; q++)
+        for (int i = 0; i < NB; i++)
+          ps_tma_load(st + a_bytes + i * b_bytes, bs.map[i], k0, bs.row[i], bar0 + 8 * stage);
+      }
+    } else {
 #pragma unroll
-      for (int i = 0; i < NB; i++)
-        ps_cp_async16(st + a_bytes + i * b_bytes + ps_gemm_swz(lr + q * rstep, lc),
-                      b[i] + boff[q] + k0 + lc * 8, bok[q]);
+      for (int q = 0; q < PBC; q++)
+#pragma unroll
+        for (int i = 0; i < NB; i++)
+          ps_cp_async16(st + a_bytes + i * b_bytes + ps_gemm_swz(lr + q * rstep, lc),
+                        bs.b[i] + boff[q] + k0 + lc * 8, bok[q]);
+    }
   };
   auto load_a = [&](int stage, int k0) { /* and closes the stage's group */
     uint32_t st = s0 + stage * stage_bytes;
@@ -193,6 +260,8 @@ __device__ void ps_gemm_tile_prep(Prep prep, const __nv_bfloat16 *const *rows,
   const int mrows = prep();
   if (mrows <= 0) { /* CTA-uniform */
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+    if (TMA)
+      for (int s = 0; s < STAGES - 1 && s < nk; s++) ps_mbar_wait(bar0 + 8 * s, 0);
     __syncthreads(); /* shared memory is free for the caller's next tile */
     return;
   }
@@ -208,6 +277,7 @@ __device__ void ps_gemm_tile_prep(Prep prep, const __nv_bfloat16 *const *rows,
   }
   for (int kt = 0; kt < nk; kt++) {
     asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2) : "memory");
+    if (TMA) ps_mbar_wait(bar0 + 8 * (kt % STAGES), (kt / STAGES) & 1);
 #if PS_GEMM_WGMMA /* cp.async wrote through the generic proxy, wgmma reads through the async one */
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
@@ -287,13 +357,16 @@ __device__ void ps_gemm_tile_prep(Prep prep, const __nv_bfloat16 *const *rows,
   }
 }
 
-/* The same with the rows known up front. */
+/* The same with the rows known up front, weights by cp.async. */
 template <int BM, int NB, typename Epi>
 __device__ void ps_gemm_tile(const __nv_bfloat16 *const *rows, int mrows,
                              const __nv_bfloat16 *const b[NB], int nrows, size_t ldb, int K,
                              char *smem, Epi epi)
 {
-  ps_gemm_tile_prep<BM, NB>([&]() { return mrows; }, rows, b, nrows, ldb, K, smem, epi);
+  ps_gemm_b<NB> bs = {};
+  for (int i = 0; i < NB; i++) bs.b[i] = b[i];
+  bs.nrows = nrows, bs.ldb = ldb;
+  ps_gemm_tile_prep<BM, NB, false>([&]() { return mrows; }, rows, bs, K, smem, epi);
 }
 
 #endif

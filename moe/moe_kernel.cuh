@@ -81,6 +81,7 @@ struct ps_moe_args {
   perseus_batch_handle hctl, hcomb, hrows; /* hrows: a GIN destination's rows in one put */
   ps_moe_state st;
   const ps_bf16 *gate, *w1, *w3, *w2; /* [E][H]; [L][F][H] x2; [L][H][F] */
+  CUtensorMap tm_w1, tm_w3, tm_w2;    /* the same as 2-D tensors of 64 x 64 boxes (TMA) */
   ps_bf16 *act;                       /* [R*P][F] */
   const ps_bf16 *x;                   /* user input [T][H] */
   ps_bf16 *out;                       /* user output [T][H] */
@@ -407,7 +408,7 @@ __device__ void ps_moe_headers(const ps_moe_args &a, int src, int lane)
 #endif
 /* BM: the GEMM tiles' rows (64 or 128), chosen per forward by the host */
 template <int BM>
-__global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forward_kernel(ps_moe_args a)
+__global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forward_kernel(const __grid_constant__ ps_moe_args a)
 {
   extern __shared__ __align__(128) char smem[];
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
