@@ -17,27 +17,19 @@
 #define PS_MOE_TILED(BM) ((BM) == 128)
 #define PS_MOE_TILED_MAX_L 512
 
-/* Rows of expert j from every source: a load round per 32 sources, by
- * each warp on its own (no barrier). */
-__device__ __forceinline__ int ps_expert_rows_total(const ps_moe_args &a, int j)
-{
-  int m = 0;
-  for (int s = threadIdx.x & 31; s < a.R; s += 32) m += a.st.rcnt[s * a.L + j];
-  return __reduce_add_sync(0xffffffffu, m);
-}
-
-/* Gathered row indices g of rows m0 .. m0+BM-1 (of `total`) of expert j;
- * returns how many. Warp 0 reads the segments of 32 sources at a time (one
- * load round: counts and offsets together) into a prefix table that each
- * row's thread then searches, instead of each thread walking the sources'
- * counts one dependent load after another. */
+/* Gathered row indices g of rows m0 .. m0+BM-1 of expert j; returns how
+ * many (0 when m0 is past its rows) and sets *total, its rows from every
+ * source. Warp 0 reads the segments of 32 sources at a time (one load
+ * round: counts and offsets together) into a prefix table that each row's
+ * thread then searches, instead of each thread walking the sources' counts
+ * one dependent load after another; the same round gives the total. */
 template <int BM>
-__device__ int ps_expert_rows(const ps_moe_args &a, int j, int m0, int total, int *g)
+__device__ int ps_expert_rows(const ps_moe_args &a, int j, int m0, int *g, int *total)
 {
   __shared__ int beg[33], off[32]; /* beg[i]: rows before chunk source i; beg[32]: the chunk's end */
   const int lane = threadIdx.x & 31, r = m0 + (int)threadIdx.x;
   int base = 0; /* rows of the sources before the chunk */
-  for (int s0 = 0; s0 < a.R && base < m0 + BM; s0 += 32) { /* uniform */
+  for (int s0 = 0; s0 < a.R; s0 += 32) { /* uniform */
     __syncthreads(); /* the previous chunk's table is read */
     if (threadIdx.x < 32) {
       const int s = s0 + lane, c = s < a.R ? a.st.rcnt[s * a.L + j] : 0;
@@ -55,7 +47,8 @@ __device__ int ps_expert_rows(const ps_moe_args &a, int j, int m0, int total, in
     base = beg[32];
   }
   __syncthreads();
-  return max(0, min(BM, total - m0));
+  *total = base;
+  return max(0, min(BM, base - m0));
 }
 
 __device__ __forceinline__ void ps_spin_until(const int *ctr, int want)
@@ -92,10 +85,9 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, int mt, cha
         __syncthreads();
         waited = ps_now_ns() - t0;
         if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_WAIT_ROWS, waited);
-        total = ps_expert_rows_total(a, j);
-        if (m0 >= total) return 0;
       }
-      const int n = ps_expert_rows<BM>(a, j, m0, total, g);
+      const int n = ps_expert_rows<BM>(a, j, m0, g, &total);
+      if (n <= 0) return 0;
       if (threadIdx.x < n) { /* our own rows from x (the dispatch left them there), a peer's received */
         const int gi = g[threadIdx.x];
         rows[threadIdx.x] = gi / a.P == a.dc.rank ? a.x + (size_t)a.st.self_tok[gi % a.P] * a.H
@@ -156,10 +148,9 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, int mt, int
           ps_prof_add(a, PS_PROF_WAIT_GEMM1, waited);
         }
         __syncthreads();
-        total = ps_expert_rows_total(a, j);
-        if (m0 >= total) return 0;
       }
-      const int n = ps_expert_rows<BM>(a, j, m0, total, g);
+      const int n = ps_expert_rows<BM>(a, j, m0, g, &total);
+      if (n <= 0) return 0;
       if (threadIdx.x < n) {
         const int gi = g[threadIdx.x], src = gi / a.P, l = perseus_lsa_index(a.dc, src);
         rows[threadIdx.x] = a.act + (size_t)gi * a.F;
