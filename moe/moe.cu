@@ -336,7 +336,9 @@ extern "C" ncclResult_t perseus_moe_create(ncclComm_t comm, const perseus_moe_co
     return ncclInvalidArgument;
   }
   *out = NULL;
-  perseus_moe *m = (perseus_moe *)calloc(1, sizeof(*m));
+  /* aligned as its tensor maps (CUtensorMap is 64-byte aligned) */
+  perseus_moe *m = (perseus_moe *)aligned_alloc(alignof(perseus_moe), sizeof(perseus_moe));
+  if (m) memset((void *)m, 0, sizeof(*m));
   if (!m) {
     ps_moe_set_error("perseus_moe_create: out of host memory");
     return ncclSystemError;
@@ -488,7 +490,6 @@ extern "C" ncclResult_t perseus_moe_routing(perseus_moe_t *m, const int32_t **ex
   *expert = m->args.st.topk_idx, *weight = m->args.st.topk_w;
   return ncclSuccess;
 }
-
 
 extern "C" ncclResult_t perseus_moe_destroy(perseus_moe_t *m)
 {

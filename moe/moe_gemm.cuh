@@ -7,8 +7,8 @@
  * the weight layout), for NB weight matrices at once (GEMM1 needs W1 and W3
  * on the same rows). Tiles of A (by cp.async) and B (by TMA, or cp.async
  * for the gate) stream through shared memory PS_GEMM_STAGES(BM, NB) deep;
- * rows past the valid count are zero-filled. The epilogue is a functor called per output pair (m, n, n+1)
- * with the NB accumulators. 64-row tiles are for few rows per expert
+ * rows past the valid count are zero-filled. The epilogue is a functor
+ * called per output pair (m, n, n+1) with the NB accumulators. 64-row tiles are for few rows per expert
  * (decode: weight streaming, which wants the deeper pipeline), 128-row ones
  * for many (prefill: half the weight traffic per flop).
  *
@@ -260,7 +260,7 @@ __device__ void ps_gemm_tile_prep(Prep prep, const __nv_bfloat16 *const *rows,
   const int mrows = prep();
   if (mrows <= 0) { /* CTA-uniform */
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-    if (TMA)
+    if constexpr (TMA)
       for (int s = 0; s < STAGES - 1 && s < nk; s++) ps_mbar_wait(bar0 + 8 * s, 0);
     __syncthreads(); /* shared memory is free for the caller's next tile */
     return;
