@@ -13,6 +13,10 @@ extern "C" {
 #include "ps_moe_ref.h"
 }
 
+/* The dispatch's segment table (2 x R x L = 2 x E ints) lives in the
+ * kernel's dynamic shared memory. */
+static_assert(2 * PS_MOE_MAX_EXPERTS * sizeof(int) <= PS_MOE_SMEM(64), "segment table fits");
+
 struct perseus_moe {
   ncclComm_t comm;
   perseus_moe_config_t cfg;
