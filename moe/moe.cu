@@ -342,11 +342,11 @@ extern "C" ncclResult_t perseus_moe_create(ncclComm_t comm, const perseus_moe_co
   *out = NULL;
   /* aligned as its tensor maps (CUtensorMap is 64-byte aligned) */
   perseus_moe *m = (perseus_moe *)aligned_alloc(alignof(perseus_moe), sizeof(perseus_moe));
-  if (m) memset((void *)m, 0, sizeof(*m));
   if (!m) {
     ps_moe_set_error("perseus_moe_create: out of host memory");
     return ncclSystemError;
   }
+  memset((void *)m, 0, sizeof(*m));
   m->comm = comm, m->cfg = *cfg;
   ncclResult_t rc = ps_moe_setup(m);
   if (rc != ncclSuccess) {

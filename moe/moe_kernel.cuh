@@ -292,38 +292,11 @@ __device__ __forceinline__ int ps_rows_all(const ps_moe_args &a, const int *cnt,
   return off[peer * a.L + a.L - 1] + cnt[peer * a.L + a.L - 1];
 }
 
-/* Segment offsets of our rows for destination dst (for the combine), its
- * header (row count per expert), put to it at once, and the returns to
- * expect from it; L experts 32 at a time. The dispatch does not wait for
- * this: it builds its own copy of the offsets (ps_moe_seg_table). */
-__device__ void ps_moe_offsets(const ps_moe_args &a, int dst, int lane)
-{
-  int *hdr = (int *)ncclGetLocalPointer(a.win, a.off_hdr_out + (size_t)dst * a.L * sizeof(int));
-  int base = 0, segs = 0;
-  for (int j0 = 0; j0 < a.L; j0 += 32) {
-    int j = j0 + lane, c = j < a.L ? a.st.scnt[dst * a.L + j] : 0;
-    int incl = ps_warp_scan(c, lane);
-    if (j < a.L) a.st.soff[dst * a.L + j] = base + incl - c, hdr[j] = c;
-    base += __shfl_sync(0xffffffffu, incl, 31);
-    segs += __popc(__ballot_sync(0xffffffffu, c > 0));
-  }
-  /* a GIN peer returns one put per segment or all at once; an LSA peer
-   * marks each expert done instead (off_done) */
-  if (lane == 0 && perseus_lsa_index(a.dc, dst) < 0)
-    a.st.tot_c[dst] += (uint64_t)(ps_gin_whole(a, dst) ? segs > 0 : segs);
-  __syncwarp(); /* the header, written by every lane */
-  if (lane == 0) { /* to dst: one tile, one signal */
-    if (perseus_lsa_index(a.dc, dst) < 0) __threadfence_system(); /* for the proxy's read */
-    perseus_batch(a.dc, a.hctl, 1)
-        .put(ncclCoopThread(), dst, a.win, a.off_hdr_in + (size_t)a.dc.rank * a.L * sizeof(int),
-             a.win, a.off_hdr_out + (size_t)dst * a.L * sizeof(int), a.L * sizeof(int));
-  }
-}
-
 /* Every CTA's own copy of the segment table of our rows: cnt[dst][j] and
  * off[dst][j] (R x L each, in shared memory), from the final counts. One
  * load round and a shared-memory scan per CTA instead of a grid barrier
- * behind ps_moe_offsets (a barrier costs about 1.2 us on one H100). */
+ * between the offsets and the dispatch (a barrier costs about 1.2 us on
+ * one H100). */
 __device__ void ps_moe_seg_table(const ps_moe_args &a, int *cnt, int *off)
 {
   const int lane = threadIdx.x & 31, n = a.R * a.L;
@@ -340,6 +313,32 @@ __device__ void ps_moe_seg_table(const ps_moe_args &a, int *cnt, int *off)
   __syncthreads();
 }
 
+/* From the CTA's segment table (ps_moe_seg_table): the offsets of our rows
+ * for destination dst (for the combine), its header (row count per expert),
+ * put to it at once, and the returns to expect from it. */
+__device__ void ps_moe_offsets(const ps_moe_args &a, int dst, int lane, const int *cnt,
+                               const int *off)
+{
+  int *hdr = (int *)ncclGetLocalPointer(a.win, a.off_hdr_out + (size_t)dst * a.L * sizeof(int));
+  int segs = 0;
+  for (int j0 = 0; j0 < a.L; j0 += 32) {
+    const int j = j0 + lane, c = j < a.L ? cnt[dst * a.L + j] : 0;
+    if (j < a.L) a.st.soff[dst * a.L + j] = off[dst * a.L + j], hdr[j] = c;
+    segs += __popc(__ballot_sync(0xffffffffu, c > 0));
+  }
+  /* a GIN peer returns one put per segment or all at once; an LSA peer
+   * marks each expert done instead (off_done) */
+  if (lane == 0 && perseus_lsa_index(a.dc, dst) < 0)
+    a.st.tot_c[dst] += (uint64_t)(ps_gin_whole(a, dst) ? segs > 0 : segs);
+  __syncwarp(); /* the header, written by every lane */
+  if (lane == 0) { /* to dst: one tile, one signal */
+    if (perseus_lsa_index(a.dc, dst) < 0) __threadfence_system(); /* for the proxy's read */
+    perseus_batch(a.dc, a.hctl, 1)
+        .put(ncclCoopThread(), dst, a.win, a.off_hdr_in + (size_t)a.dc.rank * a.L * sizeof(int),
+             a.win, a.off_hdr_out + (size_t)dst * a.L * sizeof(int), a.L * sizeof(int));
+  }
+}
+
 /* Tiles a (peer, expert) segment of `rows` rows takes on the expert's handle:
  * one per row by stores (NVLink), one per chunk of `batch` rows (or one)
  * through GIN, none when the peer's rows come in one put on the rows handle. */
@@ -350,13 +349,11 @@ __device__ __forceinline__ uint64_t ps_seg_tiles(const ps_moe_args &a, int peer,
   return a.batch ? (uint64_t)((rows + a.batch - 1) / a.batch) : 1;
 }
 
-/* ---- dispatch (smem: the CTA's dynamic shared memory, for the segment table) */
-__device__ void ps_moe_dispatch(const ps_moe_args &a, char *smem)
+/* ---- dispatch (scnt, soff: the CTA's segment table, ps_moe_seg_table) ---- */
+__device__ void ps_moe_dispatch(const ps_moe_args &a, const int *scnt, const int *soff)
 {
   const int lane = threadIdx.x & 31;
   const int gtid = blockIdx.x * blockDim.x + threadIdx.x;
-  int *scnt = (int *)smem, *soff = scnt + a.R * a.L;
-  ps_moe_seg_table(a, scnt, soff);
   const int warps = gridDim.x * (blockDim.x >> 5), w0 = gtid >> 5;
   const size_t row_bytes = (size_t)a.H * sizeof(ps_bf16);
   ncclCoopWarp warp;
@@ -378,17 +375,17 @@ __device__ void ps_moe_dispatch(const ps_moe_args &a, char *smem)
       perseus_tile_copy(warp, (char *)ps_win_ptr(a, ps_row_off(a, a.off_send, dst, row)), src,
                         row_bytes);
       __syncwarp();
-      if (lane == 0) __threadfence(); /* the row, before it is counted */
-      if (lane == 0 && ps_gin_whole(a, dst)) {
-        const int all = ps_rows_all(a, scnt, soff, dst);
-        if (atomicAdd(&a.st.dsent[dst], 1) == all - 1) {
-          __threadfence_system(); /* every row to dst is gathered: all in one put */
-          perseus_batch(a.dc, a.hrows, 1)
-              .put(ncclCoopThread(), dst, a.win, ps_row_off(a, a.off_recv, a.dc.rank, 0), a.win,
-                   ps_row_off(a, a.off_send, dst, 0), (size_t)all * row_bytes);
-        }
-      } else if (lane == 0) {
-        if (atomicAdd(&a.st.sdone[seg], 1) == n - 1) { /* the segment is gathered */
+      if (lane == 0) {
+        __threadfence(); /* the row, before it is counted */
+        if (ps_gin_whole(a, dst)) {
+          const int all = ps_rows_all(a, scnt, soff, dst);
+          if (atomicAdd(&a.st.dsent[dst], 1) == all - 1) {
+            __threadfence_system(); /* every row to dst is gathered: all in one put */
+            perseus_batch(a.dc, a.hrows, 1)
+                .put(ncclCoopThread(), dst, a.win, ps_row_off(a, a.off_recv, a.dc.rank, 0), a.win,
+                     ps_row_off(a, a.off_send, dst, 0), (size_t)all * row_bytes);
+          }
+        } else if (atomicAdd(&a.st.sdone[seg], 1) == n - 1) { /* the segment is gathered */
           __threadfence_system();
           int first = soff[seg], chunk = a.batch ? a.batch : n;
           perseus_batch pb(a.dc, h, 1);
@@ -448,8 +445,12 @@ __global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forwar
   __syncthreads();
   ps_prof(a, PS_PROF_ROUTE, false);
   grid.sync();
-  if (gwarp < a.R) ps_moe_offsets(a, gwarp, lane); /* warp-uniform */
-  ps_moe_dispatch(a, smem);
+  { /* the segment table in the dynamic shared memory, free until the experts */
+    int *scnt = (int *)smem, *soff = scnt + a.R * a.L;
+    ps_moe_seg_table(a, scnt, soff);
+    if (gwarp < a.R) ps_moe_offsets(a, gwarp, lane, scnt, soff); /* warp-uniform */
+    ps_moe_dispatch(a, scnt, soff);
+  }
   __syncthreads();
   ps_prof(a, PS_PROF_DISPATCH, false);
   if (gwarp < a.R) ps_moe_headers(a, gwarp, lane);
