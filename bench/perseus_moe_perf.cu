@@ -34,6 +34,7 @@ extern "C" {
 
 struct mp_cfg {
   int ngpus, iters, warmup, path, batch, gin_per_expert, check, watchdog_s;
+  int graph; /* -G: the fused forward replayed from a CUDA graph */
   int experts; /* -E: overrides the presets' expert count (0: theirs) */
   int npresets, presets[MP_MAX], nregimes, tokens[MP_MAX];
   uint64_t seed;
@@ -187,11 +188,23 @@ static void mp_row(gc_world *w, const mp_cfg *c, int pi, int ti, double gbps)
   cudaEvent_t e0, e1;
   GC_CUDA(cudaEventCreate(&e0), "event");
   GC_CUDA(cudaEventCreate(&e1), "event");
+  cudaGraphExec_t gx = NULL; /* -G: the fused forward, captured once */
+  if (c->graph) {
+    cudaGraph_t g;
+    GC_CUDA(cudaStreamBeginCapture(w->stream, cudaStreamCaptureModeThreadLocal), "capture");
+    ncclResult_t r = perseus_moe_forward(m, x, yf, T, w->stream);
+    GC_CUDA(cudaStreamEndCapture(w->stream, &g), "capture");
+    if (r != ncclSuccess)
+      gc_die(__FILE__, __LINE__, "perseus_moe_forward under capture: %s", perseus_moe_last_error());
+    GC_CUDA(cudaGraphInstantiate(&gx, g, 0), "the forward's graph");
+    GC_CUDA(cudaGraphDestroy(g), "graph");
+  }
   for (int it = 0; it < total; it++) {
     gp_progress(NULL, it, "%d tokens: fused", T);
     if (gp_barrier(n)) _exit(1);
     GC_CUDA(cudaEventRecord(e0, w->stream), "event");
-    if (perseus_moe_forward(m, x, yf, T, w->stream) != ncclSuccess)
+    if (gx) GC_CUDA(cudaGraphLaunch(gx, w->stream), "replaying the forward");
+    else if (perseus_moe_forward(m, x, yf, T, w->stream) != ncclSuccess)
       gc_die(__FILE__, __LINE__, "perseus_moe_forward: %s", perseus_moe_last_error());
     GC_CUDA(cudaEventRecord(e1, w->stream), "event");
     gc_wait_stream(w, "fused forward", NULL, NULL);
@@ -281,6 +294,7 @@ static void mp_row(gc_world *w, const mp_cfg *c, int pi, int ti, double gbps)
   }
   free(idx), free(load), free(tf);
   cudaFree(x), cudaFree(yf), cudaFree(yb), cudaEventDestroy(e0), cudaEventDestroy(e1);
+  if (gx) GC_CUDA(cudaGraphExecDestroy(gx), "graph");
   if (perseus_moe_destroy(m) != ncclSuccess || ps_moe_baseline_destroy(bv[0]) != ncclSuccess ||
       ps_moe_baseline_destroy(bv[1]) != ncclSuccess)
     gc_die(__FILE__, __LINE__, "destroy: %s", perseus_moe_last_error());
@@ -328,6 +342,9 @@ static void usage(FILE *f)
     "  -E N     experts instead of the presets' (e.g. -g 1 -E 32: one rank's share of a\n"
     "           128-expert layer on 4 GPUs, with the rows per expert of that run)\n"
     "  -c 0|1   compare the two layers' outputs (default 1)\n"
+    "  -G 0|1   1: the fused forward replayed from a CUDA graph captured once per row, as\n"
+    "           decode loops run it (default 0: launched; the baselines are always launched,\n"
+    "           their all-to-all sizes need a host sync)\n"
     "  -s SEED  seed (default 1)                -W SEC   watchdog (default 300)\n"
     "A row that does not fit on a GPU (random weights, the fused layer and both baselines at\n"
     "once) prints as skipped, with the memory it needs; the other rows still run.\n"
@@ -350,7 +367,7 @@ int main(int argc, char **argv)
   c.iters = 10, c.warmup = 3, c.path = TT_LSA, c.check = 1, c.watchdog_s = 300, c.seed = 1;
   const char *mlist = NULL, *tlist = "decode,prefill";
   int opt, bad = 0;
-  while (!bad && (opt = getopt(argc, argv, "m:t:g:p:n:w:B:S:E:c:s:W:h")) != -1) {
+  while (!bad && (opt = getopt(argc, argv, "m:t:g:p:n:w:B:S:E:c:G:s:W:h")) != -1) {
     switch (opt) {
     case 'm': mlist = optarg; break;
     case 't': tlist = optarg; break;
@@ -366,6 +383,7 @@ int main(int argc, char **argv)
     case 'S': bad = gp_parse_int(optarg, 0, 1, &c.gin_per_expert); break;
     case 'E': bad = gp_parse_int(optarg, 1, 1 << 20, &c.experts); break;
     case 'c': bad = gp_parse_int(optarg, 0, 1, &c.check); break;
+    case 'G': bad = gp_parse_int(optarg, 0, 1, &c.graph); break;
     case 's': bad = gp_parse_seed(optarg, &c.seed); break;
     case 'W': bad = gp_parse_int(optarg, 1, 24 * 3600, &c.watchdog_s); break;
     case 'h': usage(stdout); return 0;
@@ -423,9 +441,10 @@ int main(int argc, char **argv)
   gethostname(host, sizeof(host) - 1);
   printf("# machine: host %s, %d GPUs:", host, c.ngpus);
   gc_print_rank_gpus(c.ngpus);
-  printf("\n# path %s, batch %d, GIN puts per %s, %d forwards (+%d warmup), seed %" PRIu64 "\n",
-         tt_path_names[c.path], c.batch, c.gin_per_expert ? "destination and expert" : "destination",
-         c.iters, c.warmup, c.seed);
+  printf("\n# path %s, batch %d, GIN puts per %s, %d forwards (+%d warmup), fused %s, seed %" PRIu64
+         "\n", tt_path_names[c.path], c.batch,
+         c.gin_per_expert ? "destination and expert" : "destination", c.iters, c.warmup,
+         c.graph ? "replayed from a CUDA graph" : "launched", c.seed);
   if (c.experts) printf("# experts: %d (-E), not the presets'\n", c.experts);
   int codes[GP_MAX_RANKS];
   int failed = gp_run(c.ngpus, 0, mp_child, &c, c.watchdog_s, "moe perf", NULL, NULL, codes);

@@ -12,7 +12,11 @@
  * picks it: an empty expert). Each forward's routing must be a valid top-k of
  * the fp64 logits (near-ties may go either way) with matching weights; its
  * output must match the reference, computed with the GPU's routing, within
- * bf16 tolerance. Exit: 0 pass, 1 failure, 77 no GPU or fewer than asked. */
+ * bf16 tolerance. With -G 1 every other pair of forwards replays a CUDA graph
+ * of the layer's forward (captured at its first use, max tokens), so that
+ * each layer mixes launched and replayed forwards; the profile of every
+ * forward must then describe that forward. Exit: 0 pass, 1 failure, 77 no
+ * GPU or fewer than asked. */
 #include <inttypes.h>
 #include <math.h>
 
@@ -26,7 +30,7 @@ extern "C" {
 #define MT_MAX_ALIVE 8
 
 struct mt_cfg {
-  int path, ngpus, iters, layers, alive, watchdog_s;
+  int path, ngpus, iters, layers, alive, watchdog_s, graph;
   perseus_moe_config_t mc;
   uint64_t seed;
 };
@@ -92,6 +96,21 @@ static void mt_tokens(const mt_cfg *c, const mt_host *h, int rank, int it, int n
     }
 }
 
+/* The forward of layer m as a CUDA graph, captured on w's stream. */
+static cudaGraphExec_t mt_capture(gc_world *w, perseus_moe_t *m, const void *x, void *out, int ntok)
+{
+  cudaGraph_t g;
+  cudaGraphExec_t gx;
+  GC_CUDA(cudaStreamBeginCapture(w->stream, cudaStreamCaptureModeThreadLocal), "capture");
+  ncclResult_t r = perseus_moe_forward(m, x, out, ntok, w->stream);
+  GC_CUDA(cudaStreamEndCapture(w->stream, &g), "capture");
+  if (r != ncclSuccess)
+    gc_die(__FILE__, __LINE__, "perseus_moe_forward under capture: %s", perseus_moe_last_error());
+  GC_CUDA(cudaGraphInstantiate(&gx, g, 0), "instantiating the forward's graph");
+  GC_CUDA(cudaGraphDestroy(g), "graph");
+  return gx;
+}
+
 /* A layer on w's communicator with this rank's experts loaded. NULL when
  * create refuses (said on stderr); load failures die. */
 static perseus_moe_t *mt_layer(const mt_cfg *c, gc_world *w, const mt_host *h, int rank)
@@ -125,10 +144,10 @@ static int mt_child(int rank, void *arg)
   gp_progress(NULL, -1, "generating the weights");
   mt_weights(c, n, &h);
   perseus_moe_t *ms[MT_MAX_ALIVE];
+  cudaGraphExec_t gx[MT_MAX_ALIVE] = {}; /* -G: each layer's captured forward */
   for (int i = 0; i < c->alive; i++)
     if (!(ms[i] = mt_layer(c, &w, &h, rank))) return GP_EXIT_REFUSED;
   perseus_moe_t *m = ms[0];
-  ncclResult_t r;
   size_t H = mc->hidden, k = mc->topk, T = mc->max_tokens;
   uint16_t *x = mt_alloc(T * H), *out = mt_alloc(T * H);
   int32_t *idx = (int32_t *)malloc(T * k * sizeof(int32_t));
@@ -155,32 +174,55 @@ static int mt_child(int rank, void *arg)
     const int gen = (int)((long long)it * c->layers / c->iters);
     if (it > 0 && gen != (int)((long long)(it - 1) * c->layers / c->iters)) {
       gp_progress(NULL, it, "perseus_moe_destroy, then generation %d", gen);
-      for (int i = 0; i < c->alive; i++)
+      for (int i = 0; i < c->alive; i++) {
+        if (gx[i]) GC_CUDA(cudaGraphExecDestroy(gx[i]), "graph");
+        gx[i] = NULL;
         if (perseus_moe_destroy(ms[i]) != ncclSuccess)
           gc_die(__FILE__, __LINE__, "perseus_moe_destroy: %s", perseus_moe_last_error());
+      }
       for (int i = 0; i < c->alive; i++)
         if (!(ms[i] = mt_layer(c, &w, &h, rank)))
           gc_die(__FILE__, __LINE__, "generation %d: perseus_moe_create refused", gen);
       ntok = (int)T;
     }
     if (it == 0) ntok = (int)T; /* every generation's first forward is full */
+    /* -G: forwards 2a..2a+1 of every layer launched, 2a+2..2a+3 replayed */
+    const int graph = c->graph && it / c->alive % 2 == 1;
+    if (graph) ntok = (int)T; /* the graph was captured at max tokens */
     m = ms[it % c->alive];
     perseus_moe_routing(m, &d_idx, &d_w);
     /* the last forward gives token 0 a NaN input: its picks must still be
      * distinct expert ids, the other tokens (one at least where T allows) unharmed */
     const int poison = it == c->iters - 1;
     if (poison && ntok < 2) ntok = T < 2 ? 1 : 2;
-    gp_progress(NULL, it, "forward of %d tokens%s", ntok, poison ? ", token 0 NaN" : "");
+    gp_progress(NULL, it, "%s of %d tokens%s", graph ? "graph replay" : "forward", ntok,
+                poison ? ", token 0 NaN" : "");
     mt_tokens(c, &h, rank, it, ntok, x);
     for (size_t i = 0; poison && i < H; i++) x[i] = 0x7fc0; /* bf16 quiet NaN */
     /* on the forward's stream: a non-blocking stream does not wait for the
      * legacy one, where cudaMemset and a pageable cudaMemcpy may still run */
     GC_CUDA(cudaMemcpyAsync(d_x, x, ntok * H * 2, cudaMemcpyHostToDevice, w.stream), "x");
     GC_CUDA(cudaMemsetAsync(d_out, 0xff, T * H * 2, w.stream), "out"); /* NaN: not written */
-    r = perseus_moe_forward(m, d_x, d_out, ntok, w.stream);
-    if (r != ncclSuccess)
+    if (graph) {
+      cudaGraphExec_t *g = &gx[it % c->alive];
+      if (!*g) *g = mt_capture(&w, m, d_x, d_out, ntok);
+      GC_CUDA(cudaGraphLaunch(*g, w.stream), "replaying the forward");
+    } else if (perseus_moe_forward(m, d_x, d_out, ntok, w.stream) != ncclSuccess) {
       gc_die(__FILE__, __LINE__, "perseus_moe_forward: %s", perseus_moe_last_error());
+    }
     gc_wait_stream(&w, "forward", NULL, NULL);
+    perseus_moe_profile_t pf; /* this forward's, whichever way it ran */
+    if (perseus_moe_last_profile(m, &pf) != ncclSuccess)
+      gc_die(__FILE__, __LINE__, "perseus_moe_last_profile: %s", perseus_moe_last_error());
+    if (pf.rows_out != (long long)ntok * (long long)k || pf.total_us <= 0 || pf.grid <= 0 ||
+        (pf.tile_rows != 64 && pf.tile_rows != 128)) {
+      fprintf(stderr, "%s: rank %d: forward %d (%s, %d tokens): profile off: %lld rows out "
+              "(want %lld), %.1f us, grid %d, %d-row tiles\n", gp_prog, rank, it,
+              graph ? "replayed" : "launched", ntok, pf.rows_out, (long long)ntok * (long long)k,
+              pf.total_us, pf.grid, pf.tile_rows);
+      bad++;
+      break;
+    }
     GC_CUDA(cudaMemcpy(out, d_out, ntok * H * 2, cudaMemcpyDeviceToHost), "out");
     GC_CUDA(cudaMemcpy(idx, d_idx, ntok * k * sizeof(int32_t), cudaMemcpyDeviceToHost), "idx");
     GC_CUDA(cudaMemcpy(wt, d_w, ntok * k * sizeof(float), cudaMemcpyDeviceToHost), "w");
@@ -240,6 +282,8 @@ static int mt_child(int rank, void *arg)
   fflush(stdout);
   gp_progress(NULL, -1, "teardown");
   for (int i = 0; i < c->alive; i++)
+    if (gx[i]) GC_CUDA(cudaGraphExecDestroy(gx[i]), "graph");
+  for (int i = 0; i < c->alive; i++)
     if (perseus_moe_destroy(ms[i]) != ncclSuccess)
       gc_die(__FILE__, __LINE__, "perseus_moe_destroy: %s", perseus_moe_last_error());
   gc_world_destroy(&w);
@@ -264,6 +308,7 @@ static void usage(FILE *f)
     "  -S 0|1   GIN rows: 0 one put per destination each way (default), 1 one per\n"
     "           destination and expert (in chunks of -B rows)\n"
     "  -r 0|1   renormalize the top-k weights (default 1)\n"
+    "  -G 0|1   every other pair of a layer's forwards replays a CUDA graph of it (default 0)\n"
     "  -s SEED  seed (default: from the clock; printed)\n"
     "  -w SEC   watchdog (default 120)\n"
     "Exit status: 0 pass, 1 failure (also bad options), 77 no GPU or fewer than asked.\n",
@@ -278,7 +323,7 @@ int main(int argc, char **argv)
   c.mc.hidden = 256, c.mc.ffn = 128, c.mc.experts = 16, c.mc.topk = 4, c.mc.max_tokens = 64;
   c.mc.renormalize = 1;
   int opt, bad = 0;
-  while (!bad && (opt = getopt(argc, argv, "p:g:n:l:a:H:F:E:k:T:B:S:r:s:w:h")) != -1) {
+  while (!bad && (opt = getopt(argc, argv, "p:g:n:l:a:H:F:E:k:T:B:S:r:G:s:w:h")) != -1) {
     switch (opt) {
     case 'p':
       if (!strcmp(optarg, "lsa")) c.path = TT_LSA;
@@ -297,6 +342,7 @@ int main(int argc, char **argv)
     case 'B': bad = gp_parse_int(optarg, 0, 1 << 20, &c.mc.batch); break;
     case 'S': bad = gp_parse_int(optarg, 0, 1, &c.mc.gin_per_expert); break;
     case 'r': bad = gp_parse_int(optarg, 0, 1, &c.mc.renormalize); break;
+    case 'G': bad = gp_parse_int(optarg, 0, 1, &c.graph); break;
     case 's': bad = gp_parse_seed(optarg, &c.seed); break;
     case 'w': bad = gp_parse_int(optarg, 1, 24 * 3600, &c.watchdog_s); break;
     case 'h': usage(stdout); return 0;
@@ -321,10 +367,10 @@ int main(int argc, char **argv)
     return 1;
   }
   printf("# perseus_moe_test: path %s, %d GPUs, seed %#" PRIx64 ", %d forwards on %d x %d layers, hidden "
-         "%d, ffn %d, experts %d, top-%d, up to %d tokens per rank, batch %d, GIN puts per %s, renormalize %d\n",
+         "%d, ffn %d, experts %d, top-%d, up to %d tokens per rank, batch %d, GIN puts per %s, renormalize %d, graphs %d\n",
          tt_path_names[c.path], c.ngpus, c.seed, c.iters, c.layers, c.alive, c.mc.hidden, c.mc.ffn, c.mc.experts,
          c.mc.topk, c.mc.max_tokens, c.mc.batch,
-         c.mc.gin_per_expert ? "destination and expert" : "destination", c.mc.renormalize);
+         c.mc.gin_per_expert ? "destination and expert" : "destination", c.mc.renormalize, c.graph);
   int codes[GP_MAX_RANKS];
   double t0 = gp_now();
   int failed = gp_run(c.ngpus, 0, mt_child, &c, c.watchdog_s, "moe test", NULL, NULL, codes);

@@ -23,7 +23,6 @@ struct perseus_moe {
   int rank, nranks, L, P, gin;
   int grid[2];     /* CTAs of the forward kernel with 64- and 128-row GEMM tiles */
   int tile_rows;   /* PERSEUS_MOE_TILE_ROWS (0: by the rows per expert) */
-  int last_kernel; /* index into grid of the last forward */
   ncclDevComm dc;
   int have_dc;
   void *win_ptr;
@@ -31,9 +30,7 @@ struct perseus_moe {
   size_t win_bytes;
   ps_moe_args args; /* everything but the per-forward fields */
   void *dev;        /* one allocation: state, weights, activation */
-  uint64_t fwd;
-  int last_tokens;  /* ntokens of the last forward */
-  cudaEvent_t done; /* recorded behind each forward */
+  cudaEvent_t done; /* recorded behind each forward (in a captured graph too) */
 };
 
 /* On failure: the reason (the call, its error, the context given as a
@@ -106,6 +103,7 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   size_t o_sdone = ps_take(&at, (size_t)R * L * sizeof(int)), o_rcnt = ps_take(&at, (size_t)R * L * sizeof(int));
   size_t o_roff = ps_take(&at, (size_t)R * L * sizeof(int)), o_g1 = ps_take(&at, (size_t)L * sizeof(int));
   size_t o_g2 = ps_take(&at, (size_t)L * sizeof(int)), o_task = ps_take(&at, sizeof(int));
+  size_t o_fwd = ps_take(&at, sizeof(unsigned long long));
   size_t o_tot = ps_take(&at, (size_t)L * R * sizeof(uint64_t)), o_totc = ps_take(&at, (size_t)R * sizeof(uint64_t));
   size_t o_totr = ps_take(&at, (size_t)R * sizeof(uint64_t)), o_dsent = ps_take(&at, (size_t)R * sizeof(int));
   size_t o_rsegs = ps_take(&at, (size_t)R * sizeof(int)), o_rdone = ps_take(&at, (size_t)R * sizeof(int));
@@ -115,7 +113,7 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   size_t o_self = ps_take(&at, (size_t)m->P * sizeof(int32_t));
   /* every batch handle: the shared ones (ps_moe_devcomm), then the experts' */
   size_t o_hexp = ps_take(&at, (size_t)(PS_MOE_SHARED_HANDLES + L) * sizeof(perseus_batch_handle));
-  size_t o_prof = ps_take(&at, 2 * PS_PROF_N * sizeof(unsigned long long));
+  size_t o_prof = ps_take(&at, 3 * PS_PROF_N * sizeof(unsigned long long));
   size_t o_gate = ps_take(&at, (size_t)E * m->cfg.hidden * sizeof(ps_bf16));
   size_t wexp = (size_t)L * m->cfg.ffn * m->cfg.hidden * sizeof(ps_bf16);
   size_t o_w1 = ps_take(&at, wexp), o_w3 = ps_take(&at, wexp), o_w2 = ps_take(&at, wexp);
@@ -140,7 +138,7 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   s.dsent = (int *)(d + o_dsent), s.rsegs = (int *)(d + o_rsegs), s.rdone = (int *)(d + o_rdone);
   s.logits = (float *)(d + o_logits), s.topk_idx = (int32_t *)(d + o_idx);
   s.topk_w = (float *)(d + o_w), s.slot = (int32_t *)(d + o_slot);
-  s.self_tok = (int32_t *)(d + o_self);
+  s.self_tok = (int32_t *)(d + o_self), s.fwd = (unsigned long long *)(d + o_fwd);
   s.hexp = (perseus_batch_handle *)(d + o_hexp) + PS_MOE_SHARED_HANDLES;
   m->args.prof = (unsigned long long *)(d + o_prof);
   unsigned long long marks[PS_PROF_N] = {0}; /* the first forward's: min slots start high */
@@ -403,8 +401,12 @@ extern "C" ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, voi
     return ncclInvalidArgument;
   }
   ps_moe_args a = m->args;
-  a.x = (const ps_bf16 *)x, a.out = (ps_bf16 *)out, a.T = ntokens, a.fwd = m->fwd;
-  m->last_tokens = ntokens;
+  a.x = (const ps_bf16 *)x, a.out = (ps_bf16 *)out, a.T = ntokens;
+  /* under stream capture the forward becomes a graph's nodes: the kernel
+   * reads its index from device memory, and the done event must be a node
+   * too (an external record), or the profile would not wait for a replay */
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  PS_MOE_CUDA(cudaStreamIsCapturing(stream, &cap), "stream %p", (void *)stream);
   int bm = ps_moe_tile_rows(&m->cfg, m->nranks, ntokens, m->tile_rows);
   if (m->L > PS_MOE_TILED_MAX_L) bm = 64; /* the 128-row kernel's task table holds 512 experts */
   const int ki = bm == 128;
@@ -420,9 +422,10 @@ extern "C" ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, voi
                                           params, smem, stream),
               "grid %d x %d threads, %d bytes of shared memory, %d-row tiles", grid, PS_MOE_THREADS,
               smem, bm);
-  m->last_kernel = ki;
-  PS_MOE_CUDA(cudaEventRecord(m->done, stream), "forward %llu", (unsigned long long)m->fwd);
-  m->fwd++;
+  PS_MOE_CUDA(cap == cudaStreamCaptureStatusActive
+                  ? cudaEventRecordWithFlags(m->done, stream, cudaEventRecordExternal)
+                  : cudaEventRecord(m->done, stream),
+              "%d tokens%s", ntokens, cap == cudaStreamCaptureStatusActive ? ", captured" : "");
   return ncclSuccess;
 }
 
@@ -434,17 +437,21 @@ extern "C" ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_p
     return ncclInvalidArgument;
   }
   memset(out, 0, sizeof(*out));
-  if (m->fwd == 0) return ncclSuccess;
-  PS_MOE_CUDA(cudaEventSynchronize(m->done), "forward %llu", (unsigned long long)(m->fwd - 1));
+  PS_MOE_CUDA(cudaEventSynchronize(m->done), "the last forward");
+  unsigned long long fwd = 0; /* forwards completed, replays of a graph included */
+  PS_MOE_CUDA(cudaMemcpy(&fwd, m->args.st.fwd, sizeof(fwd), cudaMemcpyDeviceToHost), "the count");
+  if (fwd == 0) return ncclSuccess;
   const int RL = m->nranks * m->L;
-  unsigned long long t[PS_PROF_N];
+  unsigned long long t[PS_PROF_N], sums[PS_PROF_N];
   int *cnt = (int *)malloc(2 * (size_t)RL * sizeof(int));
   if (!cnt) {
     ps_moe_set_error("perseus_moe_last_profile: out of host memory");
     return ncclSystemError;
   }
-  cudaError_t e = cudaMemcpy(t, m->args.prof + ((m->fwd - 1) & 1) * PS_PROF_N, sizeof(t),
+  cudaError_t e = cudaMemcpy(t, m->args.prof + ((fwd - 1) & 1) * PS_PROF_N, sizeof(t),
                              cudaMemcpyDeviceToHost);
+  if (e == cudaSuccess)
+    e = cudaMemcpy(sums, m->args.prof + PS_PROF_SUMS, sizeof(sums), cudaMemcpyDeviceToHost);
   if (e == cudaSuccess)
     e = cudaMemcpy(cnt, m->args.st.rcnt, RL * sizeof(int), cudaMemcpyDeviceToHost);
   if (e == cudaSuccess) /* what we sent: the headers we wrote */
@@ -461,15 +468,15 @@ extern "C" ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_p
   out->wait_us = us(PS_PROF_DISPATCH, PS_PROF_HEADERS);
   out->experts_us = us(PS_PROF_HEADERS, PS_PROF_EXPERTS);
   out->combine_us = us(PS_PROF_EXPERTS, PS_PROF_COMBINE);
-  const int grid = m->grid[m->last_kernel];
-  out->wait_rows_us = (double)t[PS_PROF_WAIT_ROWS] / 1e3 / grid;
-  out->wait_gemm1_us = (double)t[PS_PROF_WAIT_GEMM1] / 1e3 / grid;
-  out->wait_combine_us = m->last_tokens ? (double)t[PS_PROF_WAIT_COMBINE] / 1e3 / m->last_tokens : 0;
-  out->run_gemm1_us = (double)t[PS_PROF_RUN_GEMM1] / 1e3 / grid;
-  out->run_gemm2_us = (double)t[PS_PROF_RUN_GEMM2] / 1e3 / grid;
-  out->experts_end_us = (double)t[PS_PROF_EXPERTS_END] / 1e3 / grid;
+  const int grid = t[PS_PROF_GRID] ? (int)t[PS_PROF_GRID] : 1, tokens = (int)t[PS_PROF_TOKENS];
+  out->wait_rows_us = (double)sums[PS_PROF_WAIT_ROWS] / 1e3 / grid;
+  out->wait_gemm1_us = (double)sums[PS_PROF_WAIT_GEMM1] / 1e3 / grid;
+  out->wait_combine_us = tokens ? (double)sums[PS_PROF_WAIT_COMBINE] / 1e3 / tokens : 0;
+  out->run_gemm1_us = (double)sums[PS_PROF_RUN_GEMM1] / 1e3 / grid;
+  out->run_gemm2_us = (double)sums[PS_PROF_RUN_GEMM2] / 1e3 / grid;
+  out->experts_end_us = (double)sums[PS_PROF_EXPERTS_END] / 1e3 / grid;
   out->grid = grid;
-  out->tile_rows = m->last_kernel ? 128 : 64;
+  out->tile_rows = (int)t[PS_PROF_TILE_ROWS];
   out->wgmma = t[PS_PROF_WGMMA] == 2;
   for (int j = 0; j < m->L; j++) {
     long long rows = 0;

@@ -190,7 +190,7 @@ __device__ void ps_expert_return(const ps_moe_args &a, int j)
     if (const int l = perseus_lsa_index(a.dc, s); l >= 0) {
       uint64_t *done = (uint64_t *)ncclGetLsaPointer(
           a.win, a.off_done + ((size_t)a.dc.rank * a.L + j) * sizeof(uint64_t), l);
-      asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(done), "l"(a.fwd + 1) : "memory");
+      asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(done), "l"(ps_fwd(a) + 1) : "memory");
     } else if (!ps_gin_whole(a, s)) {
       /* our rows sit in the sender's combine region for us at the same offset */
       pb.put(ncclCoopThread(), s, a.win, ps_row_off(a, a.off_comb, a.dc.rank, r), a.win,
@@ -328,7 +328,7 @@ __device__ void ps_moe_combine(const ps_moe_args &a)
             a.win, a.off_done + ((size_t)dst * a.L + j) * sizeof(uint64_t));
         uint64_t v;
         do asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(done) : "memory");
-        while (v < a.fwd + 1);
+        while (v < ps_fwd(a) + 1);
       } else { /* a GIN destination: everything it returns */
         rv.wait(dst, a.st.tot_c[dst]);
       }

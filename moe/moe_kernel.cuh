@@ -33,9 +33,13 @@
  *   combine  warp per (token, column group): wait for the token's experts
  *            (an LSA owner's done mark per expert; a GIN owner's returns),
  *            weighted sum of its rows, loads issued together.
- *   --- barrier; CTA 0 clears the per-forward counters, every CTA the logits.
- * Everything cumulative (tiles per handle) stays monotonic across forwards,
- * so nothing is reset that a peer could still be adding to. */
+ *   --- barrier; CTA 0 clears the per-forward counters and advances the
+ *       count of forwards, every CTA the logits.
+ * Everything cumulative (tiles per handle, the count of forwards, which the
+ * signals and done marks are compared against) stays monotonic across
+ * forwards, so nothing is reset that a peer could still be adding to. The
+ * count lives on the GPU, not in the launch's arguments, so that a forward
+ * replayed from a CUDA graph is counted like a launched one. */
 #ifndef PS_MOE_KERNEL_CUH
 #define PS_MOE_KERNEL_CUH
 
@@ -74,6 +78,8 @@ struct ps_moe_state {
   int32_t *slot;      /* [T][k] row within its segment */
   int32_t *self_tok;  /* [P] the token of each row we route to ourselves (they stay in x) */
   perseus_batch_handle *hexp; /* [L] one handle per local expert */
+  unsigned long long *fwd;    /* forwards completed: advanced by the kernel, so that a
+                               * forward replayed from a CUDA graph counts too */
 };
 
 struct ps_moe_args {
@@ -92,8 +98,10 @@ struct ps_moe_args {
   int H, F, E, L, k, R, P, T, renorm, batch;
   int gin_per_expert; /* GIN rows: one put per (peer, expert) segment instead of per peer */
   int gate_kc; /* hidden elements per gate task (split-K) */
-  uint64_t fwd; /* forwards before this one */
-  unsigned long long *prof; /* [2][PS_PROF_N]: this forward uses half fwd % 2 */
+  /* [3][PS_PROF_N]: forward f's marks and shape in half f % 2 (the other
+   * half, cleared at f's end, is f + 1's); the running forward's sums
+   * (ps_prof_add) in the third part, cleared at its start */
+  unsigned long long *prof;
 };
 
 /* Phase marks in global-timer ns: START is the earliest CTA's, HEADERS the
@@ -108,7 +116,14 @@ enum { PS_PROF_START, PS_PROF_ROUTE, PS_PROF_DISPATCH, PS_PROF_HEADERS, PS_PROF_
        PS_PROF_WGMMA, /* 1 + whether the GEMMs ran on wgmma (0: no forward yet) */
        PS_PROF_RUN_GEMM1, PS_PROF_RUN_GEMM2, /* ns in GEMM1 / GEMM2 tasks past their waits, per CTA */
        PS_PROF_EXPERTS_END, /* ns from a CTA's first task claim to the end of its last task, per CTA */
+       PS_PROF_TOKENS, PS_PROF_TILE_ROWS, PS_PROF_GRID, /* the forward's shape */
        PS_PROF_N };
+
+/* The forward's index (forwards before it): the count in device memory,
+ * which only CTA 0 changes, once every read of it in this forward is done
+ * (at the end); read-only until then, so read through the non-coherent
+ * cache, where uses can reload it rather than hold it in registers. */
+__device__ __forceinline__ unsigned long long ps_fwd(const ps_moe_args &a) { return __ldg(a.st.fwd); }
 
 __device__ __forceinline__ unsigned long long ps_now_ns()
 {
@@ -117,19 +132,26 @@ __device__ __forceinline__ unsigned long long ps_now_ns()
   return t;
 }
 
-/* One thread per CTA records (after a __syncthreads of its phase). */
-__device__ __forceinline__ void ps_prof(const ps_moe_args &a, int slot, bool earliest)
+/* One thread per CTA records a phase mark, at time t or now (t = 0), after
+ * a __syncthreads of its phase, into `marks`, this forward's half of prof:
+ * the CTA's thread 0 keeps it in shared memory, so that the mark before a
+ * barrier does not wait on a load of the count of forwards. */
+__device__ __forceinline__ void ps_prof(unsigned long long *marks, int slot, bool earliest,
+                                        unsigned long long t = 0)
 {
   if (threadIdx.x) return;
-  unsigned long long *p = a.prof + (a.fwd & 1) * PS_PROF_N + slot, t = ps_now_ns();
-  if (earliest) atomicMin(p, t);
-  else atomicMax(p, t);
+  if (!t) t = ps_now_ns();
+  if (earliest) atomicMin(marks + slot, t);
+  else atomicMax(marks + slot, t);
 }
 
-/* Adds ns to one of the WAIT sums of this forward. */
+/* Adds ns to one of the sums (WAIT, RUN, EXPERTS_END) of this forward, at
+ * a fixed address: tasks add to them, and looking up the forward's half
+ * there cost prefill about 0.7%. */
+#define PS_PROF_SUMS (2 * PS_PROF_N)
 __device__ __forceinline__ void ps_prof_add(const ps_moe_args &a, int slot, unsigned long long ns)
 {
-  atomicAdd(a.prof + (a.fwd & 1) * PS_PROF_N + slot, ns);
+  atomicAdd(a.prof + PS_PROF_SUMS + slot, ns);
 }
 
 __device__ __forceinline__ ps_bf16 *ps_win_ptr(const ps_moe_args &a, size_t off)
@@ -404,7 +426,7 @@ __device__ void ps_moe_dispatch(const ps_moe_args &a, const int *scnt, const int
 /* ---- headers in (a warp per source) --------------------------------------- */
 __device__ void ps_moe_headers(const ps_moe_args &a, int src, int lane)
 {
-  perseus_recv(a.dc, a.hctl).wait(src, a.fwd + 1); /* every lane: each acquires */
+  perseus_recv(a.dc, a.hctl).wait(src, ps_fwd(a) + 1); /* every lane: each acquires */
   const volatile int *hdr =
       (const volatile int *)ncclGetLocalPointer(a.win, a.off_hdr_in + (size_t)src * a.L * sizeof(int));
   int base = 0, segs = 0;
@@ -437,13 +459,26 @@ __global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forwar
   extern __shared__ __align__(128) char smem[];
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int gtid = blockIdx.x * blockDim.x + threadIdx.x, gwarp = gtid >> 5, lane = threadIdx.x & 31;
-  ps_prof(a, PS_PROF_START, true);
-  if (gtid == 0) a.prof[(a.fwd & 1) * PS_PROF_N + PS_PROF_WGMMA] = 1 + PS_GEMM_WGMMA;
+  /* thread 0's: this forward's marks (ps_prof), and the kernel's start,
+   * marked once the count of forwards is in (prefetched under the gate) */
+  __shared__ unsigned long long *volatile marks, t_start;
+  if (threadIdx.x == 0) {
+    t_start = ps_now_ns();
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(a.st.fwd));
+  }
+  if (blockIdx.x == 0 && threadIdx.x < PS_PROF_N) /* nothing adds to them before the route's barrier */
+    a.prof[PS_PROF_SUMS + threadIdx.x] = 0;
   ps_moe_gate<BM>(a, smem);
+  if (threadIdx.x == 0) marks = a.prof + (ps_fwd(a) & 1) * PS_PROF_N;
+  ps_prof(marks, PS_PROF_START, true, t_start);
+  if (gtid == 0) {
+    marks[PS_PROF_WGMMA] = 1 + PS_GEMM_WGMMA, marks[PS_PROF_TOKENS] = a.T;
+    marks[PS_PROF_TILE_ROWS] = BM, marks[PS_PROF_GRID] = gridDim.x;
+  }
   grid.sync();
   ps_moe_topk(a);
   __syncthreads();
-  ps_prof(a, PS_PROF_ROUTE, false);
+  ps_prof(marks, PS_PROF_ROUTE, false);
   grid.sync();
   { /* the segment table in the dynamic shared memory, free until the experts */
     int *scnt = (int *)smem, *soff = scnt + a.R * a.L;
@@ -452,15 +487,15 @@ __global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forwar
     ps_moe_dispatch(a, scnt, soff);
   }
   __syncthreads();
-  ps_prof(a, PS_PROF_DISPATCH, false);
+  ps_prof(marks, PS_PROF_DISPATCH, false);
   if (gwarp < a.R) ps_moe_headers(a, gwarp, lane);
   grid.sync();
-  ps_prof(a, PS_PROF_HEADERS, true);
+  ps_prof(marks, PS_PROF_HEADERS, true);
   ps_moe_experts<BM>(a, smem);
-  ps_prof(a, PS_PROF_EXPERTS, false);
+  ps_prof(marks, PS_PROF_EXPERTS, false);
   ps_moe_combine(a);
   __syncthreads();
-  ps_prof(a, PS_PROF_COMBINE, false);
+  ps_prof(marks, PS_PROF_COMBINE, false);
   if (a.dc.ginContextCount > 0) {
     ncclGin gin{a.dc, 0};
     gin.flush(ncclCoopCta()); /* no put of ours outlives the kernel */
@@ -471,9 +506,13 @@ __global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forwar
     for (int i = threadIdx.x; i < a.R; i += blockDim.x) a.st.dsent[i] = 0, a.st.rdone[i] = 0;
     for (int i = threadIdx.x; i < a.L; i += blockDim.x) a.st.g1done[i] = 0, a.st.g2done[i] = 0;
     if (threadIdx.x == 0) *a.st.task = 0;
-    unsigned long long *next = a.prof + ((a.fwd + 1) & 1) * PS_PROF_N;
+    const unsigned long long fwd = ps_fwd(a);
+    unsigned long long *next = a.prof + ((fwd + 1) & 1) * PS_PROF_N;
     if (threadIdx.x < PS_PROF_N)
       next[threadIdx.x] = threadIdx.x == PS_PROF_START || threadIdx.x == PS_PROF_HEADERS ? ~0ull : 0;
+    __syncthreads(); /* the other CTAs read the count for the last time before the grid
+                      * barrier above, this one before this barrier */
+    if (threadIdx.x == 0) *a.st.fwd = fwd + 1;
   }
   /* the logits the next forward's gate accumulates into */
   for (size_t i = gtid; i < (size_t)a.T * a.E; i += (size_t)gridDim.x * blockDim.x)

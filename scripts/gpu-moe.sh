@@ -8,7 +8,9 @@
 # perseus_moe_perf (fused against the NCCL + cuBLAS baseline, every preset,
 # decode and prefill; from 2 GPUs also over GIN). The GIN tests put rows
 # per destination (the default) and, in one more 4-rank run, per
-# (destination, expert) segment (-S 1). Run from the repository root of a
+# (destination, expert) segment (-S 1). Two more runs mix launched forwards
+# with forwards replayed from CUDA graphs (-G 1): over LSA on every GPU, and
+# 2 ranks over GIN. Run from the repository root of a
 # tree built elsewhere and carried over:
 #
 #   scripts/gpu-moe.sh [LOGDIR [BUILDDIR]]     (defaults: ./moe-logs, $PERSEUS_BUILD_DIR or build)
@@ -89,6 +91,12 @@ g=${counts##* }
 # expert on average, so 128-row GEMM tiles (the default shape: 64-row ones)
 run "moe_test-g$g-lsa-large" "$TEST_BIN" -g "$g" -p lsa -H 576 -F 256 -E 32 -k 8 -T 256 -B 3 \
   ${MOE_TEST_ARGS:-}
+# forwards replayed from CUDA graphs, between launched ones (each layer's count
+# of forwards lives on the GPU, so a replay is a forward of its own)
+# shellcheck disable=SC2086
+run "moe_test-g$g-lsa-graphs" "$TEST_BIN" -g "$g" -p lsa -G 1 ${MOE_TEST_ARGS:-}
+# shellcheck disable=SC2086
+PERSEUS_TEST_HOSTS=2 run "moe_test-g2-gin-graphs" "$TEST_BIN" -g 2 -p gin -G 1 ${MOE_TEST_ARGS:-}
 
 if [ "${MOE_PERF_ARGS:-}" != none ]; then
   if [ ! -e "$PERF_BIN" ]; then

@@ -57,7 +57,11 @@ ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_t *gate, co
 /* One forward of `ntokens` (0..max_tokens) rows of x [ntokens][hidden] bf16
  * in device memory into out [ntokens][hidden] bf16, enqueued on `stream`.
  * Collective: every rank calls it, in the same order (ntokens may differ).
- * No host synchronization inside. */
+ * No host synchronization inside, so it may be captured into a CUDA graph
+ * (stream capture): each launch of that graph is then a forward of its own
+ * (x, out and ntokens as captured), in the collective order like any other,
+ * and launched and replayed forwards of a layer may be mixed. The layer
+ * counts its forwards on the GPU. */
 ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, void *out, int ntokens,
                                  cudaStream_t stream);
 
@@ -68,7 +72,8 @@ ncclResult_t perseus_moe_routing(perseus_moe_t *m, const int32_t **expert, const
 
 /* Where the last forward's time went, from the GPU's global timer (phase
  * ends are the latest CTA's, so phases may overlap their neighbours), and
- * what it moved. Waits for that forward to complete. */
+ * what it moved. Waits for that forward (the last one enqueued, launched or
+ * replayed from a graph) to complete. */
 typedef struct {
   double total_us;    /* kernel start to the last CTA's end */
   double route_us;    /* gate, top-k, slots: start to the last CTA done */
