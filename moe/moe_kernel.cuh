@@ -211,6 +211,18 @@ __device__ void ps_moe_gate(const ps_moe_args &a, char *smem)
  * read from memory at every pass (any E). Ties: the lower id. Every pick is
  * an expert id < E whatever the logits hold (k <= E untaken ones exist), so
  * a NaN in the input cannot send a row out of bounds. */
+/* Unsigned keys in the order of the floats (-0 as +0, so that it ties
+ * with it), and back: -inf maps above 0. */
+__device__ __forceinline__ unsigned ps_order_key(float x)
+{
+  const unsigned u = __float_as_uint(x == 0.f ? 0.f : x);
+  return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+__device__ __forceinline__ float ps_key_float(unsigned k)
+{
+  return __uint_as_float(k & 0x80000000u ? k & 0x7fffffffu : ~k);
+}
+
 template <int PER>
 __device__ __forceinline__ float ps_topk_token(const float *lg, int E, int k, int lane, int *ek,
                                                float *wk)
@@ -252,11 +264,12 @@ __device__ __forceinline__ float ps_topk_token(const float *lg, int E, int k, in
       x = x != x ? -INFINITY : x; /* NaN (from NaN input) ranks last, but still ranks */
       if (!out && (be == E || x > bv || (x == bv && e < be))) bv = x, be = e;
     }
-    for (int o = 16; o; o >>= 1) {
-      float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      int oe = __shfl_xor_sync(0xffffffffu, be, o);
-      if (ov > bv || (ov == bv && oe < be)) bv = ov, be = oe;
-    }
+    /* the warp's best: the largest key by one redux, then the lowest id
+     * among the lanes holding it by another, instead of five shuffle rounds
+     * of (value, id) pairs; a lane without a candidate has key 0 */
+    const unsigned top = __reduce_max_sync(0xffffffffu, be < E ? ps_order_key(bv) : 0u);
+    be = (int)__reduce_min_sync(0xffffffffu, be < E && ps_order_key(bv) == top ? (unsigned)be : ~0u);
+    bv = ps_key_float(top);
     if (PER > 0 && (be & 31) == lane) taken |= 1u << (be >> 5);
     ek[r] = be;
     wk[r] = __expf(bv - mx) / den;
