@@ -189,16 +189,10 @@ static void mp_row(gc_world *w, const mp_cfg *c, int pi, int ti, double gbps)
   GC_CUDA(cudaEventCreate(&e0), "event");
   GC_CUDA(cudaEventCreate(&e1), "event");
   cudaGraphExec_t gx = NULL; /* -G: the fused forward, captured once */
-  if (c->graph) {
-    cudaGraph_t g;
-    GC_CUDA(cudaStreamBeginCapture(w->stream, cudaStreamCaptureModeThreadLocal), "capture");
-    ncclResult_t r = perseus_moe_forward(m, x, yf, T, w->stream);
-    GC_CUDA(cudaStreamEndCapture(w->stream, &g), "capture");
-    if (r != ncclSuccess)
-      gc_die(__FILE__, __LINE__, "perseus_moe_forward under capture: %s", perseus_moe_last_error());
-    GC_CUDA(cudaGraphInstantiate(&gx, g, 0), "the forward's graph");
-    GC_CUDA(cudaGraphDestroy(g), "graph");
-  }
+  if (c->graph)
+    gx = gc_capture(w, "perseus_moe_forward",
+                    [&]() { return perseus_moe_forward(m, x, yf, T, w->stream); },
+                    perseus_moe_last_error);
   for (int it = 0; it < total; it++) {
     gp_progress(NULL, it, "%d tokens: fused", T);
     if (gp_barrier(n)) _exit(1);

@@ -196,6 +196,25 @@ static inline void gc_wait_stream(gc_world *w, const char *what, void (*poll)(vo
   }
 }
 
+/* What enqueue() puts on w's stream, captured into a CUDA graph, ready to
+ * launch; enqueue returns the NCCL-style result of the call it makes, and
+ * a failure is reported with last_error() (the library's reason). */
+template <typename Enqueue>
+static inline cudaGraphExec_t gc_capture(gc_world *w, const char *what, Enqueue enqueue,
+                                         const char *(*last_error)(void))
+{
+  cudaGraph_t g;
+  cudaGraphExec_t gx;
+  GC_CUDA(cudaStreamBeginCapture(w->stream, cudaStreamCaptureModeThreadLocal), "%s", what);
+  ncclResult_t r = enqueue();
+  GC_CUDA(cudaStreamEndCapture(w->stream, &g), "%s", what);
+  if (r != ncclSuccess)
+    gc_die(__FILE__, __LINE__, "%s under capture: %s", what, last_error());
+  GC_CUDA(cudaGraphInstantiate(&gx, g, 0), "%s", what);
+  GC_CUDA(cudaGraphDestroy(g), "%s", what);
+  return gx;
+}
+
 /* The GPU probe child (gp_run with probe != 0): counts the GPUs
  * (GP_EXIT_SKIP when there is none) and records NCCL's version and each GPU's
  * name in the shared area. detail (perseus_gin_test) also reports progress,

@@ -96,21 +96,6 @@ static void mt_tokens(const mt_cfg *c, const mt_host *h, int rank, int it, int n
     }
 }
 
-/* The forward of layer m as a CUDA graph, captured on w's stream. */
-static cudaGraphExec_t mt_capture(gc_world *w, perseus_moe_t *m, const void *x, void *out, int ntok)
-{
-  cudaGraph_t g;
-  cudaGraphExec_t gx;
-  GC_CUDA(cudaStreamBeginCapture(w->stream, cudaStreamCaptureModeThreadLocal), "capture");
-  ncclResult_t r = perseus_moe_forward(m, x, out, ntok, w->stream);
-  GC_CUDA(cudaStreamEndCapture(w->stream, &g), "capture");
-  if (r != ncclSuccess)
-    gc_die(__FILE__, __LINE__, "perseus_moe_forward under capture: %s", perseus_moe_last_error());
-  GC_CUDA(cudaGraphInstantiate(&gx, g, 0), "instantiating the forward's graph");
-  GC_CUDA(cudaGraphDestroy(g), "graph");
-  return gx;
-}
-
 /* A layer on w's communicator with this rank's experts loaded. NULL when
  * create refuses (said on stderr); load failures die. */
 static perseus_moe_t *mt_layer(const mt_cfg *c, gc_world *w, const mt_host *h, int rank)
@@ -205,7 +190,10 @@ static int mt_child(int rank, void *arg)
     GC_CUDA(cudaMemsetAsync(d_out, 0xff, T * H * 2, w.stream), "out"); /* NaN: not written */
     if (graph) {
       cudaGraphExec_t *g = &gx[it % c->alive];
-      if (!*g) *g = mt_capture(&w, m, d_x, d_out, ntok);
+      if (!*g)
+        *g = gc_capture(&w, "perseus_moe_forward",
+                        [&]() { return perseus_moe_forward(m, d_x, d_out, ntok, w.stream); },
+                        perseus_moe_last_error);
       GC_CUDA(cudaGraphLaunch(*g, w.stream), "replaying the forward");
     } else if (perseus_moe_forward(m, d_x, d_out, ntok, w.stream) != ncclSuccess) {
       gc_die(__FILE__, __LINE__, "perseus_moe_forward: %s", perseus_moe_last_error());
