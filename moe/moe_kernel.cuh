@@ -205,12 +205,6 @@ __device__ void ps_moe_gate(const ps_moe_args &a, char *smem)
   }
 }
 
-/* A warp's softmax and top-k of one token's logits lg[0..E): fills ek/wk
- * (lane-uniform) and returns the sum of the k weights. PER > 0: the lane's
- * logits e = lane + 32 i are read once into registers (E <= 32 PER); PER = 0:
- * read from memory at every pass (any E). Ties: the lower id. Every pick is
- * an expert id < E whatever the logits hold (k <= E untaken ones exist), so
- * a NaN in the input cannot send a row out of bounds. */
 /* Unsigned keys in the order of the floats (-0 as +0, so that it ties
  * with it), and back: -inf maps above 0. */
 __device__ __forceinline__ unsigned ps_order_key(float x)
@@ -223,6 +217,12 @@ __device__ __forceinline__ float ps_key_float(unsigned k)
   return __uint_as_float(k & 0x80000000u ? k & 0x7fffffffu : ~k);
 }
 
+/* A warp's softmax and top-k of one token's logits lg[0..E): fills ek/wk
+ * (lane-uniform) and returns the sum of the k weights. PER > 0: the lane's
+ * logits e = lane + 32 i are read once into registers (E <= 32 PER); PER = 0:
+ * read from memory at every pass (any E). Ties: the lower id. Every pick is
+ * an expert id < E whatever the logits hold (k <= E untaken ones exist), so
+ * a NaN in the input cannot send a row out of bounds. */
 template <int PER>
 __device__ __forceinline__ float ps_topk_token(const float *lg, int E, int k, int lane, int *ek,
                                                float *wk)
