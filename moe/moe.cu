@@ -442,16 +442,14 @@ extern "C" ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_p
   PS_MOE_CUDA(cudaMemcpy(&fwd, m->args.st.fwd, sizeof(fwd), cudaMemcpyDeviceToHost), "the count");
   if (fwd == 0) return ncclSuccess;
   const int RL = m->nranks * m->L;
-  unsigned long long t[PS_PROF_N], sums[PS_PROF_N];
+  unsigned long long prof[3 * PS_PROF_N]; /* both halves and the sums, in one copy */
+  const unsigned long long *t = prof + ((fwd - 1) & 1) * PS_PROF_N, *sums = prof + PS_PROF_SUMS;
   int *cnt = (int *)malloc(2 * (size_t)RL * sizeof(int));
   if (!cnt) {
     ps_moe_set_error("perseus_moe_last_profile: out of host memory");
     return ncclSystemError;
   }
-  cudaError_t e = cudaMemcpy(t, m->args.prof + ((fwd - 1) & 1) * PS_PROF_N, sizeof(t),
-                             cudaMemcpyDeviceToHost);
-  if (e == cudaSuccess)
-    e = cudaMemcpy(sums, m->args.prof + PS_PROF_SUMS, sizeof(sums), cudaMemcpyDeviceToHost);
+  cudaError_t e = cudaMemcpy(prof, m->args.prof, sizeof(prof), cudaMemcpyDeviceToHost);
   if (e == cudaSuccess)
     e = cudaMemcpy(cnt, m->args.st.rcnt, RL * sizeof(int), cudaMemcpyDeviceToHost);
   if (e == cudaSuccess) /* what we sent: the headers we wrote */

@@ -8,9 +8,10 @@
  * on the same rows). Tiles of A (by cp.async) and B (by TMA, or cp.async
  * for the gate) stream through shared memory PS_GEMM_STAGES(BM, NB) deep;
  * rows past the valid count are zero-filled. The epilogue is a functor
- * called per output pair (m, n, n+1) with the NB accumulators. 64-row tiles are for few rows per expert
- * (decode: weight streaming, which wants the deeper pipeline), 128-row ones
- * for many (prefill: half the weight traffic per flop).
+ * called per output pair (m, n, n+1) with the NB accumulators. 64-row
+ * tiles are for few rows per expert (decode: weight streaming, which wants
+ * the deeper pipeline), 128-row ones for many (prefill: half the weight
+ * traffic per flop).
  *
  * Built for sm_90a (H100/H200) the tile runs on wgmma, operands read straight
  * from shared memory, whose layout below is the hardware's 128-byte swizzle:
@@ -277,7 +278,7 @@ __device__ void ps_gemm_tile_prep(Prep prep, const __nv_bfloat16 *const *rows,
   }
   for (int kt = 0; kt < nk; kt++) {
     asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2) : "memory");
-    if (TMA) ps_mbar_wait(bar0 + 8 * (kt % STAGES), (kt / STAGES) & 1);
+    if constexpr (TMA) ps_mbar_wait(bar0 + 8 * (kt % STAGES), (kt / STAGES) & 1);
 #if PS_GEMM_WGMMA /* cp.async wrote through the generic proxy, wgmma reads through the async one */
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif

@@ -267,8 +267,9 @@ __device__ __forceinline__ float ps_topk_token(const float *lg, int E, int k, in
     /* the warp's best: the largest key by one redux, then the lowest id
      * among the lanes holding it by another, instead of five shuffle rounds
      * of (value, id) pairs; a lane without a candidate has key 0 */
-    const unsigned top = __reduce_max_sync(0xffffffffu, be < E ? ps_order_key(bv) : 0u);
-    be = (int)__reduce_min_sync(0xffffffffu, be < E && ps_order_key(bv) == top ? (unsigned)be : ~0u);
+    const unsigned key = be < E ? ps_order_key(bv) : 0u;
+    const unsigned top = __reduce_max_sync(0xffffffffu, key);
+    be = (int)__reduce_min_sync(0xffffffffu, be < E && key == top ? (unsigned)be : ~0u);
     bv = ps_key_float(top);
     if (PER > 0 && (be & 31) == lane) taken |= 1u << (be >> 5);
     ek[r] = be;
