@@ -103,6 +103,7 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   size_t o_sdone = ps_take(&at, (size_t)R * L * sizeof(int)), o_rcnt = ps_take(&at, (size_t)R * L * sizeof(int));
   size_t o_roff = ps_take(&at, (size_t)R * L * sizeof(int)), o_g1 = ps_take(&at, (size_t)L * sizeof(int));
   size_t o_g2 = ps_take(&at, (size_t)L * sizeof(int)), o_task = ps_take(&at, sizeof(int));
+  size_t o_ready = ps_take(&at, sizeof(int));
   size_t o_fwd = ps_take(&at, sizeof(unsigned long long));
   size_t o_tot = ps_take(&at, (size_t)L * R * sizeof(uint64_t)), o_totc = ps_take(&at, (size_t)R * sizeof(uint64_t));
   size_t o_totr = ps_take(&at, (size_t)R * sizeof(uint64_t)), o_dsent = ps_take(&at, (size_t)R * sizeof(int));
@@ -134,6 +135,7 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   s.scnt = (int *)(d + o_scnt), s.soff = (int *)(d + o_soff), s.sdone = (int *)(d + o_sdone);
   s.rcnt = (int *)(d + o_rcnt), s.roff = (int *)(d + o_roff);
   s.g1done = (int *)(d + o_g1), s.g2done = (int *)(d + o_g2), s.task = (int *)(d + o_task);
+  s.ready = (int *)(d + o_ready);
   s.tot = (uint64_t *)(d + o_tot), s.tot_c = (uint64_t *)(d + o_totc), s.tot_r = (uint64_t *)(d + o_totr);
   s.dsent = (int *)(d + o_dsent), s.rsegs = (int *)(d + o_rsegs), s.rdone = (int *)(d + o_rdone);
   s.logits = (float *)(d + o_logits), s.topk_idx = (int32_t *)(d + o_idx);

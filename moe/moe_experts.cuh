@@ -58,11 +58,23 @@ __device__ __forceinline__ void ps_spin_until(const int *ctr, int want)
   __threadfence();
 }
 
+/* Thread 0 waits until every CTA is past its dispatch and headers: the
+ * rows' tables (rcnt, roff, self_tok, the signal counts) are complete, and
+ * returns when. */
+__device__ __forceinline__ unsigned long long ps_wait_ready(const ps_moe_args &a)
+{
+  ps_spin_until(a.st.ready, (int)gridDim.x);
+  return ps_now_ns();
+}
+
 /* GEMM1 tile n0..n0+63 of expert j, its row tile mt (tiled kernel) or all
  * of its rows: act = silu(X W1^T) * (X W3^T). The first weights are loaded while
- * the rows are awaited and looked up. */
+ * the rows are awaited and looked up, and, for the CTA's first task of the
+ * untiled kernel (t_ready set), while the dispatch ends (ps_wait_ready, its
+ * time in *t_ready). */
 template <int BM>
-__device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, int mt, char *smem)
+__device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, int mt, char *smem,
+                                unsigned long long *t_ready)
 {
   __shared__ int g[BM];
   __shared__ const ps_bf16 *rows[BM];
@@ -77,6 +89,10 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, int mt, cha
     auto prep = [&]() -> int {
       if (m0 == mfirst) { /* this expert's rows from every peer */
         const unsigned long long t0 = ps_now_ns();
+        if (t_ready) {
+          if (threadIdx.x == 0) *t_ready = ps_wait_ready(a);
+          __syncthreads();
+        }
         for (int s = threadIdx.x; s < a.R; s += blockDim.x) {
           if (s == a.dc.rank || a.st.rcnt[s * a.L + j] == 0) continue;
           if (ps_gin_whole(a, s)) perseus_recv(a.dc, a.hrows).wait(s, a.st.tot_r[s]);
@@ -213,8 +229,11 @@ __device__ void ps_expert_return(const ps_moe_args &a, int j)
  * tile by one CTA. Experts without rows get no tasks. The 64-row kernel
  * (decode: few rows an expert) keeps a task per column tile, all rows. */
 
+/* Returns, in thread 0, when the CTA saw every CTA past its dispatch and
+ * headers (0: it did not wait there: the tiled kernel, which passed a grid
+ * barrier, or a CTA whose first task was not GEMM1). */
 template <int BM>
-__device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
+__device__ unsigned long long ps_moe_experts(const ps_moe_args &a, char *smem)
 {
   /* task: the claimed index; then expert, column tile (GEMM2 from n1), row
    * tile and the expert's row tiles */
@@ -225,6 +244,10 @@ __device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
    * early would idle CTAs that could stream weights meanwhile */
   const int n1 = a.F / PS_GEMM_N, n2 = ps_g2_tasks(a);
   constexpr bool tiled = PS_MOE_TILED(BM);
+  /* when the CTA waited for the rows' tables (thread 0's), and whether it did
+   * (GEMM2 tasks rely on it through their expert's GEMM1) */
+  unsigned long long t_ready = 0;
+  bool seen = tiled; /* CTA-uniform; the tiled kernel passed a grid barrier */
   if (tiled && threadIdx.x < 32) { /* warp 0: row tiles per expert, prefix */
     const int lane = threadIdx.x;
     int base = 0;
@@ -271,11 +294,15 @@ __device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
     const int tk = task, j = tj, i = ti, mt = tmt, tiles = ttiles;
     __syncthreads();
     if (tk >= tall) {
-      if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_EXPERTS_END, t_end - t0);
+      if (threadIdx.x == 0) {
+        ps_prof_add(a, PS_PROF_EXPERTS_END, t_end - t0);
+        if (!seen) ps_wait_ready(a); /* the combine reads the offsets' tables */
+      }
       break;
     }
     if (i < n1) {
-      ps_expert_gemm1<BM>(a, j, i * PS_GEMM_N, mt, smem);
+      ps_expert_gemm1<BM>(a, j, i * PS_GEMM_N, mt, smem, seen ? NULL : &t_ready);
+      seen = true;
       __syncthreads();
       if (threadIdx.x == 0) {
         __threadfence();
@@ -295,6 +322,7 @@ __device__ void ps_moe_experts(const ps_moe_args &a, char *smem)
     }
     t_end = ps_now_ns();
   }
+  return t_ready;
 }
 
 /* ---- combine: warp per (token, column group) ---------------------------------

@@ -20,7 +20,10 @@
  *            one signal each.
  *   headers  a warp per source: wait for its header, segment table and
  *            the cumulative tile total per (expert, source).
- *   --- barrier
+ *   --- barrier with 128-row tiles (the task table needs every expert's
+ *       rows); with 64-row tiles each CTA adds itself to a count instead,
+ *       and a CTA's first GEMM1 task loads its first weights, then waits
+ *       for every CTA.
  *   experts  a queue of tasks claimed in order: every expert's F/64 GEMM1
  *            tiles (W1 and W3 on the same rows, SiLU-gated, bf16 activation),
  *            each starting when that expert's rows from every source arrived,
@@ -69,6 +72,7 @@ struct ps_moe_state {
   int *g1done;        /* [L] GEMM1 tiles done */
   int *g2done;        /* [L] GEMM2 tasks done */
   int *task;          /* next task of the queue */
+  int *ready;         /* CTAs past their dispatch and headers: the experts' rows are known */
   uint64_t *tot;      /* [L][R] cumulative tiles expected from src on expert handle */
   uint64_t *tot_c;    /* [R] cumulative returns expected from a GIN dst */
   uint64_t *tot_r;    /* [R] cumulative row puts expected from a GIN src (rows handle) */
@@ -105,7 +109,8 @@ struct ps_moe_args {
 };
 
 /* Phase marks in global-timer ns: START is the earliest CTA's, HEADERS the
- * earliest past the header barrier, the others the latest CTA's. The WAIT
+ * earliest to see every CTA past its dispatch and headers (ps_wait_ready),
+ * the others the latest CTA's. The WAIT
  * slots are sums of ns spent waiting: expert tasks for their rows (per CTA),
  * GEMM2 tasks for their expert's GEMM1 (per CTA), combine for the returned
  * rows (per token); they tell idle time from weight streaming. The RUN
@@ -503,9 +508,19 @@ __global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forwar
   __syncthreads();
   ps_prof(marks, PS_PROF_DISPATCH, false);
   if (gwarp < a.R) ps_moe_headers(a, gwarp, lane);
-  grid.sync();
-  ps_prof(marks, PS_PROF_HEADERS, true);
-  ps_moe_experts<BM>(a, smem);
+  if constexpr (PS_MOE_TILED(BM)) { /* the task table needs every expert's rows at once */
+    grid.sync();
+    ps_prof(marks, PS_PROF_HEADERS, true);
+  } else { /* no grid barrier: a CTA's first GEMM1 task waits for the count, under its
+            * first weights' loads (ps_moe_experts) */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(a.st.ready, 1);
+    }
+  }
+  const unsigned long long t_ready = ps_moe_experts<BM>(a, smem);
+  if (t_ready) ps_prof(marks, PS_PROF_HEADERS, true, t_ready); /* the earliest CTA past its wait */
   ps_prof(marks, PS_PROF_EXPERTS, false);
   ps_moe_combine(a);
   __syncthreads();
@@ -519,7 +534,7 @@ __global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forwar
     for (int i = threadIdx.x; i < a.R * a.L; i += blockDim.x) a.st.scnt[i] = 0, a.st.sdone[i] = 0;
     for (int i = threadIdx.x; i < a.R; i += blockDim.x) a.st.dsent[i] = 0, a.st.rdone[i] = 0;
     for (int i = threadIdx.x; i < a.L; i += blockDim.x) a.st.g1done[i] = 0, a.st.g2done[i] = 0;
-    if (threadIdx.x == 0) *a.st.task = 0;
+    if (threadIdx.x == 0) *a.st.task = 0, *a.st.ready = 0;
     const unsigned long long fwd = ps_fwd(a);
     unsigned long long *next = a.prof + ((fwd + 1) & 1) * PS_PROF_N;
     if (threadIdx.x < PS_PROF_N)

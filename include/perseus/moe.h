@@ -78,7 +78,9 @@ typedef struct {
   double total_us;    /* kernel start to the last CTA's end */
   double route_us;    /* gate, top-k, slots: start to the last CTA done */
   double dispatch_us; /* until every row and header of ours was issued */
-  double wait_us;     /* until every peer's header was in (the last grid barrier) */
+  double wait_us;     /* until every peer's header was in and every CTA's rows out
+                       * (64-row tiles: the first CTA to see it, while its first
+                       * task's weights load) */
   double experts_us;  /* from there until the last expert task ended */
   double combine_us;  /* from there until the last token was combined */
   long long rows_out;       /* routed rows this rank sent (itself included) */
