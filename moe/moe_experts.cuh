@@ -294,9 +294,10 @@ __device__ unsigned long long ps_moe_experts(const ps_moe_args &a, char *smem)
     const int tk = task, j = tj, i = ti, mt = tmt, tiles = ttiles;
     __syncthreads();
     if (tk >= tall) {
-      if (threadIdx.x == 0) {
-        ps_prof_add(a, PS_PROF_EXPERTS_END, t_end - t0);
-        if (!seen) ps_wait_ready(a); /* the combine reads the offsets' tables */
+      if (threadIdx.x == 0) ps_prof_add(a, PS_PROF_EXPERTS_END, t_end - t0);
+      if (!seen) { /* the combine reads the offsets' tables */
+        if (threadIdx.x == 0) ps_wait_ready(a);
+        __syncthreads();
       }
       break;
     }

@@ -109,13 +109,13 @@ struct ps_moe_args {
 };
 
 /* Phase marks in global-timer ns: START is the earliest CTA's, HEADERS the
- * earliest to see every CTA past its dispatch and headers (ps_wait_ready),
- * the others the latest CTA's. The WAIT
- * slots are sums of ns spent waiting: expert tasks for their rows (per CTA),
- * GEMM2 tasks for their expert's GEMM1 (per CTA), combine for the returned
- * rows (per token); they tell idle time from weight streaming. The RUN
- * slots sum the tasks' working time, EXPERTS_END each CTA's span in the
- * experts phase: against the phase, the imbalance between CTAs. */
+ * earliest to see every CTA past its dispatch and headers (the header
+ * barrier, or ps_wait_ready), the others the latest CTA's. The WAIT slots
+ * are sums of ns spent waiting: expert tasks for their rows (per CTA), GEMM2
+ * tasks for their expert's GEMM1 (per CTA), combine for the returned rows
+ * (per token); they tell idle time from weight streaming. The RUN slots sum
+ * the tasks' working time, EXPERTS_END each CTA's span in the experts phase:
+ * against the phase, the imbalance between CTAs. */
 enum { PS_PROF_START, PS_PROF_ROUTE, PS_PROF_DISPATCH, PS_PROF_HEADERS, PS_PROF_EXPERTS,
        PS_PROF_COMBINE, PS_PROF_WAIT_ROWS, PS_PROF_WAIT_GEMM1, PS_PROF_WAIT_COMBINE,
        PS_PROF_WGMMA, /* 1 + whether the GEMMs ran on wgmma (0: no forward yet) */
