@@ -29,8 +29,11 @@ extern "C" {
 
 #define MT_MAX_ALIVE 8
 
+enum { MT_FAULT_NONE, MT_FAULT_CONFIG, MT_FAULT_HEADER, MT_FAULT_ALL };
+static const char *const mt_fault_names[] = {"none", "config", "header", "all"};
+
 struct mt_cfg {
-  int path, ngpus, iters, layers, alive, watchdog_s, graph;
+  int path, ngpus, iters, layers, alive, watchdog_s, graph, faults;
   perseus_moe_config_t mc;
   uint64_t seed;
 };
@@ -117,6 +120,83 @@ static perseus_moe_t *mt_layer(const mt_cfg *c, gc_world *w, const mt_host *h, i
   return m;
 }
 
+/* ---- -f: what the layer must refuse, on every rank, without hanging ----
+ * config: the last rank asks for 64 more max_tokens; every rank's create
+ * must refuse, naming the field. */
+static int mt_fault_config(const mt_cfg *c, gc_world *w, int rank)
+{
+  if (c->ngpus < 2) {
+    if (rank == 0) printf("fault config: skipped (one rank has no one to disagree with)\n");
+    return 0;
+  }
+  perseus_moe_config_t mc = c->mc;
+  if (rank == c->ngpus - 1) mc.max_tokens += 64;
+  perseus_moe_t *m = NULL;
+  gp_progress(NULL, -1, "fault config: perseus_moe_create with max_tokens %d", mc.max_tokens);
+  const ncclResult_t r = perseus_moe_create(w->comm, &mc, &m);
+  const char *why = perseus_moe_last_error();
+  const int bad = r != ncclInvalidUsage || m || !strstr(why, "max_tokens");
+  printf("rank %d: fault config: %s (%s: %s)\n", rank, bad ? "FAILED" : "ok", ncclGetErrorString(r), why);
+  if (m) perseus_moe_destroy(m);
+  return bad;
+}
+
+/* The test hook of moe.cu: the header this rank sends announces `count`
+ * rows for local expert j. */
+extern "C" void ps_moe_test_header(perseus_moe_t *m, int j, int count);
+
+/* header: rank 0's header to every destination is corrupt, three ways; each
+ * forward must finish, and every rank (each gets one) must then report it
+ * from the profile and refuse the next forward. Needs every peer on NVLink:
+ * a GIN peer that sent a bad header is not released (moe.h). */
+static int mt_fault_header(const mt_cfg *c, gc_world *w, const mt_host *h, int rank)
+{
+  if (c->ngpus > 1 && (c->path != TT_LSA || gp_sh->hosts)) {
+    if (rank == 0) printf("fault header: skipped (GIN peers are not released from a bad header)\n");
+    return 0;
+  }
+  const perseus_moe_config_t *mc = &c->mc;
+  const int T = mc->max_tokens, L = mc->experts / c->ngpus, P = T * (mc->topk < L ? mc->topk : L);
+  const struct { int j, count; const char *what; } cases[] = {
+      {0, P + 1, "one count past the region"},
+      {0, -1, "a negative count"},
+      {L - 1, P, "counts whose sum is past the region (the hot expert 0 has rows)"}};
+  const size_t H = mc->hidden;
+  uint16_t *x = mt_alloc((size_t)T * H);
+  mt_tokens(c, h, rank, 0, T, x);
+  void *d_x, *d_out;
+  GC_CUDA(cudaMalloc(&d_x, (size_t)T * H * 2), "x");
+  GC_CUDA(cudaMalloc(&d_out, (size_t)T * H * 2), "out");
+  GC_CUDA(cudaMemcpy(d_x, x, (size_t)T * H * 2, cudaMemcpyHostToDevice), "x");
+  int bad = 0;
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    perseus_moe_t *m = mt_layer(c, w, h, rank);
+    if (!m) gc_die(__FILE__, __LINE__, "fault header: perseus_moe_create refused");
+    if (rank == 0) ps_moe_test_header(m, cases[i].j, cases[i].count);
+    gp_progress(NULL, -1, "fault header: %s", cases[i].what);
+    if (perseus_moe_forward(m, d_x, d_out, T, w->stream) != ncclSuccess)
+      gc_die(__FILE__, __LINE__, "fault header: perseus_moe_forward: %s", perseus_moe_last_error());
+    gc_wait_stream(w, "fault header forward", NULL, NULL);
+    perseus_moe_profile_t pf;
+    char want[64], why[512];
+    snprintf(want, sizeof(want), "expert %d has %d rows", cases[i].j, cases[i].count);
+    const ncclResult_t r = perseus_moe_last_profile(m, &pf);
+    snprintf(why, sizeof(why), "%s", perseus_moe_last_error());
+    const ncclResult_t r2 = perseus_moe_forward(m, d_x, d_out, T, w->stream);
+    const int fail = r != ncclRemoteError || !strstr(why, "from rank 0") || !strstr(why, want) ||
+                     r2 != ncclRemoteError;
+    printf("rank %d: fault header, %s: %s (profile: %s: %s; next forward: %s)\n", rank,
+           cases[i].what, fail ? "FAILED" : "ok", ncclGetErrorString(r), why, ncclGetErrorString(r2));
+    bad += fail;
+    if (perseus_moe_destroy(m) != ncclSuccess)
+      gc_die(__FILE__, __LINE__, "perseus_moe_destroy: %s", perseus_moe_last_error());
+  }
+  GC_CUDA(cudaFree(d_x), "x");
+  GC_CUDA(cudaFree(d_out), "out");
+  free(x);
+  return bad;
+}
+
 static int mt_child(int rank, void *arg)
 {
   const mt_cfg *c = (const mt_cfg *)arg;
@@ -128,6 +208,15 @@ static int mt_child(int rank, void *arg)
   mt_host h;
   gp_progress(NULL, -1, "generating the weights");
   mt_weights(c, n, &h);
+  if (c->faults != MT_FAULT_NONE) { /* then the forwards below, on fresh layers */
+    int bad = 0;
+    if (c->faults == MT_FAULT_CONFIG || c->faults == MT_FAULT_ALL) bad += mt_fault_config(c, &w, rank);
+    if (c->faults == MT_FAULT_HEADER || c->faults == MT_FAULT_ALL) bad += mt_fault_header(c, &w, &h, rank);
+    if (bad) {
+      gp_sh->slot[rank].mismatches += bad;
+      return 1;
+    }
+  }
   perseus_moe_t *ms[MT_MAX_ALIVE];
   cudaGraphExec_t gx[MT_MAX_ALIVE] = {}; /* -G: each layer's captured forward */
   for (int i = 0; i < c->alive; i++)
@@ -299,6 +388,9 @@ static void usage(FILE *f)
     "  -G 0|1   every other pair of a layer's forwards replays a CUDA graph of it (default 0)\n"
     "  -s SEED  seed (default: from the clock; printed)\n"
     "  -w SEC   watchdog (default 120)\n"
+    "  -f NAME  first, what the layer must refuse without hanging: config (ranks that\n"
+    "           disagree on max_tokens; 2 ranks or more), header (a corrupt header from\n"
+    "           rank 0; NVLink peers only), all, or none (default)\n"
     "Exit status: 0 pass, 1 failure (also bad options), 77 no GPU or fewer than asked.\n",
     MT_MAX_ALIVE);
 }
@@ -311,7 +403,7 @@ int main(int argc, char **argv)
   c.mc.hidden = 256, c.mc.ffn = 128, c.mc.experts = 16, c.mc.topk = 4, c.mc.max_tokens = 64;
   c.mc.renormalize = 1;
   int opt, bad = 0;
-  while (!bad && (opt = getopt(argc, argv, "p:g:n:l:a:H:F:E:k:T:B:S:r:G:s:w:h")) != -1) {
+  while (!bad && (opt = getopt(argc, argv, "p:g:n:l:a:H:F:E:k:T:B:S:r:G:s:w:f:h")) != -1) {
     switch (opt) {
     case 'p':
       if (!strcmp(optarg, "lsa")) c.path = TT_LSA;
@@ -333,6 +425,11 @@ int main(int argc, char **argv)
     case 'G': bad = gp_parse_int(optarg, 0, 1, &c.graph); break;
     case 's': bad = gp_parse_seed(optarg, &c.seed); break;
     case 'w': bad = gp_parse_int(optarg, 1, 24 * 3600, &c.watchdog_s); break;
+    case 'f':
+      bad = 1;
+      for (int i = 0; i <= MT_FAULT_ALL; i++)
+        if (!strcmp(optarg, mt_fault_names[i])) c.faults = i, bad = 0;
+      break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 1;
     }
@@ -355,10 +452,11 @@ int main(int argc, char **argv)
     return 1;
   }
   printf("# perseus_moe_test: path %s, %d GPUs, seed %#" PRIx64 ", %d forwards on %d x %d layers, hidden "
-         "%d, ffn %d, experts %d, top-%d, up to %d tokens per rank, batch %d, GIN puts per %s, renormalize %d, graphs %d\n",
+         "%d, ffn %d, experts %d, top-%d, up to %d tokens per rank, batch %d, GIN puts per %s, renormalize %d, graphs %d, faults %s\n",
          tt_path_names[c.path], c.ngpus, c.seed, c.iters, c.layers, c.alive, c.mc.hidden, c.mc.ffn, c.mc.experts,
          c.mc.topk, c.mc.max_tokens, c.mc.batch,
-         c.mc.gin_per_expert ? "destination and expert" : "destination", c.mc.renormalize, c.graph);
+         c.mc.gin_per_expert ? "destination and expert" : "destination", c.mc.renormalize, c.graph,
+         mt_fault_names[c.faults]);
   int codes[GP_MAX_RANKS];
   double t0 = gp_now();
   int failed = gp_run(c.ngpus, 0, mt_child, &c, c.watchdog_s, "moe test", NULL, NULL, codes);

@@ -31,6 +31,7 @@ struct perseus_moe {
   ps_moe_args args; /* everything but the per-forward fields */
   void *dev;        /* one allocation: state, weights, activation */
   cudaEvent_t done; /* recorded behind each forward (in a captured graph too) */
+  ps_moe_fault *fault; /* host-mapped: a peer's header the kernel refused */
 };
 
 /* On failure: the reason (the call, its error, the context given as a
@@ -103,7 +104,7 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   size_t o_sdone = ps_take(&at, (size_t)R * L * sizeof(int)), o_rcnt = ps_take(&at, (size_t)R * L * sizeof(int));
   size_t o_roff = ps_take(&at, (size_t)R * L * sizeof(int)), o_g1 = ps_take(&at, (size_t)L * sizeof(int));
   size_t o_g2 = ps_take(&at, (size_t)L * sizeof(int)), o_task = ps_take(&at, sizeof(int));
-  size_t o_ready = ps_take(&at, sizeof(int));
+  size_t o_ready = ps_take(&at, sizeof(int)), o_fault = ps_take(&at, sizeof(int));
   size_t o_fwd = ps_take(&at, sizeof(unsigned long long));
   size_t o_tot = ps_take(&at, (size_t)L * R * sizeof(uint64_t)), o_totc = ps_take(&at, (size_t)R * sizeof(uint64_t));
   size_t o_totr = ps_take(&at, (size_t)R * sizeof(uint64_t)), o_dsent = ps_take(&at, (size_t)R * sizeof(int));
@@ -135,7 +136,7 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   s.scnt = (int *)(d + o_scnt), s.soff = (int *)(d + o_soff), s.sdone = (int *)(d + o_sdone);
   s.rcnt = (int *)(d + o_rcnt), s.roff = (int *)(d + o_roff);
   s.g1done = (int *)(d + o_g1), s.g2done = (int *)(d + o_g2), s.task = (int *)(d + o_task);
-  s.ready = (int *)(d + o_ready);
+  s.ready = (int *)(d + o_ready), s.fault = (int *)(d + o_fault);
   s.tot = (uint64_t *)(d + o_tot), s.tot_c = (uint64_t *)(d + o_totc), s.tot_r = (uint64_t *)(d + o_totr);
   s.dsent = (int *)(d + o_dsent), s.rsegs = (int *)(d + o_rsegs), s.rdone = (int *)(d + o_rdone);
   s.logits = (float *)(d + o_logits), s.topk_idx = (int32_t *)(d + o_idx);
@@ -274,11 +275,52 @@ static ncclResult_t ps_moe_zero_signals(perseus_moe *m)
   return rc;
 }
 
+/* Every rank's config valid and the same (ps_moe_agree_check), before any
+ * collective whose sizes come from it: ranks that disagree would register
+ * windows of different sizes and compute offsets in each other's windows
+ * from different layouts. A rank whose config is refused still takes part,
+ * so that every rank returns instead of waiting in a collective. */
+static ncclResult_t ps_moe_agree(perseus_moe *m)
+{
+  const int valid = perseus_moe_check_config(&m->cfg, m->nranks) == 0;
+  char why[512];
+  snprintf(why, sizeof(why), "%s", perseus_moe_last_error());
+  int64_t v[2 * PS_MOE_AGREE_FIELDS];
+  ps_moe_agree_pack(&m->cfg, valid, v);
+  void *d = NULL;
+  cudaStream_t s = NULL;
+  ncclResult_t rc = ncclSuccess;
+  cudaError_t ce = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (ce == cudaSuccess) ce = cudaMalloc(&d, sizeof(v));
+  if (ce == cudaSuccess) ce = cudaMemcpyAsync(d, v, sizeof(v), cudaMemcpyHostToDevice, s);
+  if (ce == cudaSuccess)
+    rc = ncclAllReduce(d, d, 2 * PS_MOE_AGREE_FIELDS, ncclInt64, ncclMax, m->comm, s);
+  if (ce == cudaSuccess && rc == ncclSuccess)
+    ce = cudaMemcpyAsync(v, d, sizeof(v), cudaMemcpyDeviceToHost, s);
+  if (ce == cudaSuccess && rc == ncclSuccess) ce = cudaStreamSynchronize(s);
+  if (d) cudaFree(d);
+  if (s) cudaStreamDestroy(s);
+  if (ce != cudaSuccess) {
+    ps_moe_set_error("comparing the config across ranks: %s", cudaGetErrorString(ce));
+    return ncclUnhandledCudaError;
+  }
+  if (rc != ncclSuccess) {
+    ps_moe_set_error("comparing the config across ranks: ncclAllReduce failed: %s (%s)",
+                     ncclGetErrorString(rc), ncclGetLastError(m->comm));
+    return rc;
+  }
+  if (!valid) {
+    ps_moe_set_error("%s", why);
+    return ncclInvalidArgument;
+  }
+  return ps_moe_agree_check(&m->cfg, m->nranks, v) ? ncclInvalidUsage : ncclSuccess;
+}
+
 static ncclResult_t ps_moe_setup(perseus_moe *m)
 {
   PS_MOE_NCCL(ncclCommCount(m->comm, &m->nranks), "comm %p", (void *)m->comm);
   PS_MOE_NCCL(ncclCommUserRank(m->comm, &m->rank), "comm %p", (void *)m->comm);
-  if (perseus_moe_check_config(&m->cfg, m->nranks)) return ncclInvalidArgument;
+  if (ncclResult_t rc = ps_moe_agree(m)) return rc;
   ps_moe_layout_t lay;
   if (ps_moe_layout(&m->cfg, m->nranks, &lay)) return ncclInvalidArgument;
   m->L = lay.local_experts;
@@ -303,6 +345,11 @@ static ncclResult_t ps_moe_setup(perseus_moe *m)
   if (rc == ncclSuccess) rc = ps_moe_zero_signals(m);
   if (rc != ncclSuccess) return rc;
   PS_MOE_CUDA(cudaEventCreateWithFlags(&m->done, cudaEventDisableTiming), "rank %d", m->rank);
+  PS_MOE_CUDA(cudaHostAlloc((void **)&m->fault, sizeof(ps_moe_fault), cudaHostAllocMapped),
+              "rank %d: %zu bytes of mapped host memory", m->rank, sizeof(ps_moe_fault));
+  memset((void *)m->fault, 0, sizeof(ps_moe_fault));
+  PS_MOE_CUDA(cudaHostGetDevicePointer((void **)&m->args.fault, m->fault, 0), "rank %d", m->rank);
+  m->args.test_hdr_j = -1;
   if (ps_moe_env_tile_rows(&m->tile_rows)) return ncclInvalidArgument;
   int dev = 0, sms = 0;
   PS_MOE_CUDA(cudaGetDevice(&dev), "rank %d", m->rank);
@@ -384,6 +431,28 @@ extern "C" ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_
   return ncclSuccess;
 }
 
+/* ncclRemoteError once a forward refused a peer's header (the kernel's
+ * ps_moe_headers): its rows were dropped, and the layer's cumulative
+ * counts no longer match that peer's. Read without waiting for the GPU. */
+static ncclResult_t ps_moe_fault_check(const perseus_moe *m)
+{
+  const ps_moe_fault *f = m->fault;
+  if (!f || !f->set) return ncclSuccess;
+  ps_moe_set_error("rank %d refused a header from rank %d: local expert %d has %d rows (%lld with the "
+                   "experts before it), at most %d are allowed from one source (max_tokens x "
+                   "min(topk, local experts)); its rows were dropped and this layer cannot run "
+                   "further forwards: destroy it (a peer with another layout, or corrupt memory)",
+                   m->rank, f->src, f->expert, f->count, f->rows, f->room);
+  return ncclRemoteError;
+}
+
+/* Tests only (not exported from libperseus_moe.so): the header this rank
+ * sends every destination announces `count` rows for local expert j. */
+extern "C" void ps_moe_test_header(perseus_moe_t *m, int j, int count)
+{
+  m->args.test_hdr_j = j, m->args.test_hdr_count = count;
+}
+
 extern "C" ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, void *out, int ntokens,
                                             cudaStream_t stream)
 {
@@ -393,6 +462,7 @@ extern "C" ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, voi
                      ntokens);
     return ncclInvalidArgument;
   }
+  if (ncclResult_t rc = ps_moe_fault_check(m)) return rc;
   if (ntokens < 0 || ntokens > m->cfg.max_tokens) {
     ps_moe_set_error("perseus_moe_forward: ntokens %d is outside 0..%d (max_tokens)", ntokens,
                      m->cfg.max_tokens);
@@ -487,7 +557,7 @@ extern "C" ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_p
   for (int i = 0; i < RL; i++) out->rows_out += cnt[RL + i];
   out->gemm_flops = 2.0 * (double)out->rows_in * 3.0 * m->cfg.hidden * m->cfg.ffn;
   free(cnt);
-  return ncclSuccess;
+  return ps_moe_fault_check(m);
 }
 
 extern "C" ncclResult_t perseus_moe_routing(perseus_moe_t *m, const int32_t **expert,
@@ -520,6 +590,7 @@ extern "C" ncclResult_t perseus_moe_destroy(perseus_moe_t *m)
   }
   if (m->dev) cudaFree(m->dev);
   if (m->done) cudaEventDestroy(m->done);
+  if (m->fault) cudaFreeHost(m->fault);
   free(m);
   return rc;
 }

@@ -215,3 +215,37 @@ int perseus_moe_check_config(const perseus_moe_config_t *cfg, int nranks) {
   ps_moe_layout_t l;
   return ps_moe_layout(cfg, nranks, &l);
 }
+
+/* --- agreement across ranks --- */
+
+static const char *const ps_moe_agree_names[PS_MOE_AGREE_FIELDS] = {
+    "hidden", "ffn", "experts", "topk", "max_tokens", "renormalize", "batch", "gin_per_expert",
+    "valid"};
+
+void ps_moe_agree_pack(const perseus_moe_config_t *cfg, int valid, int64_t out[2 * PS_MOE_AGREE_FIELDS]) {
+  const int v[PS_MOE_AGREE_FIELDS] = {cfg->hidden,     cfg->ffn,         cfg->experts,
+                                      cfg->topk,       cfg->max_tokens,  cfg->renormalize,
+                                      cfg->batch,      cfg->gin_per_expert, valid ? 1 : 0};
+  for (int i = 0; i < PS_MOE_AGREE_FIELDS; i++) out[i] = v[i], out[PS_MOE_AGREE_FIELDS + i] = -(int64_t)v[i];
+}
+
+int ps_moe_agree_check(const perseus_moe_config_t *cfg, int nranks, const int64_t maxed[2 * PS_MOE_AGREE_FIELDS]) {
+  const int valid = PS_MOE_AGREE_FIELDS - 1;
+  if (-maxed[PS_MOE_AGREE_FIELDS + valid] < 1) { /* some rank refused its config (its own error says why) */
+    ps_moe_set_error("another rank's config was refused (its perseus_moe_last_error() says why): "
+                     "the layer is created on every rank or on none");
+    return -1;
+  }
+  int64_t v[2 * PS_MOE_AGREE_FIELDS];
+  ps_moe_agree_pack(cfg, 1, v);
+  for (int i = 0; i < valid; i++) {
+    const int64_t lo = -maxed[PS_MOE_AGREE_FIELDS + i], hi = maxed[i];
+    if (lo != hi) {
+      ps_moe_set_error("ranks disagree on the config: %s is %" PRId64 " here and ranges over %" PRId64
+                       "..%" PRId64 " across the %d ranks (every rank must create the layer with the "
+                       "same config)", ps_moe_agree_names[i], v[i], lo, hi, nranks);
+      return -1;
+    }
+  }
+  return 0;
+}

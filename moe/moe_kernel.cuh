@@ -73,6 +73,7 @@ struct ps_moe_state {
   int *g2done;        /* [L] GEMM2 tasks done */
   int *task;          /* next task of the queue */
   int *ready;         /* CTAs past their dispatch and headers: the experts' rows are known */
+  int *fault;         /* sticky: a peer's header was refused (ps_moe_headers); never reset */
   uint64_t *tot;      /* [L][R] cumulative tiles expected from src on expert handle */
   uint64_t *tot_c;    /* [R] cumulative returns expected from a GIN dst */
   uint64_t *tot_r;    /* [R] cumulative row puts expected from a GIN src (rows handle) */
@@ -84,6 +85,16 @@ struct ps_moe_state {
   perseus_batch_handle *hexp; /* [L] one handle per local expert */
   unsigned long long *fwd;    /* forwards completed: advanced by the kernel, so that a
                                * forward replayed from a CUDA graph counts too */
+};
+
+/* The first header a source sent that does not fit its region (its rows
+ * were dropped): in mapped host memory, so that the host reads it without
+ * waiting for a forward; `set` is written last. */
+struct ps_moe_fault {
+  int src, expert, count; /* the source, the expert whose count broke the bound, its count */
+  int room;               /* the most rows one source may send (P) */
+  long long rows;         /* rows of the source's experts up to that one */
+  volatile int set;
 };
 
 struct ps_moe_args {
@@ -106,6 +117,8 @@ struct ps_moe_args {
    * half, cleared at f's end, is f + 1's); the running forward's sums
    * (ps_prof_add) in the third part, cleared at its start */
   unsigned long long *prof;
+  ps_moe_fault *fault; /* host-mapped (ps_moe_headers) */
+  int test_hdr_j, test_hdr_count; /* tests: the count we announce for local expert j (-1: none) */
 };
 
 /* Phase marks in global-timer ns: START is the earliest CTA's, HEADERS the
@@ -364,7 +377,8 @@ __device__ void ps_moe_offsets(const ps_moe_args &a, int dst, int lane, const in
   int segs = 0;
   for (int j0 = 0; j0 < a.L; j0 += 32) {
     const int j = j0 + lane, c = j < a.L ? cnt[dst * a.L + j] : 0;
-    if (j < a.L) a.st.soff[dst * a.L + j] = off[dst * a.L + j], hdr[j] = c;
+    if (j < a.L)
+      a.st.soff[dst * a.L + j] = off[dst * a.L + j], hdr[j] = j == a.test_hdr_j ? a.test_hdr_count : c;
     segs += __popc(__ballot_sync(0xffffffffu, c > 0));
   }
   /* a GIN peer returns one put per segment or all at once; an LSA peer
@@ -442,25 +456,59 @@ __device__ void ps_moe_dispatch(const ps_moe_args &a, const int *scnt, const int
   }
 }
 
-/* ---- headers in (a warp per source) --------------------------------------- */
+/* ---- headers in (a warp per source) ---------------------------------------
+ * A source's header is untrusted: every count in 0..P and their sum at most
+ * P (its region of our receive window), or its rows are dropped (counted as
+ * none), the first such header is reported to the host (ps_moe_fault, which
+ * makes the layer refuse further forwards), and an LSA source gets its done
+ * marks at once, so that its combine does not wait for rows we will not
+ * compute. A GIN source that sent one may wait for our results until its
+ * watchdog: nothing tells it what we dropped. */
+__device__ void ps_moe_header_fault(const ps_moe_args &a, int src, int lane, int j, int c, long long rows)
+{
+  if (lane == 0 && atomicCAS(a.st.fault, 0, 1) == 0) {
+    a.fault->src = src, a.fault->expert = j, a.fault->count = c, a.fault->room = a.P;
+    a.fault->rows = rows;
+    __threadfence_system();
+    a.fault->set = 1;
+  }
+  const int l = perseus_lsa_index(a.dc, src);
+  for (int i = lane; l >= 0 && i < a.L; i += 32) {
+    uint64_t *done = (uint64_t *)ncclGetLsaPointer(
+        a.win, a.off_done + ((size_t)a.dc.rank * a.L + i) * sizeof(uint64_t), l);
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(done), "l"(ps_fwd(a) + 1) : "memory");
+  }
+}
+
 __device__ void ps_moe_headers(const ps_moe_args &a, int src, int lane)
 {
   perseus_recv(a.dc, a.hctl).wait(src, ps_fwd(a) + 1); /* every lane: each acquires */
   const volatile int *hdr =
       (const volatile int *)ncclGetLocalPointer(a.win, a.off_hdr_in + (size_t)src * a.L * sizeof(int));
   int base = 0, segs = 0;
-  for (int j0 = 0; j0 < a.L; j0 += 32) {
-    int j = j0 + lane, c = j < a.L ? hdr[j] : 0;
-    int incl = ps_warp_scan(c, lane);
+  bool bad = false;
+  for (int j0 = 0; j0 < a.L && !bad; j0 += 32) { /* each count read once; base <= P throughout */
+    const int j = j0 + lane, c = j < a.L ? hdr[j] : 0, cc = c < 0 || c > a.P ? 0 : c;
+    const int incl = ps_warp_scan(cc, lane); /* < 33 P: no overflow */
+    const unsigned over = __ballot_sync(0xffffffffu, j < a.L && (cc != c || base + incl > a.P));
+    if (over) {
+      const int f = __ffs(over) - 1, cf = __shfl_sync(0xffffffffu, c, f);
+      const long long before = base + (long long)__shfl_sync(0xffffffffu, incl - cc, f);
+      ps_moe_header_fault(a, src, lane, j0 + f, cf, before + cf);
+      bad = true;
+    }
+    if (j < a.L) a.st.rcnt[src * a.L + j] = cc, a.st.roff[src * a.L + j] = base + incl - cc;
+    base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  for (int j0 = 0; j0 < a.L; j0 += 32) { /* a lane reads back only the counts it wrote */
+    const int j = j0 + lane, c = j < a.L && !bad ? a.st.rcnt[src * a.L + j] : 0;
     if (j < a.L) {
-      a.st.rcnt[src * a.L + j] = c;
-      a.st.roff[src * a.L + j] = base + incl - c;
+      if (bad) a.st.rcnt[src * a.L + j] = 0, a.st.roff[src * a.L + j] = 0;
       a.st.tot[j * a.R + src] += ps_seg_tiles(a, src, c);
     }
-    base += __shfl_sync(0xffffffffu, incl, 31);
     segs += __popc(__ballot_sync(0xffffffffu, c > 0));
   }
-  if (lane == 0 && ps_gin_whole(a, src)) { /* its rows in one put; ours back in one */
+  if (lane == 0 && ps_gin_whole(a, src) && !bad) { /* its rows in one put; ours back in one */
     a.st.rsegs[src] = segs;
     if (base > 0) a.st.tot_r[src] += 1;
   }

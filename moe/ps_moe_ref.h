@@ -58,6 +58,19 @@ typedef struct {
  * Does not apply the other limits of perseus_moe_check_config. */
 int ps_moe_layout(const perseus_moe_config_t *cfg, int nranks, ps_moe_layout_t *out);
 
+/* --- agreement across ranks (moe_config.c) ---
+ * perseus_moe_create packs each rank's config and whether it passed
+ * perseus_moe_check_config into v, -v (PS_MOE_AGREE_FIELDS each), takes the
+ * element-wise maximum over the ranks (one all-reduce: both the maximum and
+ * the minimum of every field), and checks the result: 0 when every rank's
+ * config is valid and the same, else -1 with the field, this rank's value
+ * and the range across the ranks in the error. Every rank reaches the same
+ * verdict, so none goes on into a collective that the others left. */
+#define PS_MOE_AGREE_FIELDS 9
+void ps_moe_agree_pack(const perseus_moe_config_t *cfg, int valid, int64_t out[2 * PS_MOE_AGREE_FIELDS]);
+int ps_moe_agree_check(const perseus_moe_config_t *cfg, int nranks,
+                       const int64_t maxed[2 * PS_MOE_AGREE_FIELDS]);
+
 /* --- GEMM tile rows (moe_config.c) ---
  * PERSEUS_MOE_TILE_ROWS: 0 (automatic), 64 or 128; -1 with the variable
  * named in the error if it holds anything else. */

@@ -10,7 +10,9 @@
 # per destination (the default) and, in one more 4-rank run, per
 # (destination, expert) segment (-S 1). Two more runs mix launched forwards
 # with forwards replayed from CUDA graphs (-G 1): over LSA on every GPU, and
-# 2 ranks over GIN. Run from the repository root of a
+# 2 ranks over GIN. The LSA runs and the shared-GPU GIN runs start with
+# what the layer must refuse without hanging (-f: ranks that disagree on
+# the config, a corrupt header from a peer). Run from the repository root of a
 # tree built elsewhere and carried over:
 #
 #   scripts/gpu-moe.sh [LOGDIR [BUILDDIR]]     (defaults: ./moe-logs, $PERSEUS_BUILD_DIR or build)
@@ -58,7 +60,7 @@ counts="1"
 [ "$ngpus" -ge 4 ] && counts="$counts 4"
 for g in $counts; do
   # shellcheck disable=SC2086  # MOE_TEST_ARGS is a list of options
-  run "moe_test-g$g-lsa" "$TEST_BIN" -g "$g" -p lsa ${MOE_TEST_ARGS:-}
+  run "moe_test-g$g-lsa" "$TEST_BIN" -g "$g" -p lsa -f all ${MOE_TEST_ARGS:-}
   if [ "$g" -ge 2 ]; then
     # shellcheck disable=SC2086
     run "moe_test-g$g-gin" "$TEST_BIN" -g "$g" -p gin ${MOE_TEST_ARGS:-}
@@ -69,7 +71,7 @@ done
 for g in 2 4; do
   if [ "$ngpus" -lt "$g" ]; then
     # shellcheck disable=SC2086
-    PERSEUS_TEST_HOSTS=$g run "moe_test-g$g-gin-shared" "$TEST_BIN" -g "$g" -p gin \
+    PERSEUS_TEST_HOSTS=$g run "moe_test-g$g-gin-shared" "$TEST_BIN" -g "$g" -p gin -f config \
       ${MOE_TEST_ARGS:-}
   fi
 done

@@ -34,7 +34,9 @@ extern "C" {
 typedef struct perseus_moe perseus_moe_t;
 
 /* Collective over `comm` (every rank calls it with the same config): checks
- * the config (an impossible one is refused naming the value), allocates the
+ * the config (an impossible one is refused naming the value) and that every
+ * rank passed the same one (a difference is refused on every rank, naming
+ * the field and its range across the ranks: ncclInvalidUsage), allocates the
  * symmetric windows and the device communicator on the current CUDA device.
  * Same-node peers are reached by NVLink stores, the others by ncclGin; then
  * it also zeroes its GIN signals (NCCL may hand it a destroyed devcomm's,
@@ -61,7 +63,15 @@ ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_t *gate, co
  * (stream capture): each launch of that graph is then a forward of its own
  * (x, out and ntokens as captured), in the collective order like any other,
  * and launched and replayed forwards of a layer may be mixed. The layer
- * counts its forwards on the GPU. */
+ * counts its forwards on the GPU.
+ * A peer's header (its row count per expert of ours) is checked on the GPU:
+ * one that does not fit that peer's region of our receive window (max_tokens
+ * x min(topk, local experts) rows) has its rows dropped, and from then on
+ * this call and perseus_moe_last_profile return ncclRemoteError naming the
+ * peer and the count: the layer must be destroyed. An NVLink peer that sent
+ * one is released (its combine finishes, on stale rows); a GIN peer may
+ * wait for our results until its own watchdog. A CUDA graph replay is not
+ * stopped by it. */
 ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, void *out, int ntokens,
                                  cudaStream_t stream);
 
@@ -73,7 +83,8 @@ ncclResult_t perseus_moe_routing(perseus_moe_t *m, const int32_t **expert, const
 /* Where the last forward's time went, from the GPU's global timer (phase
  * ends are the latest CTA's, so phases may overlap their neighbours), and
  * what it moved. Waits for that forward (the last one enqueued, launched or
- * replayed from a graph) to complete. */
+ * replayed from a graph) to complete; ncclRemoteError (the profile filled
+ * in) once a peer's header was refused (perseus_moe_forward). */
 typedef struct {
   double total_us;    /* kernel start to the last CTA's end */
   double route_us;    /* gate, top-k, slots: start to the last CTA done */
