@@ -29,8 +29,8 @@ extern "C" {
 
 #define MT_MAX_ALIVE 8
 
-enum { MT_FAULT_NONE, MT_FAULT_CONFIG, MT_FAULT_HEADER, MT_FAULT_ALL };
-static const char *const mt_fault_names[] = {"none", "config", "header", "all"};
+enum { MT_FAULT_NONE, MT_FAULT_CONFIG, MT_FAULT_HEADER, MT_FAULT_TIMEOUT, MT_FAULT_ABORT, MT_FAULT_ALL };
+static const char *const mt_fault_names[] = {"none", "config", "header", "timeout", "abort", "all"};
 
 struct mt_cfg {
   int path, ngpus, iters, layers, alive, watchdog_s, graph, faults;
@@ -120,82 +120,7 @@ static perseus_moe_t *mt_layer(const mt_cfg *c, gc_world *w, const mt_host *h, i
   return m;
 }
 
-/* ---- -f: what the layer must refuse, on every rank, without hanging ----
- * config: the last rank asks for 64 more max_tokens; every rank's create
- * must refuse, naming the field. */
-static int mt_fault_config(const mt_cfg *c, gc_world *w, int rank)
-{
-  if (c->ngpus < 2) {
-    if (rank == 0) printf("fault config: skipped (one rank has no one to disagree with)\n");
-    return 0;
-  }
-  perseus_moe_config_t mc = c->mc;
-  if (rank == c->ngpus - 1) mc.max_tokens += 64;
-  perseus_moe_t *m = NULL;
-  gp_progress(NULL, -1, "fault config: perseus_moe_create with max_tokens %d", mc.max_tokens);
-  const ncclResult_t r = perseus_moe_create(w->comm, &mc, &m);
-  const char *why = perseus_moe_last_error();
-  const int bad = r != ncclInvalidUsage || m || !strstr(why, "max_tokens");
-  printf("rank %d: fault config: %s (%s: %s)\n", rank, bad ? "FAILED" : "ok", ncclGetErrorString(r), why);
-  if (m) perseus_moe_destroy(m);
-  return bad;
-}
-
-/* The test hook of moe.cu: the header this rank sends announces `count`
- * rows for local expert j. */
-extern "C" void ps_moe_test_header(perseus_moe_t *m, int j, int count);
-
-/* header: rank 0's header to every destination is corrupt, three ways; each
- * forward must finish, and every rank (each gets one) must then report it
- * from the profile and refuse the next forward. Needs every peer on NVLink:
- * a GIN peer that sent a bad header is not released (moe.h). */
-static int mt_fault_header(const mt_cfg *c, gc_world *w, const mt_host *h, int rank)
-{
-  if (c->ngpus > 1 && (c->path != TT_LSA || gp_sh->hosts)) {
-    if (rank == 0) printf("fault header: skipped (GIN peers are not released from a bad header)\n");
-    return 0;
-  }
-  const perseus_moe_config_t *mc = &c->mc;
-  const int T = mc->max_tokens, L = mc->experts / c->ngpus, P = T * (mc->topk < L ? mc->topk : L);
-  const struct { int j, count; const char *what; } cases[] = {
-      {0, P + 1, "one count past the region"},
-      {0, -1, "a negative count"},
-      {L - 1, P, "counts whose sum is past the region (the hot expert 0 has rows)"}};
-  const size_t H = mc->hidden;
-  uint16_t *x = mt_alloc((size_t)T * H);
-  mt_tokens(c, h, rank, 0, T, x);
-  void *d_x, *d_out;
-  GC_CUDA(cudaMalloc(&d_x, (size_t)T * H * 2), "x");
-  GC_CUDA(cudaMalloc(&d_out, (size_t)T * H * 2), "out");
-  GC_CUDA(cudaMemcpy(d_x, x, (size_t)T * H * 2, cudaMemcpyHostToDevice), "x");
-  int bad = 0;
-  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    perseus_moe_t *m = mt_layer(c, w, h, rank);
-    if (!m) gc_die(__FILE__, __LINE__, "fault header: perseus_moe_create refused");
-    if (rank == 0) ps_moe_test_header(m, cases[i].j, cases[i].count);
-    gp_progress(NULL, -1, "fault header: %s", cases[i].what);
-    if (perseus_moe_forward(m, d_x, d_out, T, w->stream) != ncclSuccess)
-      gc_die(__FILE__, __LINE__, "fault header: perseus_moe_forward: %s", perseus_moe_last_error());
-    gc_wait_stream(w, "fault header forward", NULL, NULL);
-    perseus_moe_profile_t pf;
-    char want[64], why[512];
-    snprintf(want, sizeof(want), "expert %d has %d rows", cases[i].j, cases[i].count);
-    const ncclResult_t r = perseus_moe_last_profile(m, &pf);
-    snprintf(why, sizeof(why), "%s", perseus_moe_last_error());
-    const ncclResult_t r2 = perseus_moe_forward(m, d_x, d_out, T, w->stream);
-    const int fail = r != ncclRemoteError || !strstr(why, "from rank 0") || !strstr(why, want) ||
-                     r2 != ncclRemoteError;
-    printf("rank %d: fault header, %s: %s (profile: %s: %s; next forward: %s)\n", rank,
-           cases[i].what, fail ? "FAILED" : "ok", ncclGetErrorString(r), why, ncclGetErrorString(r2));
-    bad += fail;
-    if (perseus_moe_destroy(m) != ncclSuccess)
-      gc_die(__FILE__, __LINE__, "perseus_moe_destroy: %s", perseus_moe_last_error());
-  }
-  GC_CUDA(cudaFree(d_x), "x");
-  GC_CUDA(cudaFree(d_out), "out");
-  free(x);
-  return bad;
-}
+#include "moe_faults.cuh" /* -f */
 
 static int mt_child(int rank, void *arg)
 {
@@ -209,9 +134,7 @@ static int mt_child(int rank, void *arg)
   gp_progress(NULL, -1, "generating the weights");
   mt_weights(c, n, &h);
   if (c->faults != MT_FAULT_NONE) { /* then the forwards below, on fresh layers */
-    int bad = 0;
-    if (c->faults == MT_FAULT_CONFIG || c->faults == MT_FAULT_ALL) bad += mt_fault_config(c, &w, rank);
-    if (c->faults == MT_FAULT_HEADER || c->faults == MT_FAULT_ALL) bad += mt_fault_header(c, &w, &h, rank);
+    const int bad = mt_faults(c, &w, &h, rank);
     if (bad) {
       gp_sh->slot[rank].mismatches += bad;
       return 1;
@@ -388,9 +311,10 @@ static void usage(FILE *f)
     "  -G 0|1   every other pair of a layer's forwards replays a CUDA graph of it (default 0)\n"
     "  -s SEED  seed (default: from the clock; printed)\n"
     "  -w SEC   watchdog (default 120)\n"
-    "  -f NAME  first, what the layer must refuse without hanging: config (ranks that\n"
-    "           disagree on max_tokens; 2 ranks or more), header (a corrupt header from\n"
-    "           rank 0; NVLink peers only), all, or none (default)\n"
+    "  -f NAME  first, what the layer must refuse without hanging (moe_faults.cuh):\n"
+    "           config (ranks that disagree on max_tokens; 2 ranks or more), header (a\n"
+    "           corrupt header from rank 0; NVLink peers only), timeout or abort (rank 0\n"
+    "           withholds its header), all, or none (default)\n"
     "Exit status: 0 pass, 1 failure (also bad options), 77 no GPU or fewer than asked.\n",
     MT_MAX_ALIVE);
 }

@@ -1,62 +1,12 @@
 /* moe.cu: the host side of perseus' fused MoE layer (include/perseus/moe.h):
  * windows, device communicator, weights, and the cooperative launch of the
  * persistent forward kernel (moe_kernel.cuh). */
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
 #include "moe_kernel.cuh"
-#include "perseus/moe.h"
-
-extern "C" {
-#include "ps_moe_ref.h"
-}
+#include "ps_moe_layer.h"
 
 /* The dispatch's segment table (2 x R x L = 2 x E ints) lives in the
  * kernel's dynamic shared memory. */
 static_assert(2 * PS_MOE_MAX_EXPERTS * sizeof(int) <= PS_MOE_SMEM(64), "segment table fits");
-
-struct perseus_moe {
-  ncclComm_t comm;
-  perseus_moe_config_t cfg;
-  int rank, nranks, L, P, gin;
-  int grid[2];     /* CTAs of the forward kernel with 64- and 128-row GEMM tiles */
-  int tile_rows;   /* PERSEUS_MOE_TILE_ROWS (0: by the rows per expert) */
-  ncclDevComm dc;
-  int have_dc;
-  void *win_ptr;
-  ncclWindow_t win;
-  size_t win_bytes;
-  ps_moe_args args; /* everything but the per-forward fields */
-  void *dev;        /* one allocation: state, weights, activation */
-  cudaEvent_t done; /* recorded behind each forward (in a captured graph too) */
-  ps_moe_fault *fault; /* host-mapped: a peer's header the kernel refused */
-};
-
-/* On failure: the reason (the call, its error, the context given as a
- * format and arguments) into perseus_moe_last_error(), and return. */
-#define PS_MOE_CUDA(call, ...)                                                                    \
-  do {                                                                                            \
-    cudaError_t e_ = (call);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
-      char ctx_[256];                                                                             \
-      snprintf(ctx_, sizeof(ctx_), __VA_ARGS__);                                                  \
-      ps_moe_set_error("%s failed: %s (%s)", #call, cudaGetErrorString(e_), ctx_);               \
-      return ncclUnhandledCudaError;                                                              \
-    }                                                                                             \
-  } while (0)
-
-#define PS_MOE_NCCL(call, ...)                                                                    \
-  do {                                                                                            \
-    ncclResult_t r_ = (call);                                                                     \
-    if (r_ != ncclSuccess) {                                                                      \
-      char ctx_[256];                                                                             \
-      snprintf(ctx_, sizeof(ctx_), __VA_ARGS__);                                                  \
-      ps_moe_set_error("%s failed: %s (%s)", #call, ncclGetErrorString(r_), ctx_);               \
-      return r_;                                                                                  \
-    }                                                                                             \
-  } while (0)
 
 /* The forward kernel with 64-row (i = 0) or 128-row (1) GEMM tiles. */
 static const void *ps_moe_kernel(int i)
@@ -275,47 +225,6 @@ static ncclResult_t ps_moe_zero_signals(perseus_moe *m)
   return rc;
 }
 
-/* Every rank's config valid and the same (ps_moe_agree_check), before any
- * collective whose sizes come from it: ranks that disagree would register
- * windows of different sizes and compute offsets in each other's windows
- * from different layouts. A rank whose config is refused still takes part,
- * so that every rank returns instead of waiting in a collective. */
-static ncclResult_t ps_moe_agree(perseus_moe *m)
-{
-  const int valid = perseus_moe_check_config(&m->cfg, m->nranks) == 0;
-  char why[512];
-  snprintf(why, sizeof(why), "%s", perseus_moe_last_error());
-  int64_t v[2 * PS_MOE_AGREE_FIELDS];
-  ps_moe_agree_pack(&m->cfg, valid, v);
-  void *d = NULL;
-  cudaStream_t s = NULL;
-  ncclResult_t rc = ncclSuccess;
-  cudaError_t ce = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  if (ce == cudaSuccess) ce = cudaMalloc(&d, sizeof(v));
-  if (ce == cudaSuccess) ce = cudaMemcpyAsync(d, v, sizeof(v), cudaMemcpyHostToDevice, s);
-  if (ce == cudaSuccess)
-    rc = ncclAllReduce(d, d, 2 * PS_MOE_AGREE_FIELDS, ncclInt64, ncclMax, m->comm, s);
-  if (ce == cudaSuccess && rc == ncclSuccess)
-    ce = cudaMemcpyAsync(v, d, sizeof(v), cudaMemcpyDeviceToHost, s);
-  if (ce == cudaSuccess && rc == ncclSuccess) ce = cudaStreamSynchronize(s);
-  if (d) cudaFree(d);
-  if (s) cudaStreamDestroy(s);
-  if (ce != cudaSuccess) {
-    ps_moe_set_error("comparing the config across ranks: %s", cudaGetErrorString(ce));
-    return ncclUnhandledCudaError;
-  }
-  if (rc != ncclSuccess) {
-    ps_moe_set_error("comparing the config across ranks: ncclAllReduce failed: %s (%s)",
-                     ncclGetErrorString(rc), ncclGetLastError(m->comm));
-    return rc;
-  }
-  if (!valid) {
-    ps_moe_set_error("%s", why);
-    return ncclInvalidArgument;
-  }
-  return ps_moe_agree_check(&m->cfg, m->nranks, v) ? ncclInvalidUsage : ncclSuccess;
-}
-
 static ncclResult_t ps_moe_setup(perseus_moe *m)
 {
   PS_MOE_NCCL(ncclCommCount(m->comm, &m->nranks), "comm %p", (void *)m->comm);
@@ -345,11 +254,7 @@ static ncclResult_t ps_moe_setup(perseus_moe *m)
   if (rc == ncclSuccess) rc = ps_moe_zero_signals(m);
   if (rc != ncclSuccess) return rc;
   PS_MOE_CUDA(cudaEventCreateWithFlags(&m->done, cudaEventDisableTiming), "rank %d", m->rank);
-  PS_MOE_CUDA(cudaHostAlloc((void **)&m->fault, sizeof(ps_moe_fault), cudaHostAllocMapped),
-              "rank %d: %zu bytes of mapped host memory", m->rank, sizeof(ps_moe_fault));
-  memset((void *)m->fault, 0, sizeof(ps_moe_fault));
-  PS_MOE_CUDA(cudaHostGetDevicePointer((void **)&m->args.fault, m->fault, 0), "rank %d", m->rank);
-  m->args.test_hdr_j = -1;
+  if ((rc = ps_moe_ctl_create(m)) != ncclSuccess) return rc;
   if (ps_moe_env_tile_rows(&m->tile_rows)) return ncclInvalidArgument;
   int dev = 0, sms = 0;
   PS_MOE_CUDA(cudaGetDevice(&dev), "rank %d", m->rank);
@@ -431,28 +336,6 @@ extern "C" ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_
   return ncclSuccess;
 }
 
-/* ncclRemoteError once a forward refused a peer's header (the kernel's
- * ps_moe_headers): its rows were dropped, and the layer's cumulative
- * counts no longer match that peer's. Read without waiting for the GPU. */
-static ncclResult_t ps_moe_fault_check(const perseus_moe *m)
-{
-  const ps_moe_fault *f = m->fault;
-  if (!f || !f->set) return ncclSuccess;
-  ps_moe_set_error("rank %d refused a header from rank %d: local expert %d has %d rows (%lld with the "
-                   "experts before it), at most %d are allowed from one source (max_tokens x "
-                   "min(topk, local experts)); its rows were dropped and this layer cannot run "
-                   "further forwards: destroy it (a peer with another layout, or corrupt memory)",
-                   m->rank, f->src, f->expert, f->count, f->rows, f->room);
-  return ncclRemoteError;
-}
-
-/* Tests only (not exported from libperseus_moe.so): the header this rank
- * sends every destination announces `count` rows for local expert j. */
-extern "C" void ps_moe_test_header(perseus_moe_t *m, int j, int count)
-{
-  m->args.test_hdr_j = j, m->args.test_hdr_count = count;
-}
-
 extern "C" ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, void *out, int ntokens,
                                             cudaStream_t stream)
 {
@@ -501,77 +384,6 @@ extern "C" ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, voi
   return ncclSuccess;
 }
 
-extern "C" ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_profile_t *out)
-{
-  ps_moe_clear_error();
-  if (!m || !out) {
-    ps_moe_set_error("perseus_moe_last_profile: a NULL argument");
-    return ncclInvalidArgument;
-  }
-  memset(out, 0, sizeof(*out));
-  PS_MOE_CUDA(cudaEventSynchronize(m->done), "the last forward");
-  unsigned long long fwd = 0; /* forwards completed, replays of a graph included */
-  PS_MOE_CUDA(cudaMemcpy(&fwd, m->args.st.fwd, sizeof(fwd), cudaMemcpyDeviceToHost), "the count");
-  if (fwd == 0) return ncclSuccess;
-  const int RL = m->nranks * m->L;
-  unsigned long long prof[3 * PS_PROF_N]; /* both halves and the sums, in one copy */
-  const unsigned long long *t = prof + ((fwd - 1) & 1) * PS_PROF_N, *sums = prof + PS_PROF_SUMS;
-  int *cnt = (int *)malloc(2 * (size_t)RL * sizeof(int));
-  if (!cnt) {
-    ps_moe_set_error("perseus_moe_last_profile: out of host memory");
-    return ncclSystemError;
-  }
-  cudaError_t e = cudaMemcpy(prof, m->args.prof, sizeof(prof), cudaMemcpyDeviceToHost);
-  if (e == cudaSuccess)
-    e = cudaMemcpy(cnt, m->args.st.rcnt, RL * sizeof(int), cudaMemcpyDeviceToHost);
-  if (e == cudaSuccess) /* what we sent: the headers we wrote */
-    e = cudaMemcpy(cnt + RL, (char *)m->win_ptr + m->args.off_hdr_out, RL * sizeof(int),
-                   cudaMemcpyDeviceToHost);
-  if (e != cudaSuccess) {
-    free(cnt);
-    PS_MOE_CUDA(e, "reading the profile");
-  }
-  auto us = [&](int a, int b) { return t[b] > t[a] ? (double)(t[b] - t[a]) / 1e3 : 0.0; };
-  out->total_us = us(PS_PROF_START, PS_PROF_COMBINE);
-  out->route_us = us(PS_PROF_START, PS_PROF_ROUTE);
-  out->dispatch_us = us(PS_PROF_ROUTE, PS_PROF_DISPATCH);
-  out->wait_us = us(PS_PROF_DISPATCH, PS_PROF_HEADERS);
-  out->experts_us = us(PS_PROF_HEADERS, PS_PROF_EXPERTS);
-  out->combine_us = us(PS_PROF_EXPERTS, PS_PROF_COMBINE);
-  const int grid = t[PS_PROF_GRID] ? (int)t[PS_PROF_GRID] : 1, tokens = (int)t[PS_PROF_TOKENS];
-  out->wait_rows_us = (double)sums[PS_PROF_WAIT_ROWS] / 1e3 / grid;
-  out->wait_gemm1_us = (double)sums[PS_PROF_WAIT_GEMM1] / 1e3 / grid;
-  out->wait_combine_us = tokens ? (double)sums[PS_PROF_WAIT_COMBINE] / 1e3 / tokens : 0;
-  out->run_gemm1_us = (double)sums[PS_PROF_RUN_GEMM1] / 1e3 / grid;
-  out->run_gemm2_us = (double)sums[PS_PROF_RUN_GEMM2] / 1e3 / grid;
-  out->experts_end_us = (double)sums[PS_PROF_EXPERTS_END] / 1e3 / grid;
-  out->grid = grid;
-  out->tile_rows = (int)t[PS_PROF_TILE_ROWS];
-  out->wgmma = t[PS_PROF_WGMMA] == 2;
-  for (int j = 0; j < m->L; j++) {
-    long long rows = 0;
-    for (int s = 0; s < m->nranks; s++) rows += cnt[s * m->L + j];
-    out->rows_in += rows;
-    out->active_experts += rows > 0;
-  }
-  for (int i = 0; i < RL; i++) out->rows_out += cnt[RL + i];
-  out->gemm_flops = 2.0 * (double)out->rows_in * 3.0 * m->cfg.hidden * m->cfg.ffn;
-  free(cnt);
-  return ps_moe_fault_check(m);
-}
-
-extern "C" ncclResult_t perseus_moe_routing(perseus_moe_t *m, const int32_t **expert,
-                                            const float **weight)
-{
-  ps_moe_clear_error();
-  if (!m || !expert || !weight) {
-    ps_moe_set_error("perseus_moe_routing: a NULL argument");
-    return ncclInvalidArgument;
-  }
-  *expert = m->args.st.topk_idx, *weight = m->args.st.topk_w;
-  return ncclSuccess;
-}
-
 extern "C" ncclResult_t perseus_moe_destroy(perseus_moe_t *m)
 {
   if (!m) return ncclSuccess;
@@ -590,7 +402,7 @@ extern "C" ncclResult_t perseus_moe_destroy(perseus_moe_t *m)
   }
   if (m->dev) cudaFree(m->dev);
   if (m->done) cudaEventDestroy(m->done);
-  if (m->fault) cudaFreeHost(m->fault);
+  if (m->ctl) cudaFreeHost(m->ctl);
   free(m);
   return rc;
 }

@@ -1,6 +1,7 @@
 /* perseus MoE: the per-thread error, config checks and the device buffer
  * layout. Plain C11; the GPU side calls these before it allocates. */
 #include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -52,6 +53,22 @@ int ps_moe_env_tile_rows(int *out) {
     return -1;
   }
   *out = (int)n;
+  return 0;
+}
+
+int ps_moe_env_timeout_ms(long long *out) {
+  const char *v = getenv("PERSEUS_MOE_TIMEOUT_MS");
+  *out = PS_MOE_DEFAULT_TIMEOUT_MS;
+  if (!v || !*v) return 0;
+  char *end;
+  errno = 0;
+  long long n = strtoll(v, &end, 10);
+  if (!isdigit((unsigned char)v[0]) || *end || errno || n > PS_MOE_MAX_TIMEOUT_MS) {
+    ps_moe_set_error("PERSEUS_MOE_TIMEOUT_MS '%s': expected milliseconds in 0..%lld (0: wait forever)",
+                     v, (long long)PS_MOE_MAX_TIMEOUT_MS);
+    return -1;
+  }
+  *out = n;
   return 0;
 }
 

@@ -95,8 +95,10 @@ __device__ void ps_expert_gemm1(const ps_moe_args &a, int j, int n0, int mt, cha
         }
         for (int s = threadIdx.x; s < a.R; s += blockDim.x) {
           if (s == a.dc.rank || a.st.rcnt[s * a.L + j] == 0) continue;
-          if (ps_gin_whole(a, s)) perseus_recv(a.dc, a.hrows).wait(s, a.st.tot_r[s]);
-          else perseus_recv(a.dc, a.st.hexp[j]).wait(s, a.st.tot[j * a.R + s]);
+          const bool whole = ps_gin_whole(a, s);
+          const perseus_recv rv(a.dc, whole ? a.hrows : a.st.hexp[j]);
+          const uint64_t want = whole ? a.st.tot_r[s] : a.st.tot[j * a.R + s];
+          ps_moe_wait(a, PS_MOE_WAIT_ROWS, s, [&] { return rv.poll(s, want); }); /* else garbage */
         }
         __syncthreads();
         waited = ps_now_ns() - t0;
@@ -357,11 +359,15 @@ __device__ void ps_moe_combine(const ps_moe_args &a)
       if (perseus_lsa_index(a.dc, dst) >= 0) { /* its mark, set by dst (ps_expert_return) */
         const uint64_t *done = (const uint64_t *)ncclGetLocalPointer(
             a.win, a.off_done + ((size_t)dst * a.L + j) * sizeof(uint64_t));
-        uint64_t v;
-        do asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(done) : "memory");
-        while (v < ps_fwd(a) + 1);
+        const unsigned long long want = ps_fwd(a) + 1;
+        ps_moe_wait(a, PS_MOE_WAIT_RESULTS, dst, [&] {
+          uint64_t v;
+          asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(done) : "memory");
+          return v >= want;
+        });
       } else { /* a GIN destination: everything it returns */
-        rv.wait(dst, a.st.tot_c[dst]);
+        const uint64_t want = a.st.tot_c[dst];
+        ps_moe_wait(a, PS_MOE_WAIT_RESULTS, dst, [&] { return rv.poll(dst, want); });
       }
     }
     __syncwarp();

@@ -51,91 +51,13 @@
 #include <nccl.h>
 #include <nccl_device.h>
 
+#include "moe_args.h"
 #include "moe_gemm.cuh"
-#include "perseus/device.cuh"
-#include "perseus/moe_config.h"
 
 #define PS_MOE_THREADS PS_GEMM_THREADS
 #define PS_MOE_SMEM(BM) PS_GEMM_SMEM(BM)
 
-typedef __nv_bfloat16 ps_bf16;
 
-/* Per-forward counters (zeroed at the end of each forward) and cumulative
- * state, in plain device memory; R ranks, L local experts. */
-struct ps_moe_state {
-  int *scnt;          /* [R][L] rows this rank sends to (dst, expert) */
-  int *soff;          /* [R][L] their offset in dst's receive region for us */
-  int *sdone;         /* [R][L] rows put so far (last one closes the segment) */
-  int *dsent;         /* [R] rows gathered for a GIN destination (last one puts them) */
-  int *rsegs, *rdone; /* [R] experts with rows from a GIN source, and those returned */
-  int *rcnt, *roff;   /* [R][L] rows from (src, expert) and their offset */
-  int *g1done;        /* [L] GEMM1 tiles done */
-  int *g2done;        /* [L] GEMM2 tasks done */
-  int *task;          /* next task of the queue */
-  int *ready;         /* CTAs past their dispatch and headers: the experts' rows are known */
-  int *fault;         /* sticky: a peer's header was refused (ps_moe_headers); never reset */
-  uint64_t *tot;      /* [L][R] cumulative tiles expected from src on expert handle */
-  uint64_t *tot_c;    /* [R] cumulative returns expected from a GIN dst */
-  uint64_t *tot_r;    /* [R] cumulative row puts expected from a GIN src (rows handle) */
-  float *logits;      /* [T][E] */
-  int32_t *topk_idx;  /* [T][k] */
-  float *topk_w;      /* [T][k] */
-  int32_t *slot;      /* [T][k] row within its segment */
-  int32_t *self_tok;  /* [P] the token of each row we route to ourselves (they stay in x) */
-  perseus_batch_handle *hexp; /* [L] one handle per local expert */
-  unsigned long long *fwd;    /* forwards completed: advanced by the kernel, so that a
-                               * forward replayed from a CUDA graph counts too */
-};
-
-/* The first header a source sent that does not fit its region (its rows
- * were dropped): in mapped host memory, so that the host reads it without
- * waiting for a forward; `set` is written last. */
-struct ps_moe_fault {
-  int src, expert, count; /* the source, the expert whose count broke the bound, its count */
-  int room;               /* the most rows one source may send (P) */
-  long long rows;         /* rows of the source's experts up to that one */
-  volatile int set;
-};
-
-struct ps_moe_args {
-  ncclDevComm dc;
-  ncclWindow_t win;
-  perseus_batch_handle hctl, hcomb, hrows; /* hrows: a GIN destination's rows in one put */
-  ps_moe_state st;
-  const ps_bf16 *gate, *w1, *w3, *w2; /* [E][H]; [L][F][H] x2; [L][H][F] */
-  CUtensorMap tm_w1, tm_w3, tm_w2;    /* the same as 2-D tensors of 64 x 64 boxes (TMA) */
-  ps_bf16 *act;                       /* [R*P][F] */
-  const ps_bf16 *x;                   /* user input [T][H] */
-  ps_bf16 *out;                       /* user output [T][H] */
-  /* window layout, byte offsets */
-  size_t off_recv, off_send, off_comb, off_y, off_hdr_out, off_hdr_in;
-  size_t off_done; /* [R][L] u64: forwards whose results of expert j rank d stored here (LSA) */
-  int H, F, E, L, k, R, P, T, renorm, batch;
-  int gin_per_expert; /* GIN rows: one put per (peer, expert) segment instead of per peer */
-  int gate_kc; /* hidden elements per gate task (split-K) */
-  /* [3][PS_PROF_N]: forward f's marks and shape in half f % 2 (the other
-   * half, cleared at f's end, is f + 1's); the running forward's sums
-   * (ps_prof_add) in the third part, cleared at its start */
-  unsigned long long *prof;
-  ps_moe_fault *fault; /* host-mapped (ps_moe_headers) */
-  int test_hdr_j, test_hdr_count; /* tests: the count we announce for local expert j (-1: none) */
-};
-
-/* Phase marks in global-timer ns: START is the earliest CTA's, HEADERS the
- * earliest to see every CTA past its dispatch and headers (the header
- * barrier, or ps_wait_ready), the others the latest CTA's. The WAIT slots
- * are sums of ns spent waiting: expert tasks for their rows (per CTA), GEMM2
- * tasks for their expert's GEMM1 (per CTA), combine for the returned rows
- * (per token); they tell idle time from weight streaming. The RUN slots sum
- * the tasks' working time, EXPERTS_END each CTA's span in the experts phase:
- * against the phase, the imbalance between CTAs. */
-enum { PS_PROF_START, PS_PROF_ROUTE, PS_PROF_DISPATCH, PS_PROF_HEADERS, PS_PROF_EXPERTS,
-       PS_PROF_COMBINE, PS_PROF_WAIT_ROWS, PS_PROF_WAIT_GEMM1, PS_PROF_WAIT_COMBINE,
-       PS_PROF_WGMMA, /* 1 + whether the GEMMs ran on wgmma (0: no forward yet) */
-       PS_PROF_RUN_GEMM1, PS_PROF_RUN_GEMM2, /* ns in GEMM1 / GEMM2 tasks past their waits, per CTA */
-       PS_PROF_EXPERTS_END, /* ns from a CTA's first task claim to the end of its last task, per CTA */
-       PS_PROF_TOKENS, PS_PROF_TILE_ROWS, PS_PROF_GRID, /* the forward's shape */
-       PS_PROF_N };
 
 /* The forward's index (forwards before it): the count in device memory,
  * which only CTA 0 changes, once every read of it in this forward is done
@@ -166,7 +88,6 @@ __device__ __forceinline__ void ps_prof(unsigned long long *marks, int slot, boo
 /* Adds ns to one of the sums (WAIT, RUN, EXPERTS_END) of this forward, at
  * a fixed address: tasks add to them, and looking up the forward's half
  * there cost prefill about 0.7%. */
-#define PS_PROF_SUMS (2 * PS_PROF_N)
 __device__ __forceinline__ void ps_prof_add(const ps_moe_args &a, int slot, unsigned long long ns)
 {
   atomicAdd(a.prof + PS_PROF_SUMS + slot, ns);
@@ -386,7 +307,7 @@ __device__ void ps_moe_offsets(const ps_moe_args &a, int dst, int lane, const in
   if (lane == 0 && perseus_lsa_index(a.dc, dst) < 0)
     a.st.tot_c[dst] += (uint64_t)(ps_gin_whole(a, dst) ? segs > 0 : segs);
   __syncwarp(); /* the header, written by every lane */
-  if (lane == 0) { /* to dst: one tile, one signal */
+  if (lane == 0 && !a.test_hdr_skip) { /* to dst: one tile, one signal */
     if (perseus_lsa_index(a.dc, dst) < 0) __threadfence_system(); /* for the proxy's read */
     perseus_batch(a.dc, a.hctl, 1)
         .put(ncclCoopThread(), dst, a.win, a.off_hdr_in + (size_t)a.dc.rank * a.L * sizeof(int),
@@ -456,64 +377,7 @@ __device__ void ps_moe_dispatch(const ps_moe_args &a, const int *scnt, const int
   }
 }
 
-/* ---- headers in (a warp per source) ---------------------------------------
- * A source's header is untrusted: every count in 0..P and their sum at most
- * P (its region of our receive window), or its rows are dropped (counted as
- * none), the first such header is reported to the host (ps_moe_fault, which
- * makes the layer refuse further forwards), and an LSA source gets its done
- * marks at once, so that its combine does not wait for rows we will not
- * compute. A GIN source that sent one may wait for our results until its
- * watchdog: nothing tells it what we dropped. */
-__device__ void ps_moe_header_fault(const ps_moe_args &a, int src, int lane, int j, int c, long long rows)
-{
-  if (lane == 0 && atomicCAS(a.st.fault, 0, 1) == 0) {
-    a.fault->src = src, a.fault->expert = j, a.fault->count = c, a.fault->room = a.P;
-    a.fault->rows = rows;
-    __threadfence_system();
-    a.fault->set = 1;
-  }
-  const int l = perseus_lsa_index(a.dc, src);
-  for (int i = lane; l >= 0 && i < a.L; i += 32) {
-    uint64_t *done = (uint64_t *)ncclGetLsaPointer(
-        a.win, a.off_done + ((size_t)a.dc.rank * a.L + i) * sizeof(uint64_t), l);
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(done), "l"(ps_fwd(a) + 1) : "memory");
-  }
-}
-
-__device__ void ps_moe_headers(const ps_moe_args &a, int src, int lane)
-{
-  perseus_recv(a.dc, a.hctl).wait(src, ps_fwd(a) + 1); /* every lane: each acquires */
-  const volatile int *hdr =
-      (const volatile int *)ncclGetLocalPointer(a.win, a.off_hdr_in + (size_t)src * a.L * sizeof(int));
-  int base = 0, segs = 0;
-  bool bad = false;
-  for (int j0 = 0; j0 < a.L && !bad; j0 += 32) { /* each count read once; base <= P throughout */
-    const int j = j0 + lane, c = j < a.L ? hdr[j] : 0, cc = c < 0 || c > a.P ? 0 : c;
-    const int incl = ps_warp_scan(cc, lane); /* < 33 P: no overflow */
-    const unsigned over = __ballot_sync(0xffffffffu, j < a.L && (cc != c || base + incl > a.P));
-    if (over) {
-      const int f = __ffs(over) - 1, cf = __shfl_sync(0xffffffffu, c, f);
-      const long long before = base + (long long)__shfl_sync(0xffffffffu, incl - cc, f);
-      ps_moe_header_fault(a, src, lane, j0 + f, cf, before + cf);
-      bad = true;
-    }
-    if (j < a.L) a.st.rcnt[src * a.L + j] = cc, a.st.roff[src * a.L + j] = base + incl - cc;
-    base += __shfl_sync(0xffffffffu, incl, 31);
-  }
-  for (int j0 = 0; j0 < a.L; j0 += 32) { /* a lane reads back only the counts it wrote */
-    const int j = j0 + lane, c = j < a.L && !bad ? a.st.rcnt[src * a.L + j] : 0;
-    if (j < a.L) {
-      if (bad) a.st.rcnt[src * a.L + j] = 0, a.st.roff[src * a.L + j] = 0;
-      a.st.tot[j * a.R + src] += ps_seg_tiles(a, src, c);
-    }
-    segs += __popc(__ballot_sync(0xffffffffu, c > 0));
-  }
-  if (lane == 0 && ps_gin_whole(a, src) && !bad) { /* its rows in one put; ours back in one */
-    a.st.rsegs[src] = segs;
-    if (base > 0) a.st.tot_r[src] += 1;
-  }
-}
-
+#include "moe_peers.cuh"
 #include "moe_experts.cuh"
 
 #ifndef PS_MOE_MIN_CTAS

@@ -75,6 +75,13 @@ int ps_moe_agree_check(const perseus_moe_config_t *cfg, int nranks,
  * PERSEUS_MOE_TILE_ROWS: 0 (automatic), 64 or 128; -1 with the variable
  * named in the error if it holds anything else. */
 int ps_moe_env_tile_rows(int *out);
+/* PERSEUS_MOE_TIMEOUT_MS: how long a forward waits for a peer's header,
+ * rows or results before the layer fails (0: forever); the default when
+ * unset or empty, -1 with the variable named in the error when it is not a
+ * number of milliseconds in 0..PS_MOE_MAX_TIMEOUT_MS. */
+#define PS_MOE_DEFAULT_TIMEOUT_MS 600000LL /* 10 minutes: PyTorch's default for a collective */
+#define PS_MOE_MAX_TIMEOUT_MS (7LL * 24 * 3600 * 1000)
+int ps_moe_env_timeout_ms(long long *out);
 /* The tile rows a forward uses: `forced` if non-zero, else 128 once the
  * rows an expert gets on average (ntokens * topk * nranks / experts, every
  * rank taken to have ntokens) reach 48, so that a tile reads the weights for

@@ -11,8 +11,10 @@
 # (destination, expert) segment (-S 1). Two more runs mix launched forwards
 # with forwards replayed from CUDA graphs (-G 1): over LSA on every GPU, and
 # 2 ranks over GIN. The LSA runs and the shared-GPU GIN runs start with
-# what the layer must refuse without hanging (-f: ranks that disagree on
-# the config, a corrupt header from a peer). Run from the repository root of a
+# what the layer must refuse without hanging (-f all: ranks that disagree
+# on the config, a corrupt header from a peer, a peer's withheld header
+# ended by PERSEUS_MOE_TIMEOUT_MS and by perseus_moe_abort). Run from the
+# repository root of a
 # tree built elsewhere and carried over:
 #
 #   scripts/gpu-moe.sh [LOGDIR [BUILDDIR]]     (defaults: ./moe-logs, $PERSEUS_BUILD_DIR or build)
@@ -71,7 +73,7 @@ done
 for g in 2 4; do
   if [ "$ngpus" -lt "$g" ]; then
     # shellcheck disable=SC2086
-    PERSEUS_TEST_HOSTS=$g run "moe_test-g$g-gin-shared" "$TEST_BIN" -g "$g" -p gin -f config \
+    PERSEUS_TEST_HOSTS=$g run "moe_test-g$g-gin-shared" "$TEST_BIN" -g "$g" -p gin -f all \
       ${MOE_TEST_ARGS:-}
   fi
 done

@@ -64,14 +64,24 @@ ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_t *gate, co
  * (x, out and ntokens as captured), in the collective order like any other,
  * and launched and replayed forwards of a layer may be mixed. The layer
  * counts its forwards on the GPU.
- * A peer's header (its row count per expert of ours) is checked on the GPU:
- * one that does not fit that peer's region of our receive window (max_tokens
- * x min(topk, local experts) rows) has its rows dropped, and from then on
- * this call and perseus_moe_last_profile return ncclRemoteError naming the
- * peer and the count: the layer must be destroyed. An NVLink peer that sent
- * one is released (its combine finishes, on stale rows); a GIN peer may
- * wait for our results until its own watchdog. A CUDA graph replay is not
- * stopped by it. */
+ *
+ * Faults. The layer fails, and from then on this call and
+ * perseus_moe_last_profile return ncclRemoteError with the reason, when a
+ * forward
+ *   - gets a header (a peer's row count per expert of ours) that does not
+ *     fit that peer's region of our receive window (max_tokens x min(topk,
+ *     local experts) rows): its rows are dropped; an NVLink peer is
+ *     released (its combine ends, on stale rows), a GIN peer is not told;
+ *   - waits longer than PERSEUS_MOE_TIMEOUT_MS (README; default 10 minutes,
+ *     0: forever) for a peer's header, rows or results;
+ *   - is aborted by perseus_moe_abort.
+ * A failed forward's kernel still ends (every wait gives up, the output is
+ * not valid), and forwards already enqueued or replayed behind it end
+ * without waiting. The layer must then be destroyed. Peers that did not
+ * fail may still put into its window after its forward ended (results of
+ * rows that arrived): destroying it before their forwards end can make the
+ * communicator report that put as an error; treat the communicator as NCCL
+ * does after its own errors. */
 ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, void *out, int ntokens,
                                  cudaStream_t stream);
 
@@ -114,6 +124,13 @@ typedef struct {
 } perseus_moe_profile_t;
 
 ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_profile_t *out);
+
+/* Makes the layer's running and later forwards stop waiting for peers, as
+ * a timeout would (perseus_moe_forward): for a peer that died or hangs,
+ * without waiting for PERSEUS_MOE_TIMEOUT_MS. Any thread, any time (it
+ * sets a flag in host memory the kernel polls); the layer is failed from
+ * then on. Not collective. */
+ncclResult_t perseus_moe_abort(perseus_moe_t *m);
 
 /* Frees everything (collective: windows are deregistered). NULL is fine. */
 ncclResult_t perseus_moe_destroy(perseus_moe_t *m);

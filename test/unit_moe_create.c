@@ -1,6 +1,7 @@
-/* Unit test of the config agreement perseus_moe_create runs across ranks
- * (moe_config.c: ps_moe_agree_pack, ps_moe_agree_check), with the
- * all-reduce (an element-wise maximum) done here over simulated ranks.
+/* Unit tests of what perseus_moe_create decides before it allocates
+ * (moe_config.c): the config's agreement across ranks (ps_moe_agree_pack,
+ * ps_moe_agree_check; the all-reduce, an element-wise maximum, done here
+ * over simulated ranks) and PERSEUS_MOE_TIMEOUT_MS.
  * Exit: 0 pass, 1 fail. */
 #include <stdint.h>
 #include <stdio.h>
@@ -102,12 +103,37 @@ static void test_extremes(void) {
   EXPECT(agree(c, valid, 2, why, sizeof why) == 2, "equal extremes refused: %s", why);
 }
 
+static void test_timeout_env(void) {
+  const struct {
+    const char *v;
+    long long want;
+  } good[] = {{NULL, PS_MOE_DEFAULT_TIMEOUT_MS}, {"", PS_MOE_DEFAULT_TIMEOUT_MS}, {"0", 0},
+              {"1", 1}, {"2500", 2500}, {"604800000", PS_MOE_MAX_TIMEOUT_MS}};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    if (good[i].v) setenv("PERSEUS_MOE_TIMEOUT_MS", good[i].v, 1);
+    else unsetenv("PERSEUS_MOE_TIMEOUT_MS");
+    long long v = -5;
+    EXPECT(ps_moe_env_timeout_ms(&v) == 0 && v == good[i].want, "PERSEUS_MOE_TIMEOUT_MS '%s': %lld, want %lld",
+           good[i].v ? good[i].v : "(unset)", v, good[i].want);
+  }
+  const char *bad[] = {"-1", "x", "10s", "604800001", "99999999999999999999", " 5"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("PERSEUS_MOE_TIMEOUT_MS", bad[i], 1);
+    long long v = -5;
+    EXPECT(ps_moe_env_timeout_ms(&v) == -1, "PERSEUS_MOE_TIMEOUT_MS '%s' accepted (%lld)", bad[i], v);
+    EXPECT(strstr(perseus_moe_last_error(), "PERSEUS_MOE_TIMEOUT_MS") && strstr(perseus_moe_last_error(), bad[i]),
+           "error '%s' names neither the variable nor '%s'", perseus_moe_last_error(), bad[i]);
+  }
+  unsetenv("PERSEUS_MOE_TIMEOUT_MS");
+}
+
 int main(void) {
   if (!getenv("PS_UNIT_VERBOSE")) setenv("NCCL_DEBUG", "NONE", 1);
   test_same();
   test_each_field();
   test_invalid_rank();
   test_extremes();
-  printf("unit_moe_agree: %d checks, %d failed: %s\n", checks, failures, failures ? "FAIL" : "ok");
+  test_timeout_env();
+  printf("unit_moe_create: %d checks, %d failed: %s\n", checks, failures, failures ? "FAIL" : "ok");
   return failures ? 1 : 0;
 }

@@ -1,0 +1,145 @@
+/* moe_faults.cuh: perseus_moe_test -f, what the layer must refuse, on every
+ * rank, without hanging (included by moe_test.cu after its helpers):
+ *   config   the last rank asks for 64 more max_tokens: every rank's create
+ *            must refuse, naming the field (2 ranks or more);
+ *   header   rank 0's header to every destination is corrupt, three ways
+ *            (a count past the region, a negative count, counts whose sum
+ *            is past it); NVLink peers only: a GIN peer that sent a bad
+ *            header is not released (moe.h);
+ *   timeout  rank 0 withholds its header: every rank's forward must end by
+ *            PERSEUS_MOE_TIMEOUT_MS (1 s here);
+ *   abort    the same without a timeout: ended by perseus_moe_abort from
+ *            another thread after 300 ms.
+ * In the last three every rank's forward must end (the watchdog catches a
+ * hang), its profile must then report the fault (ncclRemoteError, the reason
+ * named) and the next forward must be refused. */
+#ifndef MT_MOE_FAULTS_CUH
+#define MT_MOE_FAULTS_CUH
+
+#include <pthread.h>
+#include <unistd.h>
+
+/* The test hook of moe_status.cu: the header this rank sends announces
+ * `count` rows for local expert j (j >= 0), or is not sent (send 0). */
+extern "C" void ps_moe_test_header(perseus_moe_t *m, int j, int count, int send);
+
+static int mt_fault_config(const mt_cfg *c, gc_world *w, int rank)
+{
+  if (c->ngpus < 2) {
+    if (rank == 0) printf("fault config: skipped (one rank has no one to disagree with)\n");
+    return 0;
+  }
+  perseus_moe_config_t mc = c->mc;
+  if (rank == c->ngpus - 1) mc.max_tokens += 64;
+  perseus_moe_t *m = NULL;
+  gp_progress(NULL, -1, "fault config: perseus_moe_create with max_tokens %d", mc.max_tokens);
+  const ncclResult_t r = perseus_moe_create(w->comm, &mc, &m);
+  const char *why = perseus_moe_last_error();
+  const int bad = r != ncclInvalidUsage || m || !strstr(why, "max_tokens");
+  printf("rank %d: fault config: %s (%s: %s)\n", rank, bad ? "FAILED" : "ok", ncclGetErrorString(r), why);
+  if (m) perseus_moe_destroy(m);
+  return bad;
+}
+
+struct mt_fault_case {
+  const char *what;
+  int j, count, send; /* rank 0's header (ps_moe_test_header) */
+  const char *timeout_ms; /* PERSEUS_MOE_TIMEOUT_MS of the layer (NULL: the default) */
+  int abort_ms;           /* > 0: perseus_moe_abort from another thread after it */
+  char want[64];          /* in the profile's reason */
+};
+
+struct mt_aborter {
+  perseus_moe_t *m;
+  int ms;
+};
+
+static void *mt_abort_later(void *arg)
+{
+  const mt_aborter *a = (const mt_aborter *)arg;
+  usleep((useconds_t)a->ms * 1000);
+  if (perseus_moe_abort(a->m) != ncclSuccess)
+    gc_die(__FILE__, __LINE__, "perseus_moe_abort: %s", perseus_moe_last_error());
+  return NULL;
+}
+
+/* One case on a fresh layer: its forward must end, then be reported. */
+static int mt_fault_forward(const mt_cfg *c, gc_world *w, const mt_host *h, int rank,
+                            const mt_fault_case *fc, void *d_x, void *d_out)
+{
+  const int T = c->mc.max_tokens;
+  if (fc->timeout_ms) setenv("PERSEUS_MOE_TIMEOUT_MS", fc->timeout_ms, 1);
+  perseus_moe_t *m = mt_layer(c, w, h, rank);
+  unsetenv("PERSEUS_MOE_TIMEOUT_MS");
+  if (!m) gc_die(__FILE__, __LINE__, "fault %s: perseus_moe_create refused", fc->what);
+  if (rank == 0) ps_moe_test_header(m, fc->j, fc->count, fc->send);
+  gp_progress(NULL, -1, "fault: %s", fc->what);
+  const double t0 = gp_now();
+  if (perseus_moe_forward(m, d_x, d_out, T, w->stream) != ncclSuccess)
+    gc_die(__FILE__, __LINE__, "fault %s: perseus_moe_forward: %s", fc->what, perseus_moe_last_error());
+  pthread_t th;
+  mt_aborter ab = {m, fc->abort_ms};
+  if (fc->abort_ms > 0 && pthread_create(&th, NULL, mt_abort_later, &ab))
+    gc_die(__FILE__, __LINE__, "pthread_create failed");
+  gc_wait_stream(w, "fault forward", NULL, NULL);
+  if (fc->abort_ms > 0) pthread_join(th, NULL);
+  const double took = gp_now() - t0;
+  perseus_moe_profile_t pf;
+  char why[512];
+  const ncclResult_t r = perseus_moe_last_profile(m, &pf);
+  snprintf(why, sizeof(why), "%s", perseus_moe_last_error());
+  const ncclResult_t r2 = perseus_moe_forward(m, d_x, d_out, T, w->stream);
+  const int fail = r != ncclRemoteError || !strstr(why, fc->want) || r2 != ncclRemoteError;
+  printf("rank %d: fault %s: %s after %.2f s (profile: %s: %s; next forward: %s)\n", rank, fc->what,
+         fail ? "FAILED" : "ok", took, ncclGetErrorString(r), why, ncclGetErrorString(r2));
+  /* A rank that gave up ends its forward while a peer may still put into
+   * its window (rank 0 returns results once its own wait gave up): the
+   * windows go only once every rank's forward ended and those puts landed,
+   * or the communicator reports the put into a deregistered window (moe.h) */
+  if (gp_barrier(c->ngpus)) _exit(1);
+  usleep(200 * 1000);
+  if (perseus_moe_destroy(m) != ncclSuccess)
+    gc_die(__FILE__, __LINE__, "perseus_moe_destroy: %s", perseus_moe_last_error());
+  return fail;
+}
+
+static int mt_faults(const mt_cfg *c, gc_world *w, const mt_host *h, int rank)
+{
+  const int f = c->faults, all = f == MT_FAULT_ALL;
+  int bad = 0;
+  if (f == MT_FAULT_CONFIG || all) bad += mt_fault_config(c, w, rank);
+  const perseus_moe_config_t *mc = &c->mc;
+  const int T = mc->max_tokens, L = mc->experts / c->ngpus, P = T * (mc->topk < L ? mc->topk : L);
+  mt_fault_case cs[5];
+  int n = 0;
+  if (f == MT_FAULT_HEADER || all) {
+    if (c->ngpus > 1 && (c->path != TT_LSA || gp_sh->hosts)) {
+      if (rank == 0) printf("fault header: skipped (GIN peers are not released from a bad header)\n");
+    } else {
+      cs[n++] = {"header: one count past the region", 0, P + 1, 1, NULL, 0, ""};
+      cs[n++] = {"header: a negative count", 0, -1, 1, NULL, 0, ""};
+      /* the hot expert 0 has rows, so the sum up to the last expert is past P */
+      cs[n++] = {"header: counts whose sum is past the region", L - 1, P, 1, NULL, 0, ""};
+      for (int i = n - 3; i < n; i++)
+        snprintf(cs[i].want, sizeof(cs[i].want), "expert %d has %d rows", cs[i].j, cs[i].count);
+    }
+  }
+  if (f == MT_FAULT_TIMEOUT || all)
+    cs[n++] = {"timeout: rank 0 withholds its header", -1, 0, 0, "1000", 0, "waited 1000 ms"};
+  if (f == MT_FAULT_ABORT || all)
+    cs[n++] = {"abort: rank 0 withholds its header", -1, 0, 0, "0", 300, "aborted"};
+  const size_t H = mc->hidden;
+  uint16_t *x = mt_alloc((size_t)T * H);
+  mt_tokens(c, h, rank, 0, T, x);
+  void *d_x, *d_out;
+  GC_CUDA(cudaMalloc(&d_x, (size_t)T * H * 2), "x");
+  GC_CUDA(cudaMalloc(&d_out, (size_t)T * H * 2), "out");
+  GC_CUDA(cudaMemcpy(d_x, x, (size_t)T * H * 2, cudaMemcpyHostToDevice), "x");
+  for (int i = 0; i < n; i++) bad += mt_fault_forward(c, w, h, rank, &cs[i], d_x, d_out);
+  GC_CUDA(cudaFree(d_x), "x");
+  GC_CUDA(cudaFree(d_out), "out");
+  free(x);
+  return bad;
+}
+
+#endif

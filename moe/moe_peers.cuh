@@ -1,0 +1,109 @@
+/* moe_peers.cuh: what the fused MoE kernel waits for from its peers, and
+ * what it checks of what they send (included by moe_kernel.cuh).
+ *
+ * Every wait for a peer (its header, its rows, its results) ends when the
+ * data is there, when the layer has failed (a fault of any CTA, in this
+ * forward or an earlier one), when the host aborts the layer
+ * (perseus_moe_abort), or after PERSEUS_MOE_TIMEOUT_MS. In the last three
+ * the CTA goes on without the data, so that every CTA still reaches the
+ * grid barriers and the kernel ends; the forward's output is then garbage,
+ * and the host reports the first fault (perseus_moe_forward and
+ * perseus_moe_last_profile return ncclRemoteError). A fault is sticky: the
+ * kernels of forwards already enqueued behind it stop waiting at once. */
+#ifndef PS_MOE_PEERS_CUH
+#define PS_MOE_PEERS_CUH
+
+/* Records the layer's first fault (any thread; later ones are dropped). */
+__device__ void ps_moe_fail(const ps_moe_args &a, int kind, int peer, int what, int expert = 0,
+                            int count = 0, long long rows = 0)
+{
+  if (atomicCAS(a.st.fault, 0, kind) != 0) return;
+  ps_moe_ctl *c = a.ctl;
+  c->kind = kind, c->peer = peer, c->what = what, c->expert = expert, c->count = count;
+  c->room = a.P, c->rows = rows;
+  __threadfence_system();
+  c->set = 1;
+}
+
+/* Spins until ready() holds (ready acquires what it checks): true; false
+ * when the layer failed, was aborted or the wait timed out (see above).
+ * The fault word is read every 32 polls, the host's abort and the clock
+ * every 1024, so a wait that is met at once costs nothing more. */
+template <typename Ready>
+__device__ bool ps_moe_wait(const ps_moe_args &a, int what, int peer, Ready ready)
+{
+  unsigned long long t0 = 0;
+  for (unsigned n = 0;; n++) {
+    if (ready()) return true;
+    if (n % 32 != 31) continue;
+    if (*(volatile int *)a.st.fault) return false;
+    if (n % 1024 != 1023) continue;
+    if (a.ctl->abort) {
+      ps_moe_fail(a, PS_MOE_FAULT_ABORT, peer, what);
+      return false;
+    }
+    const unsigned long long now = ps_now_ns();
+    if (!t0) t0 = now;
+    else if (a.timeout_ns && now - t0 > a.timeout_ns) {
+      ps_moe_fail(a, PS_MOE_FAULT_TIMEOUT, peer, what);
+      return false;
+    }
+  }
+}
+
+/* ---- headers in (a warp per source) ---------------------------------------
+ * A source's header is untrusted: every count in 0..P and their sum at most
+ * P (its region of our receive window). Otherwise, or when it did not come,
+ * its rows are dropped (counted as none), a bad header is the layer's fault,
+ * and an LSA source gets its done marks at once, so that its combine does
+ * not wait for rows we will not compute. A GIN source is not told: it waits
+ * for our results until its own timeout. */
+__device__ void ps_moe_release(const ps_moe_args &a, int src, int lane)
+{
+  const int l = perseus_lsa_index(a.dc, src);
+  for (int i = lane; l >= 0 && i < a.L; i += 32) {
+    uint64_t *done = (uint64_t *)ncclGetLsaPointer(
+        a.win, a.off_done + ((size_t)a.dc.rank * a.L + i) * sizeof(uint64_t), l);
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(done), "l"(ps_fwd(a) + 1) : "memory");
+  }
+}
+
+__device__ void ps_moe_headers(const ps_moe_args &a, int src, int lane)
+{
+  const perseus_recv rv(a.dc, a.hctl);
+  const unsigned long long want = ps_fwd(a) + 1;
+  /* every lane waits: each acquires */
+  bool bad = !__all_sync(0xffffffffu, ps_moe_wait(a, PS_MOE_WAIT_HEADER, src,
+                                                  [&] { return rv.poll(src, want); }));
+  const volatile int *hdr =
+      (const volatile int *)ncclGetLocalPointer(a.win, a.off_hdr_in + (size_t)src * a.L * sizeof(int));
+  int base = 0, segs = 0;
+  for (int j0 = 0; j0 < a.L && !bad; j0 += 32) { /* each count read once; base <= P throughout */
+    const int j = j0 + lane, c = j < a.L ? hdr[j] : 0, cc = c < 0 || c > a.P ? 0 : c;
+    const int incl = ps_warp_scan(cc, lane); /* < 33 P: no overflow */
+    const unsigned over = __ballot_sync(0xffffffffu, j < a.L && (cc != c || base + incl > a.P));
+    if (over) {
+      const int f = __ffs(over) - 1, cf = __shfl_sync(0xffffffffu, c, f);
+      const long long before = base + (long long)__shfl_sync(0xffffffffu, incl - cc, f);
+      if (lane == 0) ps_moe_fail(a, PS_MOE_FAULT_HEADER, src, PS_MOE_WAIT_HEADER, j0 + f, cf, before + cf);
+      bad = true;
+    }
+    if (j < a.L) a.st.rcnt[src * a.L + j] = cc, a.st.roff[src * a.L + j] = base + incl - cc;
+    base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  if (bad) ps_moe_release(a, src, lane);
+  for (int j0 = 0; j0 < a.L; j0 += 32) { /* a lane reads back only the counts it wrote */
+    const int j = j0 + lane, c = j < a.L && !bad ? a.st.rcnt[src * a.L + j] : 0;
+    if (j < a.L) {
+      if (bad) a.st.rcnt[src * a.L + j] = 0, a.st.roff[src * a.L + j] = 0;
+      a.st.tot[j * a.R + src] += ps_seg_tiles(a, src, c);
+    }
+    segs += __popc(__ballot_sync(0xffffffffu, c > 0));
+  }
+  if (lane == 0 && ps_gin_whole(a, src) && !bad) { /* its rows in one put; ours back in one */
+    a.st.rsegs[src] = segs;
+    if (base > 0) a.st.tot_r[src] += 1;
+  }
+}
+
+#endif

@@ -1,0 +1,68 @@
+/* ps_moe_layer.h: the layer object of perseus' fused MoE layer and what
+ * its host-side files (moe.cu, moe_status.cu) share. */
+#ifndef PS_MOE_LAYER_H
+#define PS_MOE_LAYER_H
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe_args.h"
+#include "perseus/moe.h"
+
+extern "C" {
+#include "ps_moe_ref.h"
+}
+
+struct perseus_moe {
+  ncclComm_t comm;
+  perseus_moe_config_t cfg;
+  int rank, nranks, L, P, gin;
+  int grid[2];     /* CTAs of the forward kernel with 64- and 128-row GEMM tiles */
+  int tile_rows;   /* PERSEUS_MOE_TILE_ROWS (0: by the rows per expert) */
+  ncclDevComm dc;
+  int have_dc;
+  void *win_ptr;
+  ncclWindow_t win;
+  size_t win_bytes;
+  ps_moe_args args; /* everything but the per-forward fields */
+  void *dev;        /* one allocation: state, weights, activation */
+  cudaEvent_t done; /* recorded behind each forward (in a captured graph too) */
+  ps_moe_ctl *ctl;  /* host-mapped: the kernel's first fault, the host's abort (moe_peers.cuh) */
+};
+
+/* On failure: the reason (the call, its error, the context given as a
+ * format and arguments) into perseus_moe_last_error(), and return. */
+#define PS_MOE_CUDA(call, ...)                                                                    \
+  do {                                                                                            \
+    cudaError_t e_ = (call);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      char ctx_[256];                                                                             \
+      snprintf(ctx_, sizeof(ctx_), __VA_ARGS__);                                                  \
+      ps_moe_set_error("%s failed: %s (%s)", #call, cudaGetErrorString(e_), ctx_);               \
+      return ncclUnhandledCudaError;                                                              \
+    }                                                                                             \
+  } while (0)
+
+#define PS_MOE_NCCL(call, ...)                                                                    \
+  do {                                                                                            \
+    ncclResult_t r_ = (call);                                                                     \
+    if (r_ != ncclSuccess) {                                                                      \
+      char ctx_[256];                                                                             \
+      snprintf(ctx_, sizeof(ctx_), __VA_ARGS__);                                                  \
+      ps_moe_set_error("%s failed: %s (%s)", #call, ncclGetErrorString(r_), ctx_);               \
+      return r_;                                                                                  \
+    }                                                                                             \
+  } while (0)
+
+/* moe_status.cu */
+/* Every rank's config valid and the same (collective, before any size is
+ * taken from it). */
+ncclResult_t ps_moe_agree(perseus_moe *m);
+/* The host-mapped control block and PERSEUS_MOE_TIMEOUT_MS into m->args. */
+ncclResult_t ps_moe_ctl_create(perseus_moe *m);
+/* ncclRemoteError, the reason in the error, once the layer failed. */
+ncclResult_t ps_moe_fault_check(const perseus_moe *m);
+
+#endif
