@@ -54,7 +54,7 @@ ncclResult_t ps_moe_ctl_create(perseus_moe *m)
               "rank %d: %zu bytes of mapped host memory", m->rank, sizeof(ps_moe_ctl));
   memset((void *)m->ctl, 0, sizeof(ps_moe_ctl));
   PS_MOE_CUDA(cudaHostGetDevicePointer((void **)&m->args.ctl, m->ctl, 0), "rank %d", m->rank);
-  m->args.test_hdr_j = -1;
+  m->args.test_hdr_j = -1; /* the test hook off (ps_moe_test_header) */
   return ncclSuccess;
 }
 
@@ -65,9 +65,12 @@ ncclResult_t ps_moe_fault_check(const perseus_moe *m)
   static const char *const what[] = {"its header", "its rows", "its results"};
   const char *w = c->what >= 0 && c->what < 3 ? what[c->what] : "?";
   char why[320];
-  if (!c->set) /* aborted while no forward waited */
-    snprintf(why, sizeof(why), "was aborted (perseus_moe_abort)");
-  else if (c->kind == PS_MOE_FAULT_HEADER)
+  if (!c->set) { /* aborted while no forward waited */
+    ps_moe_set_error("rank %d: the layer was aborted (perseus_moe_abort) and cannot run further "
+                     "forwards: destroy it", m->rank);
+    return ncclRemoteError;
+  }
+  if (c->kind == PS_MOE_FAULT_HEADER)
     snprintf(why, sizeof(why), "refused a header from rank %d: local expert %d has %d rows (%lld "
              "with the experts before it), at most %d are allowed from one source (max_tokens x "
              "min(topk, local experts)); its rows were dropped", c->peer, c->expert, c->count,
