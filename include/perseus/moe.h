@@ -71,7 +71,8 @@ ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_t *gate, co
  *   - gets a header (a peer's row count per expert of ours) that does not
  *     fit that peer's region of our receive window (max_tokens x min(topk,
  *     local experts) rows): its rows are dropped; an NVLink peer is
- *     released (its combine ends, on stale rows), a GIN peer is not told;
+ *     released (its combine ends, on stale rows), a GIN peer is not told
+ *     (its wait for our results ends by its own PERSEUS_MOE_TIMEOUT_MS);
  *   - waits longer than PERSEUS_MOE_TIMEOUT_MS (README; default 10 minutes,
  *     0: forever) for a peer's header, rows or results;
  *   - is aborted by perseus_moe_abort.
