@@ -1,7 +1,8 @@
 /* moe_faults.cuh: perseus_moe_test -f, what the layer must refuse, on every
  * rank, without hanging (included by moe_test.cu after its helpers):
  *   config   the last rank asks for 64 more max_tokens: every rank's create
- *            must refuse, naming the field (2 ranks or more);
+ *            must refuse, naming the field (2 ranks or more); and a
+ *            forward before perseus_moe_load_weights must be refused;
  *   header   rank 0's header to every destination is corrupt, three ways
  *            (a count past the region, a negative count, counts whose sum
  *            is past it); NVLink peers only: a GIN peer that sent a bad
@@ -38,6 +39,27 @@ static int mt_fault_config(const mt_cfg *c, gc_world *w, int rank)
   const int bad = r != ncclInvalidUsage || m || !strstr(why, "max_tokens");
   printf("rank %d: fault config: %s (%s: %s)\n", rank, bad ? "FAILED" : "ok", ncclGetErrorString(r), why);
   if (m) perseus_moe_destroy(m);
+  return bad;
+}
+
+/* A forward before any weights: refused on every rank (none waits). */
+static int mt_fault_no_weights(const mt_cfg *c, gc_world *w, int rank)
+{
+  perseus_moe_t *m = NULL;
+  if (perseus_moe_create(w->comm, &c->mc, &m) != ncclSuccess)
+    gc_die(__FILE__, __LINE__, "perseus_moe_create: %s", perseus_moe_last_error());
+  void *d_x, *d_out;
+  const size_t bytes = (size_t)c->mc.max_tokens * c->mc.hidden * 2;
+  GC_CUDA(cudaMalloc(&d_x, bytes), "x");
+  GC_CUDA(cudaMalloc(&d_out, bytes), "out");
+  const ncclResult_t r = perseus_moe_forward(m, d_x, d_out, 1, w->stream);
+  const char *why = perseus_moe_last_error();
+  const int bad = r != ncclInvalidUsage || !strstr(why, "perseus_moe_load_weights");
+  printf("rank %d: fault no weights: %s (%s: %s)\n", rank, bad ? "FAILED" : "ok", ncclGetErrorString(r), why);
+  GC_CUDA(cudaFree(d_x), "x");
+  GC_CUDA(cudaFree(d_out), "out");
+  if (perseus_moe_destroy(m) != ncclSuccess)
+    gc_die(__FILE__, __LINE__, "perseus_moe_destroy: %s", perseus_moe_last_error());
   return bad;
 }
 
@@ -107,7 +129,7 @@ static int mt_faults(const mt_cfg *c, gc_world *w, const mt_host *h, int rank)
 {
   const int f = c->faults, all = f == MT_FAULT_ALL;
   int bad = 0;
-  if (f == MT_FAULT_CONFIG || all) bad += mt_fault_config(c, w, rank);
+  if (f == MT_FAULT_CONFIG || all) bad += mt_fault_config(c, w, rank) + mt_fault_no_weights(c, w, rank);
   const perseus_moe_config_t *mc = &c->mc;
   const int T = mc->max_tokens, L = mc->experts / c->ngpus, P = T * (mc->topk < L ? mc->topk : L);
   mt_fault_case cs[5];

@@ -333,6 +333,7 @@ extern "C" ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_
   /* device-to-device copies return before they are done, and a forward on a
    * non-blocking stream does not wait for the legacy stream they run on */
   PS_MOE_CUDA(cudaStreamSynchronize(0), "the weight copies");
+  m->have_weights = 1;
   return ncclSuccess;
 }
 
@@ -346,6 +347,11 @@ extern "C" ncclResult_t perseus_moe_forward(perseus_moe_t *m, const void *x, voi
     return ncclInvalidArgument;
   }
   if (ncclResult_t rc = ps_moe_fault_check(m)) return rc;
+  if (!m->have_weights) { /* the zeroed weights would give zeros, silently */
+    ps_moe_set_error("perseus_moe_forward: the layer has no weights yet: call "
+                     "perseus_moe_load_weights first");
+    return ncclInvalidUsage;
+  }
   if (ntokens < 0 || ntokens > m->cfg.max_tokens) {
     ps_moe_set_error("perseus_moe_forward: ntokens %d is outside 0..%d (max_tokens)", ntokens,
                      m->cfg.max_tokens);

@@ -23,6 +23,7 @@ struct perseus_moe {
   int tile_rows;   /* PERSEUS_MOE_TILE_ROWS (0: by the rows per expert) */
   ncclDevComm dc;
   int have_dc;
+  int have_weights; /* perseus_moe_load_weights succeeded once */
   void *win_ptr;
   ncclWindow_t win;
   size_t win_bytes;

@@ -63,7 +63,8 @@ ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_t *gate, co
  * (stream capture): each launch of that graph is then a forward of its own
  * (x, out and ntokens as captured), in the collective order like any other,
  * and launched and replayed forwards of a layer may be mixed. The layer
- * counts its forwards on the GPU.
+ * counts its forwards on the GPU. Refused (ncclInvalidUsage) until
+ * perseus_moe_load_weights succeeded once.
  *
  * Faults. The layer fails, and from then on this call and
  * perseus_moe_last_profile return ncclRemoteError with the reason, when a
