@@ -7,13 +7,16 @@
  *            (a count past the region, a negative count, counts whose sum
  *            is past it); NVLink peers only: a GIN peer that sent a bad
  *            header is not released (moe.h);
- *   timeout  rank 0 withholds its header: every rank's forward must end by
- *            PERSEUS_MOE_TIMEOUT_MS (1 s here);
- *   abort    the same without a timeout: ended by perseus_moe_abort from
+ *   timeout  rank 0 withholds its header from the last rank, which gives up
+ *            on it after PERSEUS_MOE_TIMEOUT_MS (1 s) and must report it;
+ *            rank 0 must then report that rank (its results from there are
+ *            not valid), and every other rank must succeed;
+ *   abort    rank 0 withholds its header from every rank, without a
+ *            timeout: every forward is ended by perseus_moe_abort from
  *            another thread after 300 ms.
- * In the last three every rank's forward must end (the watchdog catches a
- * hang), its profile must then report the fault (ncclRemoteError, the reason
- * named) and the next forward must be refused. */
+ * Every rank's forward must end (the watchdog catches a hang), a failed
+ * layer must report its fault from the profile (ncclRemoteError, the reason
+ * named) and refuse the next forward. */
 #ifndef MT_MOE_FAULTS_CUH
 #define MT_MOE_FAULTS_CUH
 
@@ -65,10 +68,12 @@ static int mt_fault_no_weights(const mt_cfg *c, gc_world *w, int rank)
 
 struct mt_fault_case {
   const char *what;
-  int j, count, send; /* rank 0's header (ps_moe_test_header) */
-  const char *timeout_ms; /* PERSEUS_MOE_TIMEOUT_MS of the layer (NULL: the default) */
-  int abort_ms;           /* > 0: perseus_moe_abort from another thread after it */
-  char want[64];          /* in the profile's reason */
+  int j, count, skip; /* rank 0's header (ps_moe_test_header) */
+  /* PERSEUS_MOE_TIMEOUT_MS of the ranks the header is withheld from and of
+   * the others (NULL: the default) */
+  const char *timeout_victim, *timeout_other;
+  int abort_ms; /* > 0: perseus_moe_abort from another thread after it */
+  char want[64]; /* in the reason of a rank that gets rank 0's bad header or none */
 };
 
 struct mt_aborter {
@@ -85,16 +90,26 @@ static void *mt_abort_later(void *arg)
   return NULL;
 }
 
-/* One case on a fresh layer: its forward must end, then be reported. */
+/* One case on a fresh layer: every rank's forward must end; a rank that
+ * got rank 0's bad header, or none, must report it (want), rank 0 must
+ * report the peer that failed it (its results from there are not valid),
+ * and the others must succeed: a failed peer does not spoil the results
+ * healthy ranks owe each other. */
 static int mt_fault_forward(const mt_cfg *c, gc_world *w, const mt_host *h, int rank,
                             const mt_fault_case *fc, void *d_x, void *d_out)
 {
   const int T = c->mc.max_tokens;
-  if (fc->timeout_ms) setenv("PERSEUS_MOE_TIMEOUT_MS", fc->timeout_ms, 1);
+  const int victim = fc->skip == -2 || fc->skip == rank || fc->skip == -1;
+  const char *tmo = victim ? fc->timeout_victim : fc->timeout_other;
+  const char *was = getenv("PERSEUS_MOE_TIMEOUT_MS");
+  char keep[64];
+  snprintf(keep, sizeof(keep), "%s", was ? was : "");
+  if (tmo) setenv("PERSEUS_MOE_TIMEOUT_MS", tmo, 1);
   perseus_moe_t *m = mt_layer(c, w, h, rank);
-  unsetenv("PERSEUS_MOE_TIMEOUT_MS");
+  if (was) setenv("PERSEUS_MOE_TIMEOUT_MS", keep, 1); /* the user's, for the layers after */
+  else unsetenv("PERSEUS_MOE_TIMEOUT_MS");
   if (!m) gc_die(__FILE__, __LINE__, "fault %s: perseus_moe_create refused", fc->what);
-  if (rank == 0) ps_moe_test_header(m, fc->j, fc->count, fc->send);
+  if (rank == 0) ps_moe_test_header(m, fc->j, fc->count, fc->skip);
   gp_progress(NULL, -1, "fault: %s", fc->what);
   const double t0 = gp_now();
   if (perseus_moe_forward(m, d_x, d_out, T, w->stream) != ncclSuccess)
@@ -107,13 +122,20 @@ static int mt_fault_forward(const mt_cfg *c, gc_world *w, const mt_host *h, int 
   if (fc->abort_ms > 0) pthread_join(th, NULL);
   const double took = gp_now() - t0;
   perseus_moe_profile_t pf;
-  char why[512];
+  char why[512], peer[32];
   const ncclResult_t r = perseus_moe_last_profile(m, &pf);
   snprintf(why, sizeof(why), "%s", perseus_moe_last_error());
-  const ncclResult_t r2 = perseus_moe_forward(m, d_x, d_out, T, w->stream);
-  const int fail = r != ncclRemoteError || !strstr(why, fc->want) || r2 != ncclRemoteError;
-  printf("rank %d: fault %s: %s after %.2f s (profile: %s: %s; next forward: %s)\n", rank, fc->what,
-         fail ? "FAILED" : "ok", took, ncclGetErrorString(r), why, ncclGetErrorString(r2));
+  snprintf(peer, sizeof(peer), "from rank %d", fc->skip);
+  const int fails = victim || rank == 0; /* rank 0: its tokens' results from the victim */
+  const char *want = victim ? fc->want : peer;
+  /* the next forward: refused where the layer failed (a healthy rank's would
+   * wait for the failed ones) */
+  const ncclResult_t r2 = fails ? perseus_moe_forward(m, d_x, d_out, T, w->stream) : ncclRemoteError;
+  const int fail = fails ? r != ncclRemoteError || !strstr(why, want) || r2 != ncclRemoteError
+                         : r != ncclSuccess;
+  printf("rank %d: fault %s: %s after %.2f s (%s; profile: %s: %s; next forward: %s)\n", rank,
+         fc->what, fail ? "FAILED" : "ok", took, fails ? "must fail" : "must succeed",
+         ncclGetErrorString(r), fails ? why : "-", fails ? ncclGetErrorString(r2) : "-");
   /* A rank that gave up ends its forward while a peer may still put into
    * its window (rank 0 returns results once its own wait gave up): the
    * windows go only once every rank's forward ended and those puts landed,
@@ -131,25 +153,29 @@ static int mt_faults(const mt_cfg *c, gc_world *w, const mt_host *h, int rank)
   int bad = 0;
   if (f == MT_FAULT_CONFIG || all) bad += mt_fault_config(c, w, rank) + mt_fault_no_weights(c, w, rank);
   const perseus_moe_config_t *mc = &c->mc;
-  const int T = mc->max_tokens, L = mc->experts / c->ngpus, P = T * (mc->topk < L ? mc->topk : L);
+  const int R = c->ngpus, T = mc->max_tokens, L = mc->experts / R, P = T * (mc->topk < L ? mc->topk : L);
   mt_fault_case cs[5];
   int n = 0;
   if (f == MT_FAULT_HEADER || all) {
-    if (c->ngpus > 1 && (c->path != TT_LSA || gp_sh->hosts)) {
+    if (R > 1 && (c->path != TT_LSA || gp_sh->hosts)) {
       if (rank == 0) printf("fault header: skipped (GIN peers are not released from a bad header)\n");
     } else {
-      cs[n++] = {"header: one count past the region", 0, P + 1, 1, NULL, 0, ""};
-      cs[n++] = {"header: a negative count", 0, -1, 1, NULL, 0, ""};
+      cs[n++] = {"header: one count past the region", 0, P + 1, -1, NULL, NULL, 0, ""};
+      cs[n++] = {"header: a negative count", 0, -1, -1, NULL, NULL, 0, ""};
       /* the hot expert 0 has rows, so the sum up to the last expert is past P */
-      cs[n++] = {"header: counts whose sum is past the region", L - 1, P, 1, NULL, 0, ""};
+      cs[n++] = {"header: counts whose sum is past the region", L - 1, P, -1, NULL, NULL, 0, ""};
       for (int i = n - 3; i < n; i++)
         snprintf(cs[i].want, sizeof(cs[i].want), "expert %d has %d rows", cs[i].j, cs[i].count);
     }
   }
+  /* the last rank gives up on rank 0's header after 1 s; rank 0 on the
+   * results it owes (over GIN: none come) after 4 s, the healthy ranks get
+   * theirs from it once its experts ran, at about 1 s */
   if (f == MT_FAULT_TIMEOUT || all)
-    cs[n++] = {"timeout: rank 0 withholds its header", -1, 0, 0, "1000", 0, "waited 1000 ms"};
+    cs[n++] = {"timeout: rank 0 withholds its header from the last rank", -1, 0, R - 1, "1000",
+               "4000", 0, "waited 1000 ms"};
   if (f == MT_FAULT_ABORT || all)
-    cs[n++] = {"abort: rank 0 withholds its header", -1, 0, 0, "0", 300, "aborted"};
+    cs[n++] = {"abort: rank 0 withholds its header", -1, 0, -2, "0", "0", 300, "while it waited"};
   const size_t H = mc->hidden;
   uint16_t *x = mt_alloc((size_t)T * H);
   mt_tokens(c, h, rank, 0, T, x);

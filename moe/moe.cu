@@ -55,6 +55,7 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   size_t o_roff = ps_take(&at, (size_t)R * L * sizeof(int)), o_g1 = ps_take(&at, (size_t)L * sizeof(int));
   size_t o_g2 = ps_take(&at, (size_t)L * sizeof(int)), o_task = ps_take(&at, sizeof(int));
   size_t o_ready = ps_take(&at, sizeof(int)), o_fault = ps_take(&at, sizeof(int));
+  size_t o_pfault = ps_take(&at, (size_t)R * sizeof(int)), o_abort = ps_take(&at, sizeof(int));
   size_t o_fwd = ps_take(&at, sizeof(unsigned long long));
   size_t o_tot = ps_take(&at, (size_t)L * R * sizeof(uint64_t)), o_totc = ps_take(&at, (size_t)R * sizeof(uint64_t));
   size_t o_totr = ps_take(&at, (size_t)R * sizeof(uint64_t)), o_dsent = ps_take(&at, (size_t)R * sizeof(int));
@@ -87,6 +88,7 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   s.rcnt = (int *)(d + o_rcnt), s.roff = (int *)(d + o_roff);
   s.g1done = (int *)(d + o_g1), s.g2done = (int *)(d + o_g2), s.task = (int *)(d + o_task);
   s.ready = (int *)(d + o_ready), s.fault = (int *)(d + o_fault);
+  s.peer_fault = (int *)(d + o_pfault), s.aborted = (int *)(d + o_abort);
   s.tot = (uint64_t *)(d + o_tot), s.tot_c = (uint64_t *)(d + o_totc), s.tot_r = (uint64_t *)(d + o_totr);
   s.dsent = (int *)(d + o_dsent), s.rsegs = (int *)(d + o_rsegs), s.rdone = (int *)(d + o_rdone);
   s.logits = (float *)(d + o_logits), s.topk_idx = (int32_t *)(d + o_idx);
@@ -255,7 +257,6 @@ static ncclResult_t ps_moe_setup(perseus_moe *m)
   if (rc != ncclSuccess) return rc;
   PS_MOE_CUDA(cudaEventCreateWithFlags(&m->done, cudaEventDisableTiming), "rank %d", m->rank);
   if ((rc = ps_moe_ctl_create(m)) != ncclSuccess) return rc;
-  if (ps_moe_env_tile_rows(&m->tile_rows)) return ncclInvalidArgument;
   int dev = 0, sms = 0;
   PS_MOE_CUDA(cudaGetDevice(&dev), "rank %d", m->rank);
   PS_MOE_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "device %d", dev);

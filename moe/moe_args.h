@@ -27,7 +27,9 @@ struct ps_moe_state {
   int *g2done;        /* [L] GEMM2 tasks done */
   int *task;          /* next task of the queue */
   int *ready;         /* CTAs past their dispatch and headers: the experts' rows are known */
-  int *fault;         /* sticky: the layer failed (PS_MOE_FAULT_*, moe_peers.cuh); never reset */
+  int *fault;         /* sticky: the layer's first fault (PS_MOE_FAULT_*, moe_peers.cuh) */
+  int *peer_fault;    /* [R] sticky: a wait for this peer gave up, or its header was refused */
+  int *aborted;       /* sticky: a wait saw the host's abort */
   uint64_t *tot;      /* [L][R] cumulative tiles expected from src on expert handle */
   uint64_t *tot_c;    /* [R] cumulative returns expected from a GIN dst */
   uint64_t *tot_r;    /* [R] cumulative row puts expected from a GIN src (rows handle) */
@@ -41,7 +43,8 @@ struct ps_moe_state {
                                * forward replayed from a CUDA graph counts too */
 };
 
-enum { PS_MOE_FAULT_NONE, PS_MOE_FAULT_HEADER, PS_MOE_FAULT_TIMEOUT, PS_MOE_FAULT_ABORT };
+enum { PS_MOE_FAULT_NONE, PS_MOE_FAULT_HEADER, PS_MOE_FAULT_TIMEOUT, PS_MOE_FAULT_ABORT,
+       PS_MOE_FAULT_PEER };
 enum { PS_MOE_WAIT_HEADER, PS_MOE_WAIT_ROWS, PS_MOE_WAIT_RESULTS };
 
 /* In mapped host memory: the host sets `abort` and reads the first fault
@@ -51,6 +54,7 @@ struct ps_moe_ctl {
   int kind, peer;     /* the first fault (PS_MOE_FAULT_*) and the peer it concerns */
   int what;           /* what the wait was for (PS_MOE_WAIT_*) */
   int expert, count;  /* a refused header: the expert whose count broke the bound, its count, */
+                      /* (a poisoned done mark: the expert) */
   int room;           /* the most rows one source may send (P), */
   long long rows;     /* and the rows of the experts up to that one */
   volatile int set;
@@ -80,7 +84,8 @@ struct ps_moe_args {
   unsigned long long timeout_ns; /* a wait for a peer gives up after it (0: never) */
   /* tests (ps_moe_test_header): the count we announce for local expert j
    * (-1: none), and whether the headers are withheld */
-  int test_hdr_j, test_hdr_count, test_hdr_skip;
+  int test_hdr_j, test_hdr_count;
+  int test_hdr_skip; /* -1: send every header; -2: none; d >= 0: none to rank d */
 };
 
 /* Phase marks in global-timer ns: START is the earliest CTA's, HEADERS the

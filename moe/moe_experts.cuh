@@ -205,10 +205,11 @@ __device__ void ps_expert_return(const ps_moe_args &a, int j)
   for (int s = 0; s < a.R; s++) {
     int c = a.st.rcnt[s * a.L + j], r = a.st.roff[s * a.L + j];
     if (c == 0) continue;
+    /* a source that failed here: its rows (or its wait) may be incomplete */
+    const bool failed = ps_peer_failed(a, s);
     if (const int l = perseus_lsa_index(a.dc, s); l >= 0) {
-      uint64_t *done = (uint64_t *)ncclGetLsaPointer(
-          a.win, a.off_done + ((size_t)a.dc.rank * a.L + j) * sizeof(uint64_t), l);
-      asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(done), "l"(ps_fwd(a) + 1) : "memory");
+      ps_moe_mark_done(a, l, j, failed);
+    } else if (failed) { /* not returned: it fails by its own timeout */
     } else if (!ps_gin_whole(a, s)) {
       /* our rows sit in the sender's combine region for us at the same offset */
       pb.put(ncclCoopThread(), s, a.win, ps_row_off(a, a.off_comb, a.dc.rank, r), a.win,
@@ -360,11 +361,12 @@ __device__ void ps_moe_combine(const ps_moe_args &a)
         const uint64_t *done = (const uint64_t *)ncclGetLocalPointer(
             a.win, a.off_done + ((size_t)dst * a.L + j) * sizeof(uint64_t));
         const unsigned long long want = ps_fwd(a) + 1;
+        uint64_t v = 0;
         ps_moe_wait(a, PS_MOE_WAIT_RESULTS, dst, [&] {
-          uint64_t v;
           asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(done) : "memory");
           return v >= want;
         });
+        if (v & PS_MOE_POISON) ps_moe_fail(a, PS_MOE_FAULT_PEER, dst, PS_MOE_WAIT_RESULTS, j);
       } else { /* a GIN destination: everything it returns */
         const uint64_t want = a.st.tot_c[dst];
         ps_moe_wait(a, PS_MOE_WAIT_RESULTS, dst, [&] { return rv.poll(dst, want); });

@@ -57,8 +57,6 @@
 #define PS_MOE_THREADS PS_GEMM_THREADS
 #define PS_MOE_SMEM(BM) PS_GEMM_SMEM(BM)
 
-
-
 /* The forward's index (forwards before it): the count in device memory,
  * which only CTA 0 changes, once every read of it in this forward is done
  * (at the end); read-only until then, so read through the non-coherent
@@ -307,7 +305,7 @@ __device__ void ps_moe_offsets(const ps_moe_args &a, int dst, int lane, const in
   if (lane == 0 && perseus_lsa_index(a.dc, dst) < 0)
     a.st.tot_c[dst] += (uint64_t)(ps_gin_whole(a, dst) ? segs > 0 : segs);
   __syncwarp(); /* the header, written by every lane */
-  if (lane == 0 && !a.test_hdr_skip) { /* to dst: one tile, one signal */
+  if (lane == 0 && a.test_hdr_skip != -2 && a.test_hdr_skip != dst) { /* to dst: one tile, one signal */
     if (perseus_lsa_index(a.dc, dst) < 0) __threadfence_system(); /* for the proxy's read */
     perseus_batch(a.dc, a.hctl, 1)
         .put(ncclCoopThread(), dst, a.win, a.off_hdr_in + (size_t)a.dc.rank * a.L * sizeof(int),

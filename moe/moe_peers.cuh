@@ -2,21 +2,31 @@
  * what it checks of what they send (included by moe_kernel.cuh).
  *
  * Every wait for a peer (its header, its rows, its results) ends when the
- * data is there, when the layer has failed (a fault of any CTA, in this
- * forward or an earlier one), when the host aborts the layer
- * (perseus_moe_abort), or after PERSEUS_MOE_TIMEOUT_MS. In the last three
- * the CTA goes on without the data, so that every CTA still reaches the
- * grid barriers and the kernel ends; the forward's output is then garbage,
- * and the host reports the first fault (perseus_moe_forward and
- * perseus_moe_last_profile return ncclRemoteError). A fault is sticky: the
- * kernels of forwards already enqueued behind it stop waiting at once. */
+ * data is there, when that peer has failed here (an earlier wait for it gave
+ * up, or its header was refused: peer_fault, sticky), when the host aborts
+ * the layer (perseus_moe_abort), or after PERSEUS_MOE_TIMEOUT_MS. In the
+ * last three the CTA goes on without the data, so that every CTA still
+ * reaches the grid barriers and the kernel ends, and the host reports the
+ * layer's first fault (perseus_moe_forward and perseus_moe_last_profile
+ * return ncclRemoteError). Waits for healthy peers go on as usual, so the
+ * results we owe them stay valid; a failed peer's are not returned as
+ * valid: an NVLink peer gets poisoned done marks (PS_MOE_POISON), which fail
+ * its forward in turn, a GIN peer gets nothing and fails by its own timeout.
+ * Forwards enqueued behind a failed one do not wait for the failed peer. */
 #ifndef PS_MOE_PEERS_CUH
 #define PS_MOE_PEERS_CUH
 
-/* Records the layer's first fault (any thread; later ones are dropped). */
+/* A done mark with this bit: the expert's results for that source are not
+ * valid (the marking rank failed that source). Marks stay monotonic. */
+#define PS_MOE_POISON (1ull << 63)
+
+/* Records a fault concerning `peer` (any thread): the peer counts as failed
+ * from then on; the first fault of the layer goes to the host. */
 __device__ void ps_moe_fail(const ps_moe_args &a, int kind, int peer, int what, int expert = 0,
                             int count = 0, long long rows = 0)
 {
+  atomicExch(&a.st.peer_fault[peer], 1);
+  if (kind == PS_MOE_FAULT_ABORT) atomicExch(a.st.aborted, 1);
   if (atomicCAS(a.st.fault, 0, kind) != 0) return;
   ps_moe_ctl *c = a.ctl;
   c->kind = kind, c->peer = peer, c->what = what, c->expert = expert, c->count = count;
@@ -25,10 +35,17 @@ __device__ void ps_moe_fail(const ps_moe_args &a, int kind, int peer, int what, 
   c->set = 1;
 }
 
+/* Whether `peer` failed here: its data will not be waited for, and what we
+ * owe it is not returned as valid. */
+__device__ __forceinline__ bool ps_peer_failed(const ps_moe_args &a, int peer)
+{
+  return *(volatile int *)&a.st.peer_fault[peer] != 0;
+}
+
 /* Spins until ready() holds (ready acquires what it checks): true; false
- * when the layer failed, was aborted or the wait timed out (see above).
- * The fault word is read every 32 polls, the host's abort and the clock
- * every 1024, so a wait that is met at once costs nothing more. */
+ * when the peer failed, the layer was aborted or the wait timed out (see
+ * above). The device flags are read every 32 polls, the host's abort and
+ * the clock every 1024, so a wait that is met at once costs nothing more. */
 template <typename Ready>
 __device__ bool ps_moe_wait(const ps_moe_args &a, int what, int peer, Ready ready)
 {
@@ -36,12 +53,12 @@ __device__ bool ps_moe_wait(const ps_moe_args &a, int what, int peer, Ready read
   for (unsigned n = 0;; n++) {
     if (ready()) return true;
     if (n % 32 != 31) continue;
-    if (*(volatile int *)a.st.fault) return false;
-    if (n % 1024 != 1023) continue;
-    if (a.ctl->abort) {
+    if (ps_peer_failed(a, peer)) return false;
+    if (*(volatile int *)a.st.aborted || (n % 1024 == 1023 && a.ctl->abort)) {
       ps_moe_fail(a, PS_MOE_FAULT_ABORT, peer, what);
       return false;
     }
+    if (n % 1024 != 1023) continue;
     const unsigned long long now = ps_now_ns();
     if (!t0) t0 = now;
     else if (a.timeout_ns && now - t0 > a.timeout_ns) {
@@ -51,21 +68,27 @@ __device__ bool ps_moe_wait(const ps_moe_args &a, int what, int peer, Ready read
   }
 }
 
+/* Expert j's done mark in the window of LSA peer l (a source, or us):
+ * forward `ps_fwd + 1` is done, its results valid or (poison) not. */
+__device__ __forceinline__ void ps_moe_mark_done(const ps_moe_args &a, int l, int j, bool poison)
+{
+  uint64_t *done = (uint64_t *)ncclGetLsaPointer(
+      a.win, a.off_done + ((size_t)a.dc.rank * a.L + j) * sizeof(uint64_t), l);
+  const uint64_t v = (ps_fwd(a) + 1) | (poison ? PS_MOE_POISON : 0);
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(done), "l"(v) : "memory");
+}
+
 /* ---- headers in (a warp per source) ---------------------------------------
  * A source's header is untrusted: every count in 0..P and their sum at most
  * P (its region of our receive window). Otherwise, or when it did not come,
- * its rows are dropped (counted as none), a bad header is the layer's fault,
- * and an LSA source gets its done marks at once, so that its combine does
- * not wait for rows we will not compute. A GIN source is not told: it waits
- * for our results until its own timeout. */
+ * the source failed here: its rows are dropped (counted as none), and an LSA
+ * source gets poisoned done marks at once, so that its combine neither
+ * waits for rows we will not compute nor takes stale ones as results. A GIN
+ * source is not told: it waits for our results until its own timeout. */
 __device__ void ps_moe_release(const ps_moe_args &a, int src, int lane)
 {
   const int l = perseus_lsa_index(a.dc, src);
-  for (int i = lane; l >= 0 && i < a.L; i += 32) {
-    uint64_t *done = (uint64_t *)ncclGetLsaPointer(
-        a.win, a.off_done + ((size_t)a.dc.rank * a.L + i) * sizeof(uint64_t), l);
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(done), "l"(ps_fwd(a) + 1) : "memory");
-  }
+  for (int i = lane; l >= 0 && i < a.L; i += 32) ps_moe_mark_done(a, l, i, true);
 }
 
 __device__ void ps_moe_headers(const ps_moe_args &a, int src, int lane)
@@ -85,7 +108,7 @@ __device__ void ps_moe_headers(const ps_moe_args &a, int src, int lane)
     if (over) {
       const int f = __ffs(over) - 1, cf = __shfl_sync(0xffffffffu, c, f);
       const long long before = base + (long long)__shfl_sync(0xffffffffu, incl - cc, f);
-      if (lane == 0) ps_moe_fail(a, PS_MOE_FAULT_HEADER, src, PS_MOE_WAIT_HEADER, j0 + f, cf, before + cf);
+      if (lane == 0) ps_moe_fail(a, PS_MOE_FAULT_HEADER, src, PS_MOE_WAIT_HEADER, j0 + f, cf, before + max(cf, 0));
       bad = true;
     }
     if (j < a.L) a.st.rcnt[src * a.L + j] = cc, a.st.roff[src * a.L + j] = base + incl - cc;

@@ -8,10 +8,14 @@
  * collective whose sizes come from it: ranks that disagree would register
  * windows of different sizes and compute offsets in each other's windows
  * from different layouts. A rank whose config is refused still takes part,
- * so that every rank returns instead of waiting in a collective. */
+ * so that every rank returns instead of waiting in a collective (unless
+ * CUDA fails here before the all-reduce: then the others wait in it). */
 ncclResult_t ps_moe_agree(perseus_moe *m)
 {
-  const int valid = perseus_moe_check_config(&m->cfg, m->nranks) == 0;
+  long long ms = 0; /* the environment counts as config: a bad value fails every rank */
+  const int valid = perseus_moe_check_config(&m->cfg, m->nranks) == 0 &&
+                    ps_moe_env_tile_rows(&m->tile_rows) == 0 && ps_moe_env_timeout_ms(&ms) == 0;
+  m->args.timeout_ns = (unsigned long long)ms * 1000000ull;
   char why[512];
   snprintf(why, sizeof(why), "%s", perseus_moe_last_error());
   int64_t v[2 * PS_MOE_AGREE_FIELDS];
@@ -47,25 +51,26 @@ ncclResult_t ps_moe_agree(perseus_moe *m)
 
 ncclResult_t ps_moe_ctl_create(perseus_moe *m)
 {
-  long long ms = 0;
-  if (ps_moe_env_timeout_ms(&ms)) return ncclInvalidArgument;
-  m->args.timeout_ns = (unsigned long long)ms * 1000000ull;
   PS_MOE_CUDA(cudaHostAlloc((void **)&m->ctl, sizeof(ps_moe_ctl), cudaHostAllocMapped),
               "rank %d: %zu bytes of mapped host memory", m->rank, sizeof(ps_moe_ctl));
   memset((void *)m->ctl, 0, sizeof(ps_moe_ctl));
   PS_MOE_CUDA(cudaHostGetDevicePointer((void **)&m->args.ctl, m->ctl, 0), "rank %d", m->rank);
-  m->args.test_hdr_j = -1; /* the test hook off (ps_moe_test_header) */
+  m->args.test_hdr_j = -1, m->args.test_hdr_skip = -1; /* the test hook off (ps_moe_test_header) */
   return ncclSuccess;
 }
 
 ncclResult_t ps_moe_fault_check(const perseus_moe *m)
 {
-  const ps_moe_ctl *c = m->ctl;
-  if (!c || (!c->set && !c->abort)) return ncclSuccess;
+  ps_moe_ctl *ctl = m->ctl;
+  if (!ctl) return ncclSuccess;
+  /* acquire: the fields the kernel wrote before `set` */
+  const int set = __atomic_load_n(&ctl->set, __ATOMIC_ACQUIRE);
+  if (!set && !__atomic_load_n(&ctl->abort, __ATOMIC_ACQUIRE)) return ncclSuccess;
+  const ps_moe_ctl f = *ctl, *c = &f;
   static const char *const what[] = {"its header", "its rows", "its results"};
   const char *w = c->what >= 0 && c->what < 3 ? what[c->what] : "?";
   char why[320];
-  if (!c->set) { /* aborted while no forward waited */
+  if (!set) { /* aborted while no forward waited */
     ps_moe_set_error("rank %d: the layer was aborted (perseus_moe_abort) and cannot run further "
                      "forwards: destroy it", m->rank);
     return ncclRemoteError;
@@ -75,6 +80,9 @@ ncclResult_t ps_moe_fault_check(const perseus_moe *m)
              "with the experts before it), at most %d are allowed from one source (max_tokens x "
              "min(topk, local experts)); its rows were dropped", c->peer, c->expert, c->count,
              c->rows, c->room);
+  else if (c->kind == PS_MOE_FAULT_PEER)
+    snprintf(why, sizeof(why), "got no valid results from rank %d for its local expert %d (that "
+             "rank failed this one: see its error)", c->peer, c->expert);
   else if (c->kind == PS_MOE_FAULT_TIMEOUT)
     snprintf(why, sizeof(why), "waited %llu ms (PERSEUS_MOE_TIMEOUT_MS) for %s from rank %d: the "
              "forward went on without them", m->args.timeout_ns / 1000000ull, w, c->peer);
@@ -93,16 +101,16 @@ extern "C" ncclResult_t perseus_moe_abort(perseus_moe_t *m)
     ps_moe_set_error("perseus_moe_abort: the layer is NULL or was not created");
     return ncclInvalidArgument;
   }
-  m->ctl->abort = 1;
+  __atomic_store_n(&m->ctl->abort, 1, __ATOMIC_RELEASE);
   return ncclSuccess;
 }
 
 /* Tests only (not exported from libperseus_moe.so): the header this rank
- * sends every destination announces `count` rows for local expert j, or,
- * with send 0, is not sent at all. */
-extern "C" void ps_moe_test_header(perseus_moe_t *m, int j, int count, int send)
+ * sends every destination announces `count` rows for local expert j (-1:
+ * none), and is withheld from rank `skip` (-1: from none, -2: from all). */
+extern "C" void ps_moe_test_header(perseus_moe_t *m, int j, int count, int skip)
 {
-  m->args.test_hdr_j = j, m->args.test_hdr_count = count, m->args.test_hdr_skip = !send;
+  m->args.test_hdr_j = j, m->args.test_hdr_count = count, m->args.test_hdr_skip = skip;
 }
 
 extern "C" ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_profile_t *out)

@@ -59,9 +59,10 @@ struct perseus_moe {
 
 /* moe_status.cu */
 /* Every rank's config valid and the same (collective, before any size is
- * taken from it). */
+ * taken from it); the environment (PERSEUS_MOE_TILE_ROWS, _TIMEOUT_MS) is
+ * read there and counts as config: a bad value fails every rank. */
 ncclResult_t ps_moe_agree(perseus_moe *m);
-/* The host-mapped control block and PERSEUS_MOE_TIMEOUT_MS into m->args. */
+/* The host-mapped control block (ps_moe_agree read PERSEUS_MOE_TIMEOUT_MS). */
 ncclResult_t ps_moe_ctl_create(perseus_moe *m);
 /* ncclRemoteError, the reason in the error, once the layer failed. */
 ncclResult_t ps_moe_fault_check(const perseus_moe *m);

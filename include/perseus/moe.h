@@ -76,10 +76,14 @@ ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_t *gate, co
  *     (its wait for our results ends by its own PERSEUS_MOE_TIMEOUT_MS);
  *   - waits longer than PERSEUS_MOE_TIMEOUT_MS (README; default 10 minutes,
  *     0: forever) for a peer's header, rows or results;
- *   - is aborted by perseus_moe_abort.
- * A failed forward's kernel still ends (every wait gives up, the output is
- * not valid), and forwards already enqueued or replayed behind it end
- * without waiting. The layer must then be destroyed. Peers that did not
+ *   - is aborted by perseus_moe_abort;
+ *   - gets results an NVLink peer marked as not valid (that peer failed
+ *     this rank: its header or rows did not come or were refused there).
+ * A failed forward's kernel still ends: waits for the failed peer give up
+ * (its tokens' output is not valid), waits for healthy peers go on, so the
+ * results this rank owes healthy peers stay valid and theirs succeed.
+ * Forwards already enqueued or replayed behind it do not wait for the
+ * failed peer. The layer must then be destroyed. Peers that did not
  * fail may still put into its window after its forward ended (results of
  * rows that arrived): destroying it before their forwards end can make the
  * communicator report that put as an error; treat the communicator as NCCL
