@@ -10,7 +10,9 @@
  *   timeout  rank 0 withholds its header from the last rank, which gives up
  *            on it after PERSEUS_MOE_TIMEOUT_MS (1 s) and must report it;
  *            rank 0 must then report that rank (its results from there are
- *            not valid), and every other rank must succeed;
+ *            not valid), and every other rank must succeed; the same with
+ *            rank 0's rows withheld instead (2 ranks or more: a rank's own
+ *            rows are not sent);
  *   abort    rank 0 withholds its header from every rank, without a
  *            timeout: every forward is ended by perseus_moe_abort from
  *            another thread after 300 ms.
@@ -25,7 +27,9 @@
 
 /* The test hook of moe_status.cu: the header this rank sends announces
  * `count` rows for local expert j (j >= 0), or is not sent (send 0). */
-extern "C" void ps_moe_test_header(perseus_moe_t *m, int j, int count, int send);
+extern "C" void ps_moe_test_header(perseus_moe_t *m, int j, int count, int skip);
+/* and: rank 0's rows for rank `skip` are not sent */
+extern "C" void ps_moe_test_rows(perseus_moe_t *m, int skip);
 
 static int mt_fault_config(const mt_cfg *c, gc_world *w, int rank)
 {
@@ -69,6 +73,7 @@ static int mt_fault_no_weights(const mt_cfg *c, gc_world *w, int rank)
 struct mt_fault_case {
   const char *what;
   int j, count, skip; /* rank 0's header (ps_moe_test_header) */
+  int rows_skip;      /* rank 0's rows withheld from this rank (ps_moe_test_rows; -1: none) */
   /* PERSEUS_MOE_TIMEOUT_MS of the ranks the header is withheld from and of
    * the others (NULL: the default) */
   const char *timeout_victim, *timeout_other;
@@ -99,7 +104,8 @@ static int mt_fault_forward(const mt_cfg *c, gc_world *w, const mt_host *h, int 
                             const mt_fault_case *fc, void *d_x, void *d_out)
 {
   const int T = c->mc.max_tokens;
-  const int victim = fc->skip == -2 || fc->skip == rank || fc->skip == -1;
+  const int skip = fc->rows_skip >= 0 ? fc->rows_skip : fc->skip; /* the rank rank 0 fails */
+  const int victim = skip == -2 || skip == rank || skip == -1;
   const char *tmo = victim ? fc->timeout_victim : fc->timeout_other;
   const char *was = getenv("PERSEUS_MOE_TIMEOUT_MS");
   char keep[64];
@@ -109,7 +115,7 @@ static int mt_fault_forward(const mt_cfg *c, gc_world *w, const mt_host *h, int 
   if (was) setenv("PERSEUS_MOE_TIMEOUT_MS", keep, 1); /* the user's, for the layers after */
   else unsetenv("PERSEUS_MOE_TIMEOUT_MS");
   if (!m) gc_die(__FILE__, __LINE__, "fault %s: perseus_moe_create refused", fc->what);
-  if (rank == 0) ps_moe_test_header(m, fc->j, fc->count, fc->skip);
+  if (rank == 0) ps_moe_test_header(m, fc->j, fc->count, fc->skip), ps_moe_test_rows(m, fc->rows_skip);
   gp_progress(NULL, -1, "fault: %s", fc->what);
   const double t0 = gp_now();
   if (perseus_moe_forward(m, d_x, d_out, T, w->stream) != ncclSuccess)
@@ -125,7 +131,7 @@ static int mt_fault_forward(const mt_cfg *c, gc_world *w, const mt_host *h, int 
   char why[512], peer[32];
   const ncclResult_t r = perseus_moe_last_profile(m, &pf);
   snprintf(why, sizeof(why), "%s", perseus_moe_last_error());
-  snprintf(peer, sizeof(peer), "from rank %d", fc->skip);
+  snprintf(peer, sizeof(peer), "from rank %d", skip);
   const int fails = victim || rank == 0; /* rank 0: its tokens' results from the victim */
   const char *want = victim ? fc->want : peer;
   /* the next forward: refused where the layer failed (a healthy rank's would
@@ -154,16 +160,16 @@ static int mt_faults(const mt_cfg *c, gc_world *w, const mt_host *h, int rank)
   if (f == MT_FAULT_CONFIG || all) bad += mt_fault_config(c, w, rank) + mt_fault_no_weights(c, w, rank);
   const perseus_moe_config_t *mc = &c->mc;
   const int R = c->ngpus, T = mc->max_tokens, L = mc->experts / R, P = T * (mc->topk < L ? mc->topk : L);
-  mt_fault_case cs[5];
+  mt_fault_case cs[6];
   int n = 0;
   if (f == MT_FAULT_HEADER || all) {
     if (R > 1 && (c->path != TT_LSA || gp_sh->hosts)) {
       if (rank == 0) printf("fault header: skipped (GIN peers are not released from a bad header)\n");
     } else {
-      cs[n++] = {"header: one count past the region", 0, P + 1, -1, NULL, NULL, 0, ""};
-      cs[n++] = {"header: a negative count", 0, -1, -1, NULL, NULL, 0, ""};
+      cs[n++] = {"header: one count past the region", 0, P + 1, -1, -1, NULL, NULL, 0, ""};
+      cs[n++] = {"header: a negative count", 0, -1, -1, -1, NULL, NULL, 0, ""};
       /* the hot expert 0 has rows, so the sum up to the last expert is past P */
-      cs[n++] = {"header: counts whose sum is past the region", L - 1, P, -1, NULL, NULL, 0, ""};
+      cs[n++] = {"header: counts whose sum is past the region", L - 1, P, -1, -1, NULL, NULL, 0, ""};
       for (int i = n - 3; i < n; i++)
         snprintf(cs[i].want, sizeof(cs[i].want), "expert %d has %d rows", cs[i].j, cs[i].count);
     }
@@ -172,10 +178,14 @@ static int mt_faults(const mt_cfg *c, gc_world *w, const mt_host *h, int rank)
    * results it owes (over GIN: none come) after 4 s, the healthy ranks get
    * theirs from it once its experts ran, at about 1 s */
   if (f == MT_FAULT_TIMEOUT || all)
-    cs[n++] = {"timeout: rank 0 withholds its header from the last rank", -1, 0, R - 1, "1000",
+    cs[n++] = {"timeout: rank 0 withholds its header from the last rank", -1, 0, R - 1, -1, "1000",
                "4000", 0, "waited 1000 ms"};
+  /* the same for rows (our own are not sent: one rank has none to withhold) */
+  if ((f == MT_FAULT_TIMEOUT || all) && R > 1)
+    cs[n++] = {"timeout: rank 0 withholds its rows from the last rank", -1, 0, -1, R - 1, "1000",
+               "4000", 0, "for its rows from rank 0"};
   if (f == MT_FAULT_ABORT || all)
-    cs[n++] = {"abort: rank 0 withholds its header", -1, 0, -2, "0", "0", 300, "while it waited"};
+    cs[n++] = {"abort: rank 0 withholds its header", -1, 0, -2, -1, "0", "0", 300, "while it waited"};
   const size_t H = mc->hidden;
   uint16_t *x = mt_alloc((size_t)T * H);
   mt_tokens(c, h, rank, 0, T, x);

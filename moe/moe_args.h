@@ -86,6 +86,7 @@ struct ps_moe_args {
    * (-1: none), and whether the headers are withheld */
   int test_hdr_j, test_hdr_count;
   int test_hdr_skip; /* -1: send every header; -2: none; d >= 0: none to rank d */
+  int test_rows_skip; /* tests (ps_moe_test_rows): no rows to rank d (-1: none) */
 };
 
 /* Phase marks in global-timer ns: START is the earliest CTA's, HEADERS the

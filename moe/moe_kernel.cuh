@@ -338,6 +338,7 @@ __device__ void ps_moe_dispatch(const ps_moe_args &a, const int *scnt, const int
       if (lane == 0) a.st.self_tok[row] = t;
       continue;
     }
+    if (dst == a.test_rows_skip) continue; /* tests: the rows withheld */
     perseus_batch_handle h = a.st.hexp[j];
     const char *src = (const char *)(a.x + (size_t)t * a.H); /* x itself: no copy in a window */
     const int l = perseus_lsa_index(a.dc, dst);

@@ -55,7 +55,8 @@ ncclResult_t ps_moe_ctl_create(perseus_moe *m)
               "rank %d: %zu bytes of mapped host memory", m->rank, sizeof(ps_moe_ctl));
   memset((void *)m->ctl, 0, sizeof(ps_moe_ctl));
   PS_MOE_CUDA(cudaHostGetDevicePointer((void **)&m->args.ctl, m->ctl, 0), "rank %d", m->rank);
-  m->args.test_hdr_j = -1, m->args.test_hdr_skip = -1; /* the test hook off (ps_moe_test_header) */
+  /* the test hooks off (ps_moe_test_header, ps_moe_test_rows) */
+  m->args.test_hdr_j = -1, m->args.test_hdr_skip = -1, m->args.test_rows_skip = -1;
   return ncclSuccess;
 }
 
@@ -112,6 +113,10 @@ extern "C" void ps_moe_test_header(perseus_moe_t *m, int j, int count, int skip)
 {
   m->args.test_hdr_j = j, m->args.test_hdr_count = count, m->args.test_hdr_skip = skip;
 }
+
+/* Tests only: this rank's routed rows for rank `skip` are not sent (-1: all
+ * are), its header still is. */
+extern "C" void ps_moe_test_rows(perseus_moe_t *m, int skip) { m->args.test_rows_skip = skip; }
 
 extern "C" ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_profile_t *out)
 {
