@@ -194,9 +194,10 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, int mt, int
  * mark in its window is set, which lets its combine start on the tokens of
  * this expert while others still run; a GIN source's are put, one tile per
  * segment, or, when its rows travel in one put each way, counted, and the
- * last of its experts puts all of them. Every GEMM2 task of j made its rows
- * visible at system scope before the caller saw it done; so did the callers
- * before for their experts. One thread. */
+ * last of its experts puts all of them. A source that failed here
+ * (moe_peers.cuh) gets a poisoned mark, or over GIN nothing. Every GEMM2
+ * task of j made its rows visible at system scope before the caller saw it
+ * done; so did the callers before for their experts. One thread. */
 __device__ void ps_expert_return(const ps_moe_args &a, int j)
 {
   const size_t row_bytes = (size_t)a.H * sizeof(ps_bf16);
