@@ -50,21 +50,15 @@ static int mt_fault_config(const mt_cfg *c, gc_world *w, int rank)
 }
 
 /* A forward before any weights: refused on every rank (none waits). */
-static int mt_fault_no_weights(const mt_cfg *c, gc_world *w, int rank)
+static int mt_fault_no_weights(const mt_cfg *c, gc_world *w, int rank, void *d_x, void *d_out)
 {
   perseus_moe_t *m = NULL;
   if (perseus_moe_create(w->comm, &c->mc, &m) != ncclSuccess)
     gc_die(__FILE__, __LINE__, "perseus_moe_create: %s", perseus_moe_last_error());
-  void *d_x, *d_out;
-  const size_t bytes = (size_t)c->mc.max_tokens * c->mc.hidden * 2;
-  GC_CUDA(cudaMalloc(&d_x, bytes), "x");
-  GC_CUDA(cudaMalloc(&d_out, bytes), "out");
   const ncclResult_t r = perseus_moe_forward(m, d_x, d_out, 1, w->stream);
   const char *why = perseus_moe_last_error();
   const int bad = r != ncclInvalidUsage || !strstr(why, "perseus_moe_load_weights");
   printf("rank %d: fault no weights: %s (%s: %s)\n", rank, bad ? "FAILED" : "ok", ncclGetErrorString(r), why);
-  GC_CUDA(cudaFree(d_x), "x");
-  GC_CUDA(cudaFree(d_out), "out");
   if (perseus_moe_destroy(m) != ncclSuccess)
     gc_die(__FILE__, __LINE__, "perseus_moe_destroy: %s", perseus_moe_last_error());
   return bad;
@@ -162,9 +156,17 @@ static int mt_faults(const mt_cfg *c, gc_world *w, const mt_host *h, int rank)
 {
   const int f = c->faults, all = f == MT_FAULT_ALL;
   int bad = 0;
-  if (f == MT_FAULT_CONFIG || all) bad += mt_fault_config(c, w, rank) + mt_fault_no_weights(c, w, rank);
   const perseus_moe_config_t *mc = &c->mc;
   const int R = c->ngpus, T = mc->max_tokens, L = mc->experts / R, P = T * (mc->topk < L ? mc->topk : L);
+  const size_t H = mc->hidden;
+  uint16_t *x = mt_alloc((size_t)T * H);
+  mt_tokens(c, h, rank, 0, T, x);
+  void *d_x, *d_out;
+  GC_CUDA(cudaMalloc(&d_x, (size_t)T * H * 2), "x");
+  GC_CUDA(cudaMalloc(&d_out, (size_t)T * H * 2), "out");
+  GC_CUDA(cudaMemcpy(d_x, x, (size_t)T * H * 2, cudaMemcpyHostToDevice), "x");
+  if (f == MT_FAULT_CONFIG || all)
+    bad += mt_fault_config(c, w, rank) + mt_fault_no_weights(c, w, rank, d_x, d_out);
   mt_fault_case cs[6];
   int n = 0;
   if (f == MT_FAULT_HEADER || all) {
@@ -191,13 +193,6 @@ static int mt_faults(const mt_cfg *c, gc_world *w, const mt_host *h, int rank)
                "4000", 0, "for its rows from rank 0"};
   if (f == MT_FAULT_ABORT || all)
     cs[n++] = {"abort: rank 0 withholds its header", -1, 0, -2, -1, "0", "0", 300, "while it waited"};
-  const size_t H = mc->hidden;
-  uint16_t *x = mt_alloc((size_t)T * H);
-  mt_tokens(c, h, rank, 0, T, x);
-  void *d_x, *d_out;
-  GC_CUDA(cudaMalloc(&d_x, (size_t)T * H * 2), "x");
-  GC_CUDA(cudaMalloc(&d_out, (size_t)T * H * 2), "out");
-  GC_CUDA(cudaMemcpy(d_x, x, (size_t)T * H * 2, cudaMemcpyHostToDevice), "x");
   for (int i = 0; i < n; i++) bad += mt_fault_forward(c, w, h, rank, &cs[i], d_x, d_out);
   GC_CUDA(cudaFree(d_x), "x");
   GC_CUDA(cudaFree(d_out), "out");

@@ -111,19 +111,19 @@ __device__ void ps_moe_headers(const ps_moe_args &a, int src, int lane)
       if (lane == 0) ps_moe_fail(a, PS_MOE_FAULT_HEADER, src, PS_MOE_WAIT_HEADER, j0 + f, cf, before + max(cf, 0));
       bad = true;
     }
-    if (j < a.L) a.st.rcnt[src * a.L + j] = cc, a.st.roff[src * a.L + j] = base + incl - cc;
-    base += __shfl_sync(0xffffffffu, incl, 31);
-  }
-  if (bad) ps_moe_release(a, src, lane);
-  for (int j0 = 0; j0 < a.L; j0 += 32) { /* a lane reads back only the counts it wrote */
-    const int j = j0 + lane, c = j < a.L && !bad ? a.st.rcnt[src * a.L + j] : 0;
+    /* tot may run ahead for a source that turns out bad: every later wait
+     * for it gives up (ps_peer_failed), so nothing reads it as a target */
     if (j < a.L) {
-      if (bad) a.st.rcnt[src * a.L + j] = 0, a.st.roff[src * a.L + j] = 0;
-      a.st.tot[j * a.R + src] += ps_seg_tiles(a, src, c);
+      a.st.rcnt[src * a.L + j] = cc, a.st.roff[src * a.L + j] = base + incl - cc;
+      a.st.tot[j * a.R + src] += ps_seg_tiles(a, src, cc);
     }
-    segs += __popc(__ballot_sync(0xffffffffu, c > 0));
+    base += __shfl_sync(0xffffffffu, incl, 31);
+    segs += __popc(__ballot_sync(0xffffffffu, cc > 0));
   }
-  if (lane == 0 && ps_gin_whole(a, src) && !bad) { /* its rows in one put; ours back in one */
+  if (bad) { /* its rows dropped: no expert counts any */
+    for (int j = lane; j < a.L; j += 32) a.st.rcnt[src * a.L + j] = 0, a.st.roff[src * a.L + j] = 0;
+    ps_moe_release(a, src, lane);
+  } else if (lane == 0 && ps_gin_whole(a, src)) { /* its rows in one put; ours back in one */
     a.st.rsegs[src] = segs;
     if (base > 0) a.st.tot_r[src] += 1;
   }

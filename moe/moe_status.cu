@@ -69,7 +69,7 @@ ncclResult_t ps_moe_fault_check(const perseus_moe *m)
   if (!set && !__atomic_load_n(&ctl->abort, __ATOMIC_ACQUIRE)) return ncclSuccess;
   const ps_moe_ctl f = *ctl, *c = &f;
   static const char *const what[] = {"its header", "its rows", "its results"};
-  const char *w = c->what >= 0 && c->what < 3 ? what[c->what] : "?";
+  const char *w = c->what >= 0 && c->what < (int)(sizeof(what) / sizeof(what[0])) ? what[c->what] : "?";
   char why[320];
   if (!set) { /* aborted while no forward waited */
     ps_moe_set_error("rank %d: the layer was aborted (perseus_moe_abort) and cannot run further "
