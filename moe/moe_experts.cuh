@@ -363,10 +363,14 @@ __device__ void ps_moe_combine(const ps_moe_args &a)
             a.win, a.off_done + ((size_t)dst * a.L + j) * sizeof(uint64_t));
         const unsigned long long want = ps_fwd(a) + 1;
         uint64_t v = 0;
-        ps_moe_wait(a, PS_MOE_WAIT_RESULTS, dst, [&] {
+        auto ready = [&] {
           asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(done) : "memory");
           return v >= want;
-        });
+        };
+        /* our own results come from our own tasks, whose waits are bounded:
+         * a timeout here would only race theirs and blame ourselves */
+        if (dst == a.dc.rank) while (!ready()) {}
+        else ps_moe_wait(a, PS_MOE_WAIT_RESULTS, dst, ready);
         if (v & PS_MOE_POISON) ps_moe_fail(a, PS_MOE_FAULT_PEER, dst, PS_MOE_WAIT_RESULTS, j);
       } else { /* a GIN destination: everything it returns */
         const uint64_t want = a.st.tot_c[dst];
