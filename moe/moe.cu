@@ -57,6 +57,7 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   size_t o_ready = ps_take(&at, sizeof(int)), o_fault = ps_take(&at, sizeof(int));
   size_t o_pfault = ps_take(&at, (size_t)R * sizeof(int)), o_abort = ps_take(&at, sizeof(int));
   size_t o_fwd = ps_take(&at, sizeof(unsigned long long));
+  size_t o_aread = ps_take(&at, sizeof(unsigned long long));
   size_t o_tot = ps_take(&at, (size_t)L * R * sizeof(uint64_t)), o_totc = ps_take(&at, (size_t)R * sizeof(uint64_t));
   size_t o_totr = ps_take(&at, (size_t)R * sizeof(uint64_t)), o_dsent = ps_take(&at, (size_t)R * sizeof(int));
   size_t o_rsegs = ps_take(&at, (size_t)R * sizeof(int)), o_rdone = ps_take(&at, (size_t)R * sizeof(int));
@@ -94,6 +95,7 @@ static ncclResult_t ps_moe_alloc_dev(perseus_moe *m, const ps_moe_layout_t *lay)
   s.logits = (float *)(d + o_logits), s.topk_idx = (int32_t *)(d + o_idx);
   s.topk_w = (float *)(d + o_w), s.slot = (int32_t *)(d + o_slot);
   s.self_tok = (int32_t *)(d + o_self), s.fwd = (unsigned long long *)(d + o_fwd);
+  s.abort_read = (unsigned long long *)(d + o_aread);
   s.hexp = (perseus_batch_handle *)(d + o_hexp) + PS_MOE_SHARED_HANDLES;
   m->args.prof = (unsigned long long *)(d + o_prof);
   unsigned long long marks[PS_PROF_N] = {0}; /* the first forward's: min slots start high */

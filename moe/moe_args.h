@@ -30,6 +30,7 @@ struct ps_moe_state {
   int *fault;         /* sticky: the layer's first fault (PS_MOE_FAULT_*, moe_peers.cuh) */
   int *peer_fault;    /* [R] sticky: a wait for this peer gave up, or its header was refused */
   int *aborted;       /* sticky: a wait saw the host's abort */
+  unsigned long long *abort_read; /* when a wait last read the host's abort flag (ns) */
   uint64_t *tot;      /* [L][R] cumulative tiles expected from src on expert handle */
   uint64_t *tot_c;    /* [R] cumulative returns expected from a GIN dst */
   uint64_t *tot_r;    /* [R] cumulative row puts expected from a GIN src (rows handle) */

@@ -42,10 +42,28 @@ __device__ __forceinline__ bool ps_peer_failed(const ps_moe_args &a, int peer)
   return *(volatile int *)&a.st.peer_fault[peer] != 0;
 }
 
+/* How often at most the GPU reads the host's abort flag (ns). */
+#define PS_MOE_ABORT_READ_NS 100000ull
+
+/* Whether the host asked the layer to abort (perseus_moe_abort), read by one
+ * waiting thread of the GPU at a time, at most every PS_MOE_ABORT_READ_NS;
+ * the others learn it from st.aborted. The flag is in host memory: every
+ * waiting lane reading it (thousands in the combine) filled PCIe with reads
+ * and slowed the GIN plugin's staged copies into this GPU 10x on 2 x H200,
+ * results returned in 10-40 ms instead of 1-4 (docs/results.md). */
+__device__ __forceinline__ bool ps_moe_host_abort(const ps_moe_args &a, unsigned long long now)
+{
+  const unsigned long long last = *(volatile unsigned long long *)a.st.abort_read;
+  if ((long long)(now - last) < (long long)PS_MOE_ABORT_READ_NS) return false;
+  if (atomicCAS(a.st.abort_read, last, now) != last) return false; /* another thread reads it */
+  return a.ctl->abort != 0;
+}
+
 /* Spins until ready() holds (ready acquires what it checks): true; false
  * when the peer failed, the layer was aborted or the wait timed out (see
- * above). The device flags are read every 32 polls, the host's abort and
- * the clock every 1024, so a wait that is met at once costs nothing more. */
+ * above). The device flags are read every 32 polls, the clock (and so
+ * maybe the host's abort) every 1024, so a wait that is met at once costs
+ * nothing more. */
 template <typename Ready>
 __device__ bool ps_moe_wait(const ps_moe_args &a, int what, int peer, Ready ready)
 {
@@ -54,12 +72,13 @@ __device__ bool ps_moe_wait(const ps_moe_args &a, int what, int peer, Ready read
     if (ready()) return true;
     if (n % 32 != 31) continue;
     if (ps_peer_failed(a, peer)) return false;
-    if (*(volatile int *)a.st.aborted || (n % 1024 == 1023 && a.ctl->abort)) {
+    const bool clock = n % 1024 == 1023;
+    const unsigned long long now = clock ? ps_now_ns() : 0;
+    if (*(volatile int *)a.st.aborted || (clock && ps_moe_host_abort(a, now))) {
       ps_moe_fail(a, PS_MOE_FAULT_ABORT, peer, what);
       return false;
     }
-    if (n % 1024 != 1023) continue;
-    const unsigned long long now = ps_now_ns();
+    if (!clock) continue;
     if (!t0) t0 = now;
     else if (a.timeout_ns && now - t0 > a.timeout_ns) {
       ps_moe_fail(a, PS_MOE_FAULT_TIMEOUT, peer, what);
