@@ -134,8 +134,8 @@ ncclResult_t perseus_moe_last_profile(perseus_moe_t *m, perseus_moe_profile_t *o
 /* Makes the layer's running and later forwards stop waiting for peers, as
  * a timeout would (perseus_moe_forward): for a peer that died or hangs,
  * without waiting for PERSEUS_MOE_TIMEOUT_MS. Any thread, any time (it
- * sets a flag in host memory the kernel polls); the layer is failed from
- * then on. Not collective. */
+ * sets a flag in host memory the kernel reads about every 100 us while it
+ * waits); the layer is failed from then on. Not collective. */
 ncclResult_t perseus_moe_abort(perseus_moe_t *m);
 
 /* Frees everything (collective: windows are deregistered). NULL is fine. */
