@@ -5,12 +5,13 @@
  *            forward before perseus_moe_load_weights must be refused;
  *   header   rank 0's header to every destination is corrupt, three ways
  *            (a count past the region, a negative count, counts whose sum
- *            is past it); NVLink peers only: a GIN peer that sent a bad
- *            header is not released (moe.h);
+ *            is past it); rank 0 must learn it from every peer at once
+ *            (poisoned done marks over NVLink, the poison signal over GIN);
  *   timeout  rank 0 withholds its header from the last rank, which gives up
  *            on it after PERSEUS_MOE_TIMEOUT_MS (1 s) and must report it;
  *            rank 0 must then report that rank (its results from there are
- *            not valid), and every other rank must succeed; the same with
+ *            not valid), told by it before its own 4 s timeout, and every
+ *            other rank must succeed; the same with
  *            rank 0's rows withheld instead (2 ranks or more: a rank's own
  *            rows are not sent);
  *   abort    rank 0 withholds its header from every rank, without a
@@ -132,11 +133,14 @@ static int mt_fault_forward(const mt_cfg *c, gc_world *w, const mt_host *h, int 
    * wait for the failed ones) */
   const ncclResult_t r2 = fails ? perseus_moe_forward(m, d_x, d_out, T, w->stream) : ncclRemoteError;
   /* a failed rank cannot have failed before the victim gave up: a wait
-   * that ended early (a bad clock or unit) fails the case */
+   * that ended early (a bad clock or unit) fails the case; and rank 0,
+   * failed by the victim, must learn it from the victim (poisoned marks or
+   * the GIN poison), not by its own, later timeout */
   const double early = fc->abort_ms > 0 ? fc->abort_ms / 1e3
                        : fc->timeout_victim ? atof(fc->timeout_victim) / 1e3 : 0;
+  const double own = !victim && fc->timeout_other ? atof(fc->timeout_other) / 1e3 : 0;
   const int fail = fails ? r != ncclRemoteError || !strstr(why, want) || r2 != ncclRemoteError ||
-                               took < 0.9 * early
+                               took < 0.9 * early || (own > 0 && took > 0.75 * own)
                          : r != ncclSuccess;
   printf("rank %d: fault %s: %s after %.2f s (%s; profile: %s: %s; next forward: %s)\n", rank,
          fc->what, fail ? "FAILED" : "ok", took, fails ? "must fail" : "must succeed",
@@ -170,20 +174,18 @@ static int mt_faults(const mt_cfg *c, gc_world *w, const mt_host *h, int rank)
   mt_fault_case cs[6];
   int n = 0;
   if (f == MT_FAULT_HEADER || all) {
-    if (R > 1 && (c->path != TT_LSA || gp_sh->hosts)) {
-      if (rank == 0) printf("fault header: skipped (GIN peers are not released from a bad header)\n");
-    } else {
-      cs[n++] = {"header: one count past the region", 0, P + 1, -1, -1, NULL, NULL, 0, ""};
-      cs[n++] = {"header: a negative count", 0, -1, -1, -1, NULL, NULL, 0, ""};
-      /* the hot expert 0 has rows, so the sum up to the last expert is past P */
-      cs[n++] = {"header: counts whose sum is past the region", L - 1, P, -1, -1, NULL, NULL, 0, ""};
-      for (int i = n - 3; i < n; i++)
-        snprintf(cs[i].want, sizeof(cs[i].want), "expert %d has %d rows", cs[i].j, cs[i].count);
-    }
+    /* no timeout on any rank: every peer must tell rank 0 at once */
+    cs[n++] = {"header: one count past the region", 0, P + 1, -1, -1, "0", "0", 0, ""};
+    cs[n++] = {"header: a negative count", 0, -1, -1, -1, "0", "0", 0, ""};
+    /* the hot expert 0 has rows, so the sum up to the last expert is past P */
+    cs[n++] = {"header: counts whose sum is past the region", L - 1, P, -1, -1, "0", "0", 0, ""};
+    for (int i = n - 3; i < n; i++)
+      snprintf(cs[i].want, sizeof(cs[i].want), "expert %d has %d rows", cs[i].j, cs[i].count);
   }
-  /* the last rank gives up on rank 0's header after 1 s; rank 0 on the
-   * results it owes (over GIN: none come) after 4 s, the healthy ranks get
-   * theirs from it once its experts ran, at about 1 s */
+  /* the last rank gives up on rank 0's header after 1 s and tells rank 0,
+   * which must fail then, not by its own 4 s timeout on the results that
+   * rank owes it; the healthy ranks get theirs from it once its experts
+   * ran, at about 1 s */
   if (f == MT_FAULT_TIMEOUT || all)
     cs[n++] = {"timeout: rank 0 withholds its header from the last rank", -1, 0, R - 1, -1, "1000",
                "4000", 0, "waited 1000 ms"};

@@ -210,7 +210,7 @@ __device__ void ps_expert_return(const ps_moe_args &a, int j)
     const bool failed = ps_peer_failed(a, s);
     if (const int l = perseus_lsa_index(a.dc, s); l >= 0) {
       ps_moe_mark_done(a, l, j, failed);
-    } else if (failed) { /* not returned: it fails by its own timeout */
+    } else if (failed) { /* not returned: it was sent the GIN poison (ps_moe_fail) */
     } else if (!ps_gin_whole(a, s)) {
       /* our rows sit in the sender's combine region for us at the same offset */
       pb.put(ncclCoopThread(), s, a.win, ps_row_off(a, a.off_comb, a.dc.rank, r), a.win,
@@ -372,9 +372,14 @@ __device__ void ps_moe_combine(const ps_moe_args &a)
         if (dst == a.dc.rank) while (!ready()) {}
         else ps_moe_wait(a, PS_MOE_WAIT_RESULTS, dst, ready);
         if (v & PS_MOE_POISON) ps_moe_fail(a, PS_MOE_FAULT_PEER, dst, PS_MOE_WAIT_RESULTS, j);
-      } else { /* a GIN destination: everything it returns */
+      } else { /* a GIN destination: everything it returns, or its poison */
         const uint64_t want = a.st.tot_c[dst];
-        ps_moe_wait(a, PS_MOE_WAIT_RESULTS, dst, [&] { return rv.poll(dst, want); });
+        uint64_t v = 0;
+        ps_moe_wait(a, PS_MOE_WAIT_RESULTS, dst, [&] {
+          v = rv.arrived(dst);
+          return perseus_reached(v, want);
+        });
+        if (v & PS_MOE_GIN_POISON) ps_moe_fail(a, PS_MOE_FAULT_PEER, dst, PS_MOE_WAIT_RESULTS, -1);
       }
     }
     __syncwarp();

@@ -10,9 +10,11 @@
  * layer's first fault (perseus_moe_forward and perseus_moe_last_profile
  * return ncclRemoteError). Waits for healthy peers go on as usual, so the
  * results we owe them stay valid; a failed peer's are not returned as
- * valid: an NVLink peer gets poisoned done marks (PS_MOE_POISON), which fail
- * its forward in turn, a GIN peer gets nothing and fails by its own timeout.
- * Forwards enqueued behind a failed one do not wait for the failed peer. */
+ * valid: an NVLink peer gets poisoned done marks (PS_MOE_POISON), a GIN peer
+ * a poison added to its results signal from us (PS_MOE_GIN_POISON), at once;
+ * either fails the peer's forward in turn, instead of leaving it to wait for
+ * its own timeout. Forwards enqueued behind a failed one do not wait for the
+ * failed peer. */
 #ifndef PS_MOE_PEERS_CUH
 #define PS_MOE_PEERS_CUH
 
@@ -20,12 +22,24 @@
  * valid (the marking rank failed that source). Marks stay monotonic. */
 #define PS_MOE_POISON (1ull << 63)
 
+/* Added to a GIN peer's results signal from us (hcomb) when we fail it:
+ * its combine takes the signal as reached and sees the bit. Counts of
+ * returns never come near it; the peer counts us as failed from then on,
+ * so it never compares that signal again. */
+#define PS_MOE_GIN_POISON (1ull << 62)
+
 /* Records a fault concerning `peer` (any thread): the peer counts as failed
- * from then on; the first fault of the layer goes to the host. */
+ * from then on, and is told if it is a GIN peer (an NVLink peer gets
+ * poisoned done marks: ps_moe_release, ps_expert_return); the first fault
+ * of the layer goes to the host. */
 __device__ void ps_moe_fail(const ps_moe_args &a, int kind, int peer, int what, int expert = 0,
                             int count = 0, long long rows = 0)
 {
-  atomicExch(&a.st.peer_fault[peer], 1);
+  if (atomicExch(&a.st.peer_fault[peer], 1) == 0 && perseus_lsa_index(a.dc, peer) < 0) {
+    ncclGin gin{a.dc, a.hcomb.ctx};
+    gin.signal(ncclTeamWorld(a.dc), peer,
+               ncclGin_SignalAdd{a.hcomb.signal0 + (ncclGinSignal_t)a.dc.rank, PS_MOE_GIN_POISON});
+  }
   if (kind == PS_MOE_FAULT_ABORT) atomicExch(a.st.aborted, 1);
   if (atomicCAS(a.st.fault, 0, kind) != 0) return;
   ps_moe_ctl *c = a.ctl;
@@ -100,10 +114,10 @@ __device__ __forceinline__ void ps_moe_mark_done(const ps_moe_args &a, int l, in
 /* ---- headers in (a warp per source) ---------------------------------------
  * A source's header is untrusted: every count in 0..P and their sum at most
  * P (its region of our receive window). Otherwise, or when it did not come,
- * the source failed here: its rows are dropped (counted as none), and an LSA
- * source gets poisoned done marks at once, so that its combine neither
- * waits for rows we will not compute nor takes stale ones as results. A GIN
- * source is not told: it waits for our results until its own timeout. */
+ * the source failed here: its rows are dropped (counted as none), and it is
+ * told at once (poisoned done marks for an LSA source, here; the GIN poison
+ * for a GIN one, ps_moe_fail), so that its combine neither waits for rows
+ * we will not compute nor takes stale ones as results. */
 __device__ void ps_moe_release(const ps_moe_args &a, int src, int lane)
 {
   const int l = perseus_lsa_index(a.dc, src);

@@ -81,9 +81,12 @@ ncclResult_t ps_moe_fault_check(const perseus_moe *m)
              "with the experts before it), at most %d are allowed from one source (max_tokens x "
              "min(topk, local experts)); its rows were dropped", c->peer, c->expert, c->count,
              c->rows, c->room);
-  else if (c->kind == PS_MOE_FAULT_PEER)
+  else if (c->kind == PS_MOE_FAULT_PEER && c->expert >= 0)
     snprintf(why, sizeof(why), "got no valid results from rank %d for its local expert %d (that "
              "rank failed this one: see its error)", c->peer, c->expert);
+  else if (c->kind == PS_MOE_FAULT_PEER) /* a GIN peer's poison */
+    snprintf(why, sizeof(why), "got no valid results from rank %d (that rank failed this one: "
+             "see its error)", c->peer);
   else if (c->kind == PS_MOE_FAULT_TIMEOUT)
     snprintf(why, sizeof(why), "waited %llu ms (PERSEUS_MOE_TIMEOUT_MS) for %s from rank %d: the "
              "forward went on without them", m->args.timeout_ns / 1000000ull, w, c->peer);

@@ -71,14 +71,15 @@ ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_t *gate, co
  * forward
  *   - gets a header (a peer's row count per expert of ours) that does not
  *     fit that peer's region of our receive window (max_tokens x min(topk,
- *     local experts) rows): its rows are dropped; an NVLink peer is
- *     released (its combine ends, on stale rows), a GIN peer is not told
- *     (its wait for our results ends by its own PERSEUS_MOE_TIMEOUT_MS);
+ *     local experts) rows): its rows are dropped, and the peer is told at
+ *     once (below), so its forward fails too instead of waiting;
  *   - waits longer than PERSEUS_MOE_TIMEOUT_MS (README; default 10 minutes,
  *     0: forever) for a peer's header, rows or results;
  *   - is aborted by perseus_moe_abort;
- *   - gets results an NVLink peer marked as not valid (that peer failed
- *     this rank: its header or rows did not come or were refused there).
+ *   - gets results a peer marked as not valid (that peer failed this rank:
+ *     its header or rows did not come or were refused there; an NVLink peer
+ *     marks them in our window, a GIN peer adds a poison to its results
+ *     signal).
  * A failed forward's kernel still ends: waits for the failed peer give up
  * (its tokens' output is not valid), waits for healthy peers go on, so the
  * results this rank owes healthy peers stay valid and theirs succeed.
