@@ -436,12 +436,17 @@ __global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forwar
   ps_moe_combine(a);
   __syncthreads();
   ps_prof(marks, PS_PROF_COMBINE, false);
-  if (a.dc.ginContextCount > 0) {
-    ncclGin gin{a.dc, 0};
-    gin.flush(ncclCoopCta()); /* no put of ours outlives the kernel */
-  }
   grid.sync();
   if (blockIdx.x == 0) { /* the per-forward counters and marks, for the next forward */
+    if (a.dc.ginContextCount > 0) {
+      /* no put of ours outlives the kernel (every CTA's were posted before
+       * the barrier). One CTA flushes: a flush polls NCCL's queue indexes,
+       * in host memory without GDRCopy, and every CTA's threads polling
+       * them would fill PCIe with reads while the plugin's copies of our
+       * last puts cross it (moe_peers.cuh, ps_moe_host_abort) */
+      ncclGin gin{a.dc, 0};
+      gin.flush(ncclCoopCta());
+    }
     for (int i = threadIdx.x; i < a.R * a.L; i += blockDim.x) a.st.scnt[i] = 0, a.st.sdone[i] = 0;
     for (int i = threadIdx.x; i < a.R; i += blockDim.x) a.st.dsent[i] = 0, a.st.rdone[i] = 0;
     for (int i = threadIdx.x; i < a.L; i += blockDim.x) a.st.g1done[i] = 0, a.st.g2done[i] = 0;
