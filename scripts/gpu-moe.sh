@@ -10,12 +10,12 @@
 # per destination (the default) and, in one more 4-rank run, per
 # (destination, expert) segment (-S 1). Two more runs mix launched forwards
 # with forwards replayed from CUDA graphs (-G 1): over LSA on every GPU, and
-# 2 ranks over GIN. The LSA runs and the shared-GPU GIN runs start with
-# what the layer must refuse without hanging (-f all: ranks that disagree
-# on the config, a corrupt header from a peer, a peer's withheld header
-# ended by PERSEUS_MOE_TIMEOUT_MS and by perseus_moe_abort). Run from the
-# repository root of a
-# tree built elsewhere and carried over:
+# 2 ranks over GIN. The LSA runs, the shared-GPU GIN runs and the 2-host
+# run start with what the layer must refuse without hanging (-f all: ranks
+# that disagree on the config, a corrupt header from a peer, a peer's
+# withheld header or rows ended by PERSEUS_MOE_TIMEOUT_MS, and
+# perseus_moe_abort). Run from the repository root of a tree built
+# elsewhere and carried over:
 #
 #   scripts/gpu-moe.sh [LOGDIR [BUILDDIR]]     (defaults: ./moe-logs, $PERSEUS_BUILD_DIR or build)
 #
@@ -78,11 +78,12 @@ for g in 2 4; do
   fi
 done
 # From 2 GPUs: 2 pretend hosts of ngpus ranks each (NVLink within a host, GIN
-# across), the multi-node layout
+# across), the multi-node layout, faults included (a failed peer told over
+# NVLink and over GIN in one run)
 if [ "$ngpus" -ge 2 ]; then
   # shellcheck disable=SC2086
   PERSEUS_TEST_HOSTS=2 run "moe_test-g$((2 * ngpus))-2hosts" "$TEST_BIN" -g $((2 * ngpus)) \
-    -p lsa ${MOE_TEST_ARGS:-}
+    -p lsa -f all ${MOE_TEST_ARGS:-}
 fi
 # GIN rows per (destination, expert) segment (-S 1) instead of per destination:
 # 4 ranks over GIN, 32 experts, chunks of 3 rows
