@@ -16,7 +16,8 @@
  *            rows are not sent);
  *   abort    rank 0 withholds its header from every rank, without a
  *            timeout: every forward is ended by perseus_moe_abort from
- *            another thread after 300 ms.
+ *            another thread after 300 ms (or, first, by a peer's abort,
+ *            which fails this rank and tells it).
  * Every rank's forward must end (the watchdog catches a hang), a failed
  * layer must report its fault from the profile (ncclRemoteError, the reason
  * named) and refuse the next forward. */
@@ -193,8 +194,11 @@ static int mt_faults(const mt_cfg *c, gc_world *w, const mt_host *h, int rank)
   if ((f == MT_FAULT_TIMEOUT || all) && R > 1)
     cs[n++] = {"timeout: rank 0 withholds its rows from the last rank", -1, 0, -1, R - 1, "1000",
                "4000", 0, "for its rows from rank 0"};
+  /* a rank may learn first that a peer aborted (and so failed it) than of
+   * its own abort: either reason names the wait */
   if (f == MT_FAULT_ABORT || all)
-    cs[n++] = {"abort: rank 0 withholds its header", -1, 0, -2, -1, "0", "0", 300, "while it waited"};
+    cs[n++] = {"abort: rank 0 withholds its header", -1, 0, -2, -1, "0", "0", 300,
+               "waited for its header from rank 0"};
   for (int i = 0; i < n; i++) bad += mt_fault_forward(c, w, h, rank, &cs[i], d_x, d_out);
   GC_CUDA(cudaFree(d_x), "x");
   GC_CUDA(cudaFree(d_out), "out");

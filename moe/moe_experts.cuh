@@ -195,7 +195,8 @@ __device__ void ps_expert_gemm2(const ps_moe_args &a, int j, int h0, int mt, int
  * this expert while others still run; a GIN source's are put, one tile per
  * segment, or, when its rows travel in one put each way, counted, and the
  * last of its experts puts all of them. A source that failed here
- * (moe_peers.cuh) gets a poisoned mark, or over GIN nothing. Every GEMM2
+ * (moe_peers.cuh) gets a poisoned mark, or over GIN nothing (it was told
+ * when it failed: ps_moe_tell). Every GEMM2
  * task of j made its rows visible at system scope before the caller saw it
  * done; so did the callers before for their experts. One thread. */
 __device__ void ps_expert_return(const ps_moe_args &a, int j)
@@ -210,13 +211,15 @@ __device__ void ps_expert_return(const ps_moe_args &a, int j)
     const bool failed = ps_peer_failed(a, s);
     if (const int l = perseus_lsa_index(a.dc, s); l >= 0) {
       ps_moe_mark_done(a, l, j, failed);
-    } else if (failed) { /* not returned: it was sent the GIN poison (ps_moe_fail) */
+    } else if (failed) { /* not returned: it was told (ps_moe_tell) */
     } else if (!ps_gin_whole(a, s)) {
       /* our rows sit in the sender's combine region for us at the same offset */
+      ps_gin_posted();
       pb.put(ncclCoopThread(), s, a.win, ps_row_off(a, a.off_comb, a.dc.rank, r), a.win,
              ps_row_off(a, a.off_y, s, r), (size_t)c * row_bytes);
     } else if (atomicAdd(&a.st.rdone[s], 1) == a.st.rsegs[s] - 1) {
       __threadfence_system(); /* the other experts' rows, whose returns we acquired */
+      ps_gin_posted();
       pb.put(ncclCoopThread(), s, a.win, ps_row_off(a, a.off_comb, a.dc.rank, 0), a.win,
              ps_row_off(a, a.off_y, s, 0),
              (size_t)ps_rows_all(a, a.st.rcnt, a.st.roff, s) * row_bytes);

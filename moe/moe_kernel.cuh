@@ -36,8 +36,9 @@
  *   combine  warp per (token, column group): wait for the token's experts
  *            (an LSA owner's done mark per expert; a GIN owner's returns),
  *            weighted sum of its rows, loads issued together.
- *   --- barrier; CTA 0 clears the per-forward counters and advances the
- *       count of forwards, every CTA the logits.
+ *   --- the CTAs that posted GIN puts flush them; barrier; CTA 0 clears the
+ *       per-forward counters and advances the count of forwards, every CTA
+ *       the logits.
  * Everything cumulative (tiles per handle, the count of forwards, which the
  * signals and done marks are compared against) stays monotonic across
  * forwards, so nothing is reset that a peer could still be adding to. The
@@ -62,6 +63,14 @@
  * (at the end); read-only until then, so read through the non-coherent
  * cache, where uses can reload it rather than hold it in registers. */
 __device__ __forceinline__ unsigned long long ps_fwd(const ps_moe_args &a) { return __ldg(a.st.fwd); }
+
+/* Whether this CTA posted a GIN put or signal in this forward: only those
+ * CTAs flush the GIN context at the end. A flush covers its own CTA's puts
+ * and polls NCCL's queue indexes, in host memory without GDRCopy: every
+ * CTA's threads polling them filled PCIe with reads while the plugin
+ * staged our last puts (moe_peers.cuh, ps_moe_host_abort). */
+__shared__ int ps_gin_posts;
+__device__ __forceinline__ void ps_gin_posted() { ps_gin_posts = 1; }
 
 __device__ __forceinline__ unsigned long long ps_now_ns()
 {
@@ -306,7 +315,7 @@ __device__ void ps_moe_offsets(const ps_moe_args &a, int dst, int lane, const in
     a.st.tot_c[dst] += (uint64_t)(ps_gin_whole(a, dst) ? segs > 0 : segs);
   __syncwarp(); /* the header, written by every lane */
   if (lane == 0 && a.test_hdr_skip != -2 && a.test_hdr_skip != dst) { /* to dst: one tile, one signal */
-    if (perseus_lsa_index(a.dc, dst) < 0) __threadfence_system(); /* for the proxy's read */
+    if (perseus_lsa_index(a.dc, dst) < 0) __threadfence_system(), ps_gin_posted(); /* for the proxy's read */
     perseus_batch(a.dc, a.hctl, 1)
         .put(ncclCoopThread(), dst, a.win, a.off_hdr_in + (size_t)a.dc.rank * a.L * sizeof(int),
              a.win, a.off_hdr_out + (size_t)dst * a.L * sizeof(int), a.L * sizeof(int));
@@ -356,12 +365,14 @@ __device__ void ps_moe_dispatch(const ps_moe_args &a, const int *scnt, const int
           const int all = ps_rows_all(a, scnt, soff, dst);
           if (atomicAdd(&a.st.dsent[dst], 1) == all - 1) {
             __threadfence_system(); /* every row to dst is gathered: all in one put */
+            ps_gin_posted();
             perseus_batch(a.dc, a.hrows, 1)
                 .put(ncclCoopThread(), dst, a.win, ps_row_off(a, a.off_recv, a.dc.rank, 0), a.win,
                      ps_row_off(a, a.off_send, dst, 0), (size_t)all * row_bytes);
           }
         } else if (atomicAdd(&a.st.sdone[seg], 1) == n - 1) { /* the segment is gathered */
           __threadfence_system();
+          ps_gin_posted();
           int first = soff[seg], chunk = a.batch ? a.batch : n;
           perseus_batch pb(a.dc, h, 1);
           for (int c = 0; c < n; c += chunk) {
@@ -393,6 +404,7 @@ __global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forwar
    * marked once the count of forwards is in (prefetched under the gate) */
   __shared__ unsigned long long *volatile marks, t_start;
   if (threadIdx.x == 0) {
+    ps_gin_posts = 0;
     t_start = ps_now_ns();
     asm volatile("prefetch.global.L1 [%0];" ::"l"(a.st.fwd));
   }
@@ -436,17 +448,12 @@ __global__ void __launch_bounds__(PS_MOE_THREADS, PS_MOE_MIN_CTAS) ps_moe_forwar
   ps_moe_combine(a);
   __syncthreads();
   ps_prof(marks, PS_PROF_COMBINE, false);
+  if (ps_gin_posts) { /* no put of ours outlives the kernel (CTA-uniform: read past a barrier) */
+    ncclGin gin{a.dc, 0};
+    gin.flush(ncclCoopCta());
+  }
   grid.sync();
   if (blockIdx.x == 0) { /* the per-forward counters and marks, for the next forward */
-    if (a.dc.ginContextCount > 0) {
-      /* no put of ours outlives the kernel (every CTA's were posted before
-       * the barrier). One CTA flushes: a flush polls NCCL's queue indexes,
-       * in host memory without GDRCopy, and every CTA's threads polling
-       * them would fill PCIe with reads while the plugin's copies of our
-       * last puts cross it (moe_peers.cuh, ps_moe_host_abort) */
-      ncclGin gin{a.dc, 0};
-      gin.flush(ncclCoopCta());
-    }
     for (int i = threadIdx.x; i < a.R * a.L; i += blockDim.x) a.st.scnt[i] = 0, a.st.sdone[i] = 0;
     for (int i = threadIdx.x; i < a.R; i += blockDim.x) a.st.dsent[i] = 0, a.st.rdone[i] = 0;
     for (int i = threadIdx.x; i < a.L; i += blockDim.x) a.st.g1done[i] = 0, a.st.g2done[i] = 0;

@@ -3,18 +3,19 @@
  *
  * Every wait for a peer (its header, its rows, its results) ends when the
  * data is there, when that peer has failed here (an earlier wait for it gave
- * up, or its header was refused: peer_fault, sticky), when the host aborts
+ * up, or its header was refused: peer_fault, sticky), when the peer told us
+ * it failed us (ps_moe_told), when the host aborts
  * the layer (perseus_moe_abort), or after PERSEUS_MOE_TIMEOUT_MS. In the
  * last three the CTA goes on without the data, so that every CTA still
  * reaches the grid barriers and the kernel ends, and the host reports the
  * layer's first fault (perseus_moe_forward and perseus_moe_last_profile
  * return ncclRemoteError). Waits for healthy peers go on as usual, so the
  * results we owe them stay valid; a failed peer's are not returned as
- * valid: an NVLink peer gets poisoned done marks (PS_MOE_POISON), a GIN peer
- * a poison added to its results signal from us (PS_MOE_GIN_POISON), at once;
- * either fails the peer's forward in turn, instead of leaving it to wait for
- * its own timeout. Forwards enqueued behind a failed one do not wait for the
- * failed peer. */
+ * valid, and the peer is told at once (ps_moe_tell: an NVLink peer gets
+ * poisoned done marks, PS_MOE_POISON; a GIN peer a poison added to its
+ * results signal from us, PS_MOE_GIN_POISON), which fails its forward in
+ * turn instead of leaving it to wait for its own timeout. Forwards enqueued
+ * behind a failed one do not wait for the failed peer. */
 #ifndef PS_MOE_PEERS_CUH
 #define PS_MOE_PEERS_CUH
 
@@ -22,24 +23,61 @@
  * valid (the marking rank failed that source). Marks stay monotonic. */
 #define PS_MOE_POISON (1ull << 63)
 
-/* Added to a GIN peer's results signal from us (hcomb) when we fail it:
- * its combine takes the signal as reached and sees the bit. Counts of
- * returns never come near it; the peer counts us as failed from then on,
- * so it never compares that signal again. */
+/* Added to a GIN peer's results signal from us (hcomb) when we fail it
+ * (ps_moe_tell). Counts of returns never come near it. The peer's combine
+ * takes the signal as reached and sees the bit, and every wait of the peer
+ * for us checks it (ps_moe_told); from then on the peer counts us as
+ * failed (sticky), so the one add is all it ever sees: a second would
+ * carry into bit 63 and no longer compare as reached. */
 #define PS_MOE_GIN_POISON (1ull << 62)
 
+/* Expert j's done mark in the window of LSA peer l (a source, or us):
+ * forward `ps_fwd + 1` is done, its results valid or (poison) not. */
+__device__ __forceinline__ void ps_moe_mark_done(const ps_moe_args &a, int l, int j, bool poison)
+{
+  uint64_t *done = (uint64_t *)ncclGetLsaPointer(
+      a.win, a.off_done + ((size_t)a.dc.rank * a.L + j) * sizeof(uint64_t), l);
+  const uint64_t v = (ps_fwd(a) + 1) | (poison ? PS_MOE_POISON : 0);
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(done), "l"(v) : "memory");
+}
+
+/* Tells `peer` at once that we failed it, so that it fails too instead of
+ * waiting for us until its own timeout (we may refuse our next forwards,
+ * which it would wait for): an LSA peer gets our expert 0's done mark
+ * poisoned in its window, a GIN peer the GIN poison. One thread. */
+__device__ void ps_moe_tell(const ps_moe_args &a, int peer)
+{
+  if (peer == a.dc.rank) return;
+  if (const int l = perseus_lsa_index(a.dc, peer); l >= 0) {
+    ps_moe_mark_done(a, l, 0, true);
+    return;
+  }
+  ps_gin_posted();
+  ncclGin gin{a.dc, a.hcomb.ctx};
+  gin.signal(ncclTeamWorld(a.dc), peer,
+             ncclGin_SignalAdd{a.hcomb.signal0 + (ncclGinSignal_t)a.dc.rank, PS_MOE_GIN_POISON});
+}
+
+/* Whether `peer` told us it failed us (ps_moe_tell, or the poisoned marks
+ * of ps_moe_release): read every 32 polls of a wait for it. */
+__device__ __forceinline__ bool ps_moe_told(const ps_moe_args &a, int peer)
+{
+  if (peer == a.dc.rank) return false;
+  if (perseus_lsa_index(a.dc, peer) >= 0)
+    return (*(const volatile uint64_t *)ncclGetLocalPointer(
+               a.win, a.off_done + (size_t)peer * a.L * sizeof(uint64_t)) & PS_MOE_POISON) != 0;
+  ncclGin gin{a.dc, a.hcomb.ctx};
+  return (gin.readSignal(a.hcomb.signal0 + (ncclGinSignal_t)peer, 64, cuda::memory_order_relaxed) &
+          PS_MOE_GIN_POISON) != 0;
+}
+
 /* Records a fault concerning `peer` (any thread): the peer counts as failed
- * from then on, and is told if it is a GIN peer (an NVLink peer gets
- * poisoned done marks: ps_moe_release, ps_expert_return); the first fault
- * of the layer goes to the host. */
+ * from then on and is told (ps_moe_tell); the first fault of the layer
+ * goes to the host. */
 __device__ void ps_moe_fail(const ps_moe_args &a, int kind, int peer, int what, int expert = 0,
                             int count = 0, long long rows = 0)
 {
-  if (atomicExch(&a.st.peer_fault[peer], 1) == 0 && perseus_lsa_index(a.dc, peer) < 0) {
-    ncclGin gin{a.dc, a.hcomb.ctx};
-    gin.signal(ncclTeamWorld(a.dc), peer,
-               ncclGin_SignalAdd{a.hcomb.signal0 + (ncclGinSignal_t)a.dc.rank, PS_MOE_GIN_POISON});
-  }
+  if (atomicExch(&a.st.peer_fault[peer], 1) == 0) ps_moe_tell(a, peer);
   if (kind == PS_MOE_FAULT_ABORT) atomicExch(a.st.aborted, 1);
   if (atomicCAS(a.st.fault, 0, kind) != 0) return;
   ps_moe_ctl *c = a.ctl;
@@ -86,6 +124,10 @@ __device__ bool ps_moe_wait(const ps_moe_args &a, int what, int peer, Ready read
     if (ready()) return true;
     if (n % 32 != 31) continue;
     if (ps_peer_failed(a, peer)) return false;
+    if (ps_moe_told(a, peer)) { /* it failed us: it may never send (e.g. our next header) */
+      ps_moe_fail(a, PS_MOE_FAULT_PEER, peer, what, -1);
+      return false;
+    }
     const bool clock = n % 1024 == 1023;
     const unsigned long long now = clock ? ps_now_ns() : 0;
     if (*(volatile int *)a.st.aborted || (clock && ps_moe_host_abort(a, now))) {
@@ -99,16 +141,6 @@ __device__ bool ps_moe_wait(const ps_moe_args &a, int what, int peer, Ready read
       return false;
     }
   }
-}
-
-/* Expert j's done mark in the window of LSA peer l (a source, or us):
- * forward `ps_fwd + 1` is done, its results valid or (poison) not. */
-__device__ __forceinline__ void ps_moe_mark_done(const ps_moe_args &a, int l, int j, bool poison)
-{
-  uint64_t *done = (uint64_t *)ncclGetLsaPointer(
-      a.win, a.off_done + ((size_t)a.dc.rank * a.L + j) * sizeof(uint64_t), l);
-  const uint64_t v = (ps_fwd(a) + 1) | (poison ? PS_MOE_POISON : 0);
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(done), "l"(v) : "memory");
 }
 
 /* ---- headers in (a warp per source) ---------------------------------------

@@ -84,9 +84,9 @@ ncclResult_t ps_moe_fault_check(const perseus_moe *m)
   else if (c->kind == PS_MOE_FAULT_PEER && c->expert >= 0)
     snprintf(why, sizeof(why), "got no valid results from rank %d for its local expert %d (that "
              "rank failed this one: see its error)", c->peer, c->expert);
-  else if (c->kind == PS_MOE_FAULT_PEER) /* a GIN peer's poison */
-    snprintf(why, sizeof(why), "got no valid results from rank %d (that rank failed this one: "
-             "see its error)", c->peer);
+  else if (c->kind == PS_MOE_FAULT_PEER) /* told while it waited (ps_moe_told, a GIN poison) */
+    snprintf(why, sizeof(why), "waited for %s from rank %d, which failed this rank (see its "
+             "error)", w, c->peer);
   else if (c->kind == PS_MOE_FAULT_TIMEOUT)
     snprintf(why, sizeof(why), "waited %llu ms (PERSEUS_MOE_TIMEOUT_MS) for %s from rank %d: the "
              "forward went on without them", m->args.timeout_ns / 1000000ull, w, c->peer);

@@ -76,10 +76,11 @@ ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_t *gate, co
  *   - waits longer than PERSEUS_MOE_TIMEOUT_MS (README; default 10 minutes,
  *     0: forever) for a peer's header, rows or results;
  *   - is aborted by perseus_moe_abort;
- *   - gets results a peer marked as not valid (that peer failed this rank:
- *     its header or rows did not come or were refused there; an NVLink peer
- *     marks them in our window, a GIN peer adds a poison to its results
- *     signal).
+ *   - is told by a peer that the peer failed this rank (its header or rows
+ *     did not come or were refused there, or the peer timed out or was
+ *     aborted): every layer tells the peers it fails at once, an NVLink
+ *     peer through a poisoned mark in its window, a GIN peer through a
+ *     poison added to its results signal, and every wait checks for it.
  * A failed forward's kernel still ends: waits for the failed peer give up
  * (its tokens' output is not valid), waits for healthy peers go on, so the
  * results this rank owes healthy peers stay valid and theirs succeed.
