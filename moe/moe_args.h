@@ -11,6 +11,7 @@
 
 #include "perseus/device.cuh"
 #include "perseus/moe_config.h"
+#include "ps_moe_ref.h" /* PS_MOE_FAULT_*, PS_MOE_WAIT_* */
 
 typedef __nv_bfloat16 ps_bf16;
 
@@ -44,9 +45,6 @@ struct ps_moe_state {
                                * forward replayed from a CUDA graph counts too */
 };
 
-enum { PS_MOE_FAULT_NONE, PS_MOE_FAULT_HEADER, PS_MOE_FAULT_TIMEOUT, PS_MOE_FAULT_ABORT,
-       PS_MOE_FAULT_PEER };
-enum { PS_MOE_WAIT_HEADER, PS_MOE_WAIT_ROWS, PS_MOE_WAIT_RESULTS };
 
 /* In mapped host memory: the host sets `abort` and reads the first fault
  * without waiting for a forward; `set` is written last. */

@@ -266,3 +266,32 @@ int ps_moe_agree_check(const perseus_moe_config_t *cfg, int nranks, const int64_
   }
   return 0;
 }
+
+void ps_moe_fault_text(char *buf, size_t len, int rank, const ps_moe_fault_t *f,
+                       unsigned long long timeout_ms) {
+  static const char *const waits[] = {"its header", "its rows", "its results"};
+  const char *w = f->what >= 0 && f->what < (int)(sizeof(waits) / sizeof(waits[0])) ? waits[f->what] : "?";
+  char why[320];
+  if (f->kind == PS_MOE_FAULT_HEADER)
+    snprintf(why, sizeof(why), "refused a header from rank %d: local expert %d has %d rows (%lld "
+             "with the experts before it), at most %d are allowed from one source (max_tokens x "
+             "min(topk, local experts)); its rows were dropped", f->peer, f->expert, f->count,
+             f->rows, f->room);
+  else if (f->kind == PS_MOE_FAULT_PEER && f->expert >= 0) /* a poisoned done mark */
+    snprintf(why, sizeof(why), "got no valid results from rank %d for its local expert %d (that "
+             "rank failed this one: see its error)", f->peer, f->expert);
+  else if (f->kind == PS_MOE_FAULT_PEER) /* told while it waited (ps_moe_told, a GIN poison) */
+    snprintf(why, sizeof(why), "waited for %s from rank %d, which failed this rank (see its "
+             "error)", w, f->peer);
+  else if (f->kind == PS_MOE_FAULT_TIMEOUT)
+    snprintf(why, sizeof(why), "waited %llu ms (PERSEUS_MOE_TIMEOUT_MS) for %s from rank %d: the "
+             "forward went on without them", timeout_ms, w, f->peer);
+  else if (f->kind == PS_MOE_FAULT_ABORT)
+    snprintf(why, sizeof(why), "was aborted (perseus_moe_abort) while it waited for %s from rank "
+             "%d", w, f->peer);
+  else
+    snprintf(why, sizeof(why), "failed (fault %d, unknown to this build) concerning rank %d",
+             f->kind, f->peer);
+  snprintf(buf, len, "rank %d %s; that forward's output is not valid and the layer cannot run "
+           "further forwards: destroy it", rank, why);
+}

@@ -67,34 +67,16 @@ ncclResult_t ps_moe_fault_check(const perseus_moe *m)
   /* acquire: the fields the kernel wrote before `set` */
   const int set = __atomic_load_n(&ctl->set, __ATOMIC_ACQUIRE);
   if (!set && !__atomic_load_n(&ctl->abort, __ATOMIC_ACQUIRE)) return ncclSuccess;
-  const ps_moe_ctl f = *ctl, *c = &f;
-  static const char *const what[] = {"its header", "its rows", "its results"};
-  const char *w = c->what >= 0 && c->what < (int)(sizeof(what) / sizeof(what[0])) ? what[c->what] : "?";
-  char why[320];
   if (!set) { /* aborted while no forward waited */
     ps_moe_set_error("rank %d: the layer was aborted (perseus_moe_abort) and cannot run further "
                      "forwards: destroy it", m->rank);
     return ncclRemoteError;
   }
-  if (c->kind == PS_MOE_FAULT_HEADER)
-    snprintf(why, sizeof(why), "refused a header from rank %d: local expert %d has %d rows (%lld "
-             "with the experts before it), at most %d are allowed from one source (max_tokens x "
-             "min(topk, local experts)); its rows were dropped", c->peer, c->expert, c->count,
-             c->rows, c->room);
-  else if (c->kind == PS_MOE_FAULT_PEER && c->expert >= 0)
-    snprintf(why, sizeof(why), "got no valid results from rank %d for its local expert %d (that "
-             "rank failed this one: see its error)", c->peer, c->expert);
-  else if (c->kind == PS_MOE_FAULT_PEER) /* told while it waited (ps_moe_told, a GIN poison) */
-    snprintf(why, sizeof(why), "waited for %s from rank %d, which failed this rank (see its "
-             "error)", w, c->peer);
-  else if (c->kind == PS_MOE_FAULT_TIMEOUT)
-    snprintf(why, sizeof(why), "waited %llu ms (PERSEUS_MOE_TIMEOUT_MS) for %s from rank %d: the "
-             "forward went on without them", m->args.timeout_ns / 1000000ull, w, c->peer);
-  else
-    snprintf(why, sizeof(why), "was aborted (perseus_moe_abort) while it waited for %s from rank "
-             "%d", w, c->peer);
-  ps_moe_set_error("rank %d %s; that forward's output is not valid and the layer cannot run "
-                   "further forwards: destroy it", m->rank, why);
+  const ps_moe_fault_t f = {ctl->kind, ctl->peer, ctl->what, ctl->expert,
+                            ctl->count, ctl->room, ctl->rows};
+  char text[480];
+  ps_moe_fault_text(text, sizeof(text), m->rank, &f, m->args.timeout_ns / 1000000ull);
+  ps_moe_set_error("%s", text);
   return ncclRemoteError;
 }
 

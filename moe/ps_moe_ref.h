@@ -71,6 +71,24 @@ void ps_moe_agree_pack(const perseus_moe_config_t *cfg, int valid, int64_t out[2
 int ps_moe_agree_check(const perseus_moe_config_t *cfg, int nranks,
                        const int64_t maxed[2 * PS_MOE_AGREE_FIELDS]);
 
+/* --- a failed forward's reason (moe_config.c) ---
+ * The kernel records the layer's first fault (moe_peers.cuh) in host-mapped
+ * memory; perseus_moe_forward and perseus_moe_last_profile report it. */
+enum { PS_MOE_FAULT_NONE, PS_MOE_FAULT_HEADER, PS_MOE_FAULT_TIMEOUT, PS_MOE_FAULT_ABORT,
+       PS_MOE_FAULT_PEER };
+enum { PS_MOE_WAIT_HEADER, PS_MOE_WAIT_ROWS, PS_MOE_WAIT_RESULTS };
+typedef struct {
+  int kind, peer; /* PS_MOE_FAULT_*, and the peer it concerns */
+  int what;       /* the wait (PS_MOE_WAIT_*) */
+  int expert;     /* a refused header's expert; a poisoned mark's; -1: the peer told us */
+  int count, room; /* a refused header: that expert's count, the most one source may send */
+  long long rows; /* and the rows of the experts up to that one */
+} ps_moe_fault_t;
+/* "rank R <what happened>; that forward's output is not valid and the layer
+ * cannot run further forwards: destroy it", into buf (always terminated). */
+void ps_moe_fault_text(char *buf, size_t len, int rank, const ps_moe_fault_t *f,
+                       unsigned long long timeout_ms);
+
 /* --- GEMM tile rows (moe_config.c) ---
  * PERSEUS_MOE_TILE_ROWS: 0 (automatic), 64 or 128; -1 with the variable
  * named in the error if it holds anything else. */

@@ -1,7 +1,8 @@
 /* Unit tests of what perseus_moe_create decides before it allocates
  * (moe_config.c): the config's agreement across ranks (ps_moe_agree_pack,
  * ps_moe_agree_check; the all-reduce, an element-wise maximum, done here
- * over simulated ranks) and PERSEUS_MOE_TIMEOUT_MS.
+ * over simulated ranks), PERSEUS_MOE_TIMEOUT_MS, and the reason a failed
+ * forward gives (ps_moe_fault_text).
  * Exit: 0 pass, 1 fail. */
 #include <stdint.h>
 #include <stdio.h>
@@ -127,6 +128,42 @@ static void test_timeout_env(void) {
   unsetenv("PERSEUS_MOE_TIMEOUT_MS");
 }
 
+/* The reason a failed forward gives (ps_moe_fault_text): every kind names
+ * the rank, the peer and what it concerns, and ends with what to do. */
+static void test_fault_text(void) {
+  const struct {
+    ps_moe_fault_t f;
+    const char *want[3];
+  } cases[] = {
+      {{PS_MOE_FAULT_HEADER, 2, PS_MOE_WAIT_HEADER, 5, 300, 256, 310},
+       {"refused a header from rank 2", "local expert 5 has 300 rows (310 with", "at most 256"}},
+      {{PS_MOE_FAULT_TIMEOUT, 3, PS_MOE_WAIT_ROWS, 0, 0, 0, 0},
+       {"waited 1500 ms (PERSEUS_MOE_TIMEOUT_MS)", "for its rows from rank 3", "went on without"}},
+      {{PS_MOE_FAULT_ABORT, 0, PS_MOE_WAIT_HEADER, 0, 0, 0, 0},
+       {"aborted (perseus_moe_abort)", "waited for its header from rank 0", "rank 7 "}},
+      {{PS_MOE_FAULT_PEER, 1, PS_MOE_WAIT_RESULTS, 4, 0, 0, 0},
+       {"got no valid results from rank 1", "for its local expert 4", "see its error"}},
+      {{PS_MOE_FAULT_PEER, 6, PS_MOE_WAIT_HEADER, -1, 0, 0, 0},
+       {"waited for its header from rank 6", "which failed this rank", "see its error"}},
+      {{PS_MOE_FAULT_ABORT, 1, 9, 0, 0, 0, 0}, /* a wait this build does not know */
+       {"waited for ? from rank 1", "rank 7 ", "aborted"}},
+      {{42, 5, PS_MOE_WAIT_ROWS, 0, 0, 0, 0}, {"fault 42", "rank 5", "rank 7 "}},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char text[480];
+    ps_moe_fault_text(text, sizeof text, 7, &cases[i].f, 1500);
+    EXPECT(strncmp(text, "rank 7 ", 7) == 0, "fault %zu: does not start with the rank: %s", i, text);
+    for (int k = 0; k < 3; k++)
+      EXPECT(strstr(text, cases[i].want[k]) != NULL, "fault %zu: '%s' missing: %s", i, cases[i].want[k], text);
+    EXPECT(strstr(text, "destroy it") != NULL, "fault %zu: does not say what to do: %s", i, text);
+  }
+  /* a short buffer: cut, terminated, nothing written past it */
+  char small[24];
+  memset(small, 'x', sizeof small);
+  ps_moe_fault_text(small, 16, 7, &cases[0].f, 0);
+  EXPECT(strlen(small) == 15 && small[16] == 'x', "a 16-byte buffer: '%.16s' (%zu)", small, strlen(small));
+}
+
 int main(void) {
   if (!getenv("PS_UNIT_VERBOSE")) setenv("NCCL_DEBUG", "NONE", 1);
   test_same();
@@ -134,6 +171,7 @@ int main(void) {
   test_invalid_rank();
   test_extremes();
   test_timeout_env();
+  test_fault_text();
   printf("unit_moe_create: %d checks, %d failed: %s\n", checks, failures, failures ? "FAIL" : "ok");
   return failures ? 1 : 0;
 }
