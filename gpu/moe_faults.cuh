@@ -5,8 +5,9 @@
  *            forward before perseus_moe_load_weights must be refused;
  *   header   rank 0's header to every destination is corrupt, three ways
  *            (a count past the region, a negative count, counts whose sum
- *            is past it); rank 0 must learn it from every peer at once
- *            (poisoned done marks over NVLink, the poison signal over GIN);
+ *            is past it), with no timeout on any rank: rank 0's forward
+ *            ends only if every peer tells it (poisoned done marks over
+ *            NVLink, the poison signal over GIN), else the watchdog fires;
  *   timeout  rank 0 withholds its header from the last rank, which gives up
  *            on it after PERSEUS_MOE_TIMEOUT_MS (1 s) and must report it;
  *            rank 0 must then report that rank (its results from there are
@@ -175,7 +176,7 @@ static int mt_faults(const mt_cfg *c, gc_world *w, const mt_host *h, int rank)
   mt_fault_case cs[6];
   int n = 0;
   if (f == MT_FAULT_HEADER || all) {
-    /* no timeout on any rank: every peer must tell rank 0 at once */
+    /* no timeout on any rank: only its peers telling it end rank 0's waits */
     cs[n++] = {"header: one count past the region", 0, P + 1, -1, -1, "0", "0", 0, ""};
     cs[n++] = {"header: a negative count", 0, -1, -1, -1, "0", "0", 0, ""};
     /* the hot expert 0 has rows, so the sum up to the last expert is past P */

@@ -50,12 +50,7 @@ struct ps_moe_state {
  * without waiting for a forward; `set` is written last. */
 struct ps_moe_ctl {
   volatile int abort; /* perseus_moe_abort */
-  int kind, peer;     /* the first fault (PS_MOE_FAULT_*) and the peer it concerns */
-  int what;           /* what the wait was for (PS_MOE_WAIT_*) */
-  int expert, count;  /* a refused header: the expert whose count broke the bound, its count, */
-                      /* (a poisoned done mark: the expert; -1: the peer told us) */
-  int room;           /* the most rows one source may send (P), */
-  long long rows;     /* and the rows of the experts up to that one */
+  ps_moe_fault_t f;   /* the first fault (ps_moe_ref.h) */
   volatile int set;
 };
 

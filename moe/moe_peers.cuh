@@ -81,8 +81,7 @@ __device__ void ps_moe_fail(const ps_moe_args &a, int kind, int peer, int what, 
   if (kind == PS_MOE_FAULT_ABORT) atomicExch(a.st.aborted, 1);
   if (atomicCAS(a.st.fault, 0, kind) != 0) return;
   ps_moe_ctl *c = a.ctl;
-  c->kind = kind, c->peer = peer, c->what = what, c->expert = expert, c->count = count;
-  c->room = a.P, c->rows = rows;
+  c->f = ps_moe_fault_t{kind, peer, what, expert, count, a.P, rows};
   __threadfence_system();
   c->set = 1;
 }

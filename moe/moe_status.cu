@@ -72,8 +72,7 @@ ncclResult_t ps_moe_fault_check(const perseus_moe *m)
                      "forwards: destroy it", m->rank);
     return ncclRemoteError;
   }
-  const ps_moe_fault_t f = {ctl->kind, ctl->peer, ctl->what, ctl->expert,
-                            ctl->count, ctl->room, ctl->rows};
+  const ps_moe_fault_t f = ctl->f;
   char text[480];
   ps_moe_fault_text(text, sizeof(text), m->rank, &f, m->args.timeout_ns / 1000000ull);
   ps_moe_set_error("%s", text);

@@ -35,26 +35,25 @@ struct perseus_moe {
 
 /* On failure: the reason (the call, its error, the context given as a
  * format and arguments) into perseus_moe_last_error(), and return. */
-#define PS_MOE_CUDA(call, ...)                                                                    \
+#define PS_MOE_FAIL_(failed, call_text, err_text, ret, ...)                                      \
   do {                                                                                            \
-    cudaError_t e_ = (call);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
+    if (failed) {                                                                                 \
       char ctx_[256];                                                                             \
       snprintf(ctx_, sizeof(ctx_), __VA_ARGS__);                                                  \
-      ps_moe_set_error("%s failed: %s (%s)", #call, cudaGetErrorString(e_), ctx_);               \
-      return ncclUnhandledCudaError;                                                              \
+      ps_moe_set_error("%s failed: %s (%s)", call_text, err_text, ctx_);                         \
+      return ret;                                                                                 \
     }                                                                                             \
   } while (0)
-
+#define PS_MOE_CUDA(call, ...)                                                                    \
+  do {                                                                                            \
+    const cudaError_t e_ = (call);                                                                \
+    PS_MOE_FAIL_(e_ != cudaSuccess, #call, cudaGetErrorString(e_), ncclUnhandledCudaError,       \
+                 __VA_ARGS__);                                                                    \
+  } while (0)
 #define PS_MOE_NCCL(call, ...)                                                                    \
   do {                                                                                            \
-    ncclResult_t r_ = (call);                                                                     \
-    if (r_ != ncclSuccess) {                                                                      \
-      char ctx_[256];                                                                             \
-      snprintf(ctx_, sizeof(ctx_), __VA_ARGS__);                                                  \
-      ps_moe_set_error("%s failed: %s (%s)", #call, ncclGetErrorString(r_), ctx_);               \
-      return r_;                                                                                  \
-    }                                                                                             \
+    const ncclResult_t r_ = (call);                                                               \
+    PS_MOE_FAIL_(r_ != ncclSuccess, #call, ncclGetErrorString(r_), r_, __VA_ARGS__);             \
   } while (0)
 
 /* moe_status.cu */
