@@ -163,15 +163,22 @@ __device__ __forceinline__ float ps_key_float(unsigned k)
   return __uint_as_float(k & 0x80000000u ? k & 0x7fffffffu : ~k);
 }
 
-/* A warp's softmax and top-k of one token's logits lg[0..E): fills ek/wk
- * (lane-uniform) and returns the sum of the k weights. PER > 0: the lane's
- * logits e = lane + 32 i are read once into registers (E <= 32 PER); PER = 0:
- * read from memory at every pass (any E). Ties: the lower id. Every pick is
- * an expert id < E whatever the logits hold (k <= E untaken ones exist), so
- * a NaN in the input cannot send a row out of bounds. */
+/* Softmax and top-k of one token's logits lg[0..E) by a warp: lane r < k
+ * gets the r-th pick, its id in *pick_e and its softmax weight in *pick_w;
+ * every lane gets the sum of the k weights (added in pick order). Ties: the
+ * lower id. NaN ranks last (as -inf) but still ranks, and every pick is an
+ * id < E whatever the logits hold (k <= E untaken ones exist), so a NaN in
+ * the input cannot send a row out of bounds.
+ *
+ * PER > 0 (E <= 32 PER): lane l holds the logits of experts l + 32 i,
+ * sorted once by (value, then lower id) as 64-bit keys, so that each pick is
+ * the warp's best head (two redux.sync) and the winner shifts its list.
+ * Scanning every held logit at every pick was a dependent chain of PER
+ * compare-and-branch steps per pick, about 0.46 us of a pick at 8 a lane.
+ * PER = 0 (any E): the logits are read from memory at every pick. */
 template <int PER>
-__device__ __forceinline__ float ps_topk_token(const float *lg, int E, int k, int lane, int *ek,
-                                               float *wk)
+__device__ __forceinline__ float ps_topk_token(const float *lg, int E, int k, int lane,
+                                               int *pick_e, float *pick_w)
 {
   constexpr int N = PER > 0 ? PER : 1;
   float v[N];
@@ -194,54 +201,81 @@ __device__ __forceinline__ float ps_topk_token(const float *lg, int E, int k, in
   for (int i = 0; i < passes; i++)
     if (lane + 32 * i < E) den += __expf(logit(i, lane + 32 * i) - mx);
   den = ps_warp_sum(den);
-  unsigned taken = 0; /* PER > 0: bit i, the lane's logit i was picked */
-  float wsum = 0.f;
-  for (int r = 0; r < k; r++) {
-    float bv = -INFINITY;
-    int be = E;
+  /* a candidate as one key, larger is better: the value's order key above
+   * the complement of its id; 0: none (every real key is above 0) */
+  auto cand = [](float x, int e) -> unsigned long long {
+    x = x != x ? -INFINITY : x;
+    return (unsigned long long)ps_order_key(x) << 32 | (unsigned)~e;
+  };
+  int my_e = 0;
+  unsigned my_top = 0;
+  if constexpr (PER > 0) {
+    unsigned long long c[PER];
 #pragma unroll
-    for (int i = 0; i < passes; i++) {
-      const int e = lane + 32 * i;
-      bool out = e >= E;
-      if constexpr (PER > 0) out |= (taken >> i) & 1;
-      else
-        for (int q = 0; q < r; q++) out |= ek[q] == e;
-      float x = out ? -INFINITY : logit(i, e);
-      x = x != x ? -INFINITY : x; /* NaN (from NaN input) ranks last, but still ranks */
-      if (!out && (be == E || x > bv || (x == bv && e < be))) bv = x, be = e;
+    for (int i = 0; i < PER; i++) c[i] = lane + 32 * i < E ? cand(v[i], lane + 32 * i) : 0ull;
+#pragma unroll
+    for (int ph = 0; ph < PER; ph++) /* odd-even transposition sort, best first */
+#pragma unroll
+      for (int i = ph & 1; i + 1 < PER; i += 2) {
+        const unsigned long long hi = c[i] > c[i + 1] ? c[i] : c[i + 1];
+        c[i + 1] = c[i] > c[i + 1] ? c[i + 1] : c[i], c[i] = hi;
+      }
+    for (int r = 0; r < k; r++) {
+      const unsigned key = (unsigned)(c[0] >> 32);
+      const unsigned top = __reduce_max_sync(0xffffffffu, key);
+      const int e = (int)__reduce_min_sync(0xffffffffu, key == top ? ~(unsigned)c[0] : ~0u);
+      if ((e & 31) == lane) { /* ours: the next one up */
+#pragma unroll
+        for (int i = 0; i + 1 < PER; i++) c[i] = c[i + 1];
+        c[PER - 1] = 0;
+      }
+      if (lane == r) my_e = e, my_top = top;
     }
-    /* the warp's best: the largest key by one redux, then the lowest id
-     * among the lanes holding it by another, instead of five shuffle rounds
-     * of (value, id) pairs; a lane without a candidate has key 0 */
-    const unsigned key = be < E ? ps_order_key(bv) : 0u;
-    const unsigned top = __reduce_max_sync(0xffffffffu, key);
-    be = (int)__reduce_min_sync(0xffffffffu, be < E && key == top ? (unsigned)be : ~0u);
-    bv = ps_key_float(top);
-    if (PER > 0 && (be & 31) == lane) taken |= 1u << (be >> 5);
-    ek[r] = be;
-    wk[r] = __expf(bv - mx) / den;
-    wsum += wk[r];
+  } else {
+    int picked[PERSEUS_MOE_MAX_TOPK]; /* warp-uniform */
+    for (int r = 0; r < k; r++) {
+      unsigned long long best = 0;
+      for (int i = 0; i < passes; i++) {
+        const int e = lane + 32 * i;
+        bool out = e >= E;
+        for (int q = 0; q < r; q++) out |= picked[q] == e;
+        const unsigned long long c = out ? 0ull : cand(lg[e], e);
+        best = c > best ? c : best;
+      }
+      const unsigned key = (unsigned)(best >> 32);
+      const unsigned top = __reduce_max_sync(0xffffffffu, key);
+      const int e = (int)__reduce_min_sync(0xffffffffu, key == top ? ~(unsigned)best : ~0u);
+      picked[r] = e;
+      if (lane == r) my_e = e, my_top = top;
+    }
   }
+  const float w = lane < k ? __expf(ps_key_float(my_top) - mx) / den : 0.f;
+  float wsum = 0.f;
+  for (int q = 0; q < k; q++) wsum += __shfl_sync(0xffffffffu, w, q);
+  *pick_e = my_e, *pick_w = w;
   return wsum;
 }
 
-#define PS_TOPK_PER_LANE 8 /* logits a lane keeps in registers: up to 256 experts */
+/* The top-k with the logits in registers where E allows (PER a power of 2). */
+__device__ __forceinline__ float ps_topk_pick(const float *lg, int E, int k, int lane, int *e,
+                                              float *w)
+{
+  if (E <= 32) return ps_topk_token<1>(lg, E, k, lane, e, w);
+  if (E <= 64) return ps_topk_token<2>(lg, E, k, lane, e, w);
+  if (E <= 128) return ps_topk_token<4>(lg, E, k, lane, e, w);
+  if (E <= 256) return ps_topk_token<8>(lg, E, k, lane, e, w);
+  return ps_topk_token<0>(lg, E, k, lane, e, w);
+}
+
 __device__ void ps_moe_topk(const ps_moe_args &a)
 {
   const int lane = threadIdx.x & 31;
   const int warps = gridDim.x * (blockDim.x >> 5), w0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   for (int t = w0; t < a.T; t += warps) {
-    const float *lg = a.st.logits + (size_t)t * a.E;
-    float wk[PERSEUS_MOE_MAX_TOPK];
-    int ek[PERSEUS_MOE_MAX_TOPK];
-    const float wsum = a.E <= 32 * PS_TOPK_PER_LANE
-                           ? ps_topk_token<PS_TOPK_PER_LANE>(lg, a.E, a.k, lane, ek, wk)
-                           : ps_topk_token<0>(lg, a.E, a.k, lane, ek, wk);
+    int e;
+    float w;
+    const float wsum = ps_topk_pick(a.st.logits + (size_t)t * a.E, a.E, a.k, lane, &e, &w);
     if (lane < a.k) {
-      int e = ek[0];
-      float w = wk[0];
-      for (int q = 1; q < a.k; q++)
-        if (q == lane) e = ek[q], w = wk[q];
       if (a.renorm) w /= wsum;
       int dst = e / a.L, j = e % a.L;
       a.st.topk_idx[t * a.k + lane] = e;

@@ -96,6 +96,13 @@ g=${counts##* }
 # expert on average, so 128-row GEMM tiles (the default shape: 64-row ones)
 run "moe_test-g$g-lsa-large" "$TEST_BIN" -g "$g" -p lsa -H 576 -F 256 -E 32 -k 8 -T 256 -B 3 \
   ${MOE_TEST_ARGS:-}
+# the top-k's paths by expert count: each lane holds 1, 2, 4 or 8 logits up to 32, 64,
+# 128 or 256 experts (16 and 32 above), and reads them from memory past 256
+for e in 48 100 256 600; do
+  # shellcheck disable=SC2086
+  run "moe_test-g$g-lsa-experts$e" "$TEST_BIN" -g "$g" -p lsa -H 128 -F 64 -E $e -k 6 -T 96 \
+    ${MOE_TEST_ARGS:-}
+done
 # forwards replayed from CUDA graphs, between launched ones (each layer's count
 # of forwards lives on the GPU, so a replay is a forward of its own)
 # shellcheck disable=SC2086
