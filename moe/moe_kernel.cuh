@@ -286,6 +286,13 @@ __device__ void ps_moe_topk(const ps_moe_args &a)
 }
 
 /* ---- offsets and headers (a warp per peer) ----------------------------------
+ * Whether our header goes to dst (the tests may withhold it). */
+__device__ __forceinline__ bool ps_moe_hdr_sent(const ps_moe_args &a, int dst)
+{
+  return a.test_hdr_skip != -2 && a.test_hdr_skip != dst;
+}
+
+/*
  * Inclusive prefix sum of v over the warp's lanes. */
 __device__ __forceinline__ int ps_warp_scan(int v, int lane)
 {
@@ -348,7 +355,9 @@ __device__ void ps_moe_offsets(const ps_moe_args &a, int dst, int lane, const in
   if (lane == 0 && perseus_lsa_index(a.dc, dst) < 0)
     a.st.tot_c[dst] += (uint64_t)(ps_gin_whole(a, dst) ? segs > 0 : segs);
   __syncwarp(); /* the header, written by every lane */
-  if (lane == 0 && a.test_hdr_skip != -2 && a.test_hdr_skip != dst) { /* to dst: one tile, one signal */
+  /* to dst: one tile, one signal; our own header is read where it is
+   * (ps_moe_headers, the same warp) */
+  if (lane == 0 && dst != a.dc.rank && ps_moe_hdr_sent(a, dst)) {
     if (perseus_lsa_index(a.dc, dst) < 0) __threadfence_system(), ps_gin_posted(); /* for the proxy's read */
     perseus_batch(a.dc, a.hctl, 1)
         .put(ncclCoopThread(), dst, a.win, a.off_hdr_in + (size_t)a.dc.rank * a.L * sizeof(int),

@@ -159,11 +159,15 @@ __device__ void ps_moe_headers(const ps_moe_args &a, int src, int lane)
 {
   const perseus_recv rv(a.dc, a.hctl);
   const unsigned long long want = ps_fwd(a) + 1;
+  /* our own header is not put: this warp wrote it (ps_moe_offsets) and
+   * reads it where it is, with no put, signal or wait on the chain that
+   * every expert task waits for */
+  const bool own = src == a.dc.rank && ps_moe_hdr_sent(a, src);
   /* every lane waits: each acquires */
-  bool bad = !__all_sync(0xffffffffu, ps_moe_wait(a, PS_MOE_WAIT_HEADER, src,
-                                                  [&] { return rv.poll(src, want); }));
-  const volatile int *hdr =
-      (const volatile int *)ncclGetLocalPointer(a.win, a.off_hdr_in + (size_t)src * a.L * sizeof(int));
+  bool bad = !own && !__all_sync(0xffffffffu, ps_moe_wait(a, PS_MOE_WAIT_HEADER, src,
+                                                          [&] { return rv.poll(src, want); }));
+  const volatile int *hdr = (const volatile int *)ncclGetLocalPointer(
+      a.win, (own ? a.off_hdr_out : a.off_hdr_in) + (size_t)src * a.L * sizeof(int));
   int base = 0, segs = 0;
   for (int j0 = 0; j0 < a.L && !bad; j0 += 32) { /* each count read once; base <= P throughout */
     const int j = j0 + lane, c = j < a.L ? hdr[j] : 0, cc = c < 0 || c > a.P ? 0 : c;
