@@ -14,7 +14,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
@@ -190,11 +189,10 @@ static void set_sweep_env(int sw)
   }
 }
 
-void coll_child_main(int sw, int rank, pid_t parent)
+void coll_child_main(int sw, int rank)
 {
   g_rank = rank;
   g_sweep = sw;
-  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(1);
   set_sweep_env(sw);
   int n = coll_cfg.ngpus;
   size_t elems = coll_cfg.max_bytes / sizeof(float);
@@ -295,9 +293,8 @@ void coll_child_main(int sw, int rank, pid_t parent)
   _exit(0);
 }
 
-void coll_probe_main(pid_t parent)
+void coll_probe_main(void)
 {
-  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(1);
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess)

@@ -64,8 +64,8 @@ extern volatile sig_atomic_t coll_signal;
 
 /* coll_ops.c: run in the forked children; the two *_main never return */
 int coll_counts(int c, size_t bytes, int n, struct ps_counts *k);
-void coll_child_main(int sw, int rank, pid_t parent);
-void coll_probe_main(pid_t parent);
+void coll_child_main(int sw, int rank);
+void coll_probe_main(void);
 
 /* coll_proc.c: run in the parent */
 double coll_now_s(void);

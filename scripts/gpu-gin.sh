@@ -24,8 +24,8 @@ set -uo pipefail
 
 LOGDIR=${1:-./gin-logs}
 BUILD=${2:-${PERSEUS_BUILD_DIR:-build}}
-TEST_BIN=$BUILD/gpu/perseus_gin_test
-PERF_BIN=$BUILD/gpu/perseus_gin_perf
+TEST_BIN=$BUILD/test/gpu/perseus_gin_test
+PERF_BIN=$BUILD/bench/perseus_gin_perf
 PLUGIN_DIR=$BUILD/plugin
 PYTHON=${PYTHON:-python3}
 STRATEGIES=${GIN_STRATEGIES:-ordered target deferred drain}

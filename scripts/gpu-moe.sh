@@ -31,8 +31,8 @@ set -uo pipefail
 
 LOGDIR=${1:-./moe-logs}
 BUILD=${2:-${PERSEUS_BUILD_DIR:-build}}
-TEST_BIN=$BUILD/gpu/perseus_moe_test
-PERF_BIN=$BUILD/gpu/perseus_moe_perf
+TEST_BIN=$BUILD/test/gpu/perseus_moe_test
+PERF_BIN=$BUILD/bench/perseus_moe_perf
 PLUGIN_DIR=$BUILD/plugin
 PYTHON=${PYTHON:-python3}
 RUN_TIMEOUT=${MOE_RUN_TIMEOUT:-900}

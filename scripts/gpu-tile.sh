@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perseus' device library (device/include/perseus/device.cuh) on a GPU host:
+# perseus' device library (include/perseus/device.cuh) on a GPU host:
 # perseus_tile_test on 2 GPUs, and on 4 where there are 4, over the LSA path
 # (P2P on, NVLink stores or TMA copies drawn per iteration), TMA only, and the
 # GIN path (P2P off, the plugin) under the ordered and target strategies; then
@@ -22,8 +22,8 @@ set -uo pipefail
 
 LOGDIR=${1:-./tile-logs}
 BUILD=${2:-${PERSEUS_BUILD_DIR:-build}}
-TEST_BIN=$BUILD/gpu/perseus_tile_test
-PERF_BIN=$BUILD/gpu/perseus_tile_perf
+TEST_BIN=$BUILD/test/gpu/perseus_tile_test
+PERF_BIN=$BUILD/bench/perseus_tile_perf
 PLUGIN_DIR=$BUILD/plugin
 PYTHON=${PYTHON:-python3}
 STRATEGIES=${TILE_STRATEGIES:-ordered target}

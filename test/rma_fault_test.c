@@ -1,5 +1,5 @@
 /* Fault tests of the one-sided tables, driven through the dlopen'd plugin as
- * NCCL's GIN proxy drives them (test/driver/ps_driver_gin.h), from forked ranks:
+ * NCCL's GIN proxy drives them (harness/ps_driver_gin.h), from forked ranks:
  *
  *   perseus_rma_fault_test -s SCENARIO [-a ABI] [-r RANKS] [-p PLUGIN]
  *

@@ -1,5 +1,5 @@
 /* The one-sided tables of the plugin, driven as NCCL's GIN proxy drives
- * them (test/driver/ps_driver_gin.h), from forked ranks:
+ * them (harness/ps_driver_gin.h), from forked ranks:
  *
  *   perseus_rma_test [-a ABI] [-p PLUGIN] [-s SCENARIO] [-r RANKS] [-b BATCHES] [-R]
  *

@@ -7,7 +7,7 @@
  * with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_GIN_TYPE=2 and a GIN plugin,
  * e.g. NCCL_NET_PLUGIN=perseus).
  *
- *   nvcc -std=c++17 -arch=sm_90 -I<perseus>/device/include batch_example.cu -lnccl -o batch_example
+ *   nvcc -std=c++17 -arch=sm_90 -I<perseus>/include batch_example.cu -lnccl -o batch_example
  *   CUDA_MODULE_LOADING=EAGER ./batch_example [BATCH [gin|lsa]]   (lsa: no GIN at all)
  */
 #include <cuda_runtime.h>

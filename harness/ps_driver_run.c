@@ -1,17 +1,16 @@
 /* Forked ranks over shared memory: spawn, barrier, full-mesh connect. */
-#include <errno.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/utsname.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "proc.h"
 #include "ps_driver.h"
+#include "size_parse.h"
 
 #define DRV_MAX_RANKS 16
 
@@ -23,11 +22,7 @@ struct drv_shared {
   unsigned char handles[DRV_MAX_RANKS][DRV_MAX_RANKS][NCCL_NET_HANDLE_MAXSIZE];
 };
 
-double drv_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+double drv_now(void) { return ps_proc_now(); }
 
 static void nap(void) {
   struct timespec ts = {0, 50000};
@@ -143,6 +138,44 @@ static int rank_main(const drv_opts_t *o, drv_shared_t *sh, void *user, int rank
   return rc;
 }
 
+typedef struct {
+  const drv_opts_t *o;
+  drv_shared_t *sh;
+  void *user;
+  drv_rank_fn fn;
+  void *arg;
+  double end;
+  int bad;
+} run_t;
+
+static int rank_child(int rank, void *arg) {
+  run_t *run = arg;
+  int rc = rank_main(run->o, run->sh, run->user, rank, run->fn, run->arg);
+  if (rc) atomic_store(&run->sh->failed, 1);
+  return rc;
+}
+
+static int rank_ended(void *arg, int rank, pid_t pid, int code, int signaled) {
+  run_t *run = arg;
+  (void)pid;
+  if (signaled && atomic_load(&run->sh->killed_ok[rank])) return 0; /* killed on purpose */
+  if (!code) return 0;
+  run->bad = 1;
+  atomic_store(&run->sh->failed, 1);
+  if (signaled) fprintf(stderr, "rank %d died of signal %d\n", rank, code - 128);
+  else fprintf(stderr, "rank %d exited with %d\n", rank, code);
+  return 0;
+}
+
+static int run_tick(void *arg, double now, const pid_t *pids, int n) {
+  run_t *run = arg;
+  (void)pids, (void)n;
+  if (now <= run->end) return 0;
+  fprintf(stderr, "run exceeded %d s: killing remaining ranks\n", run->o->timeout_s);
+  run->bad = 1;
+  return 1;
+}
+
 int drv_run(const drv_opts_t *o, drv_rank_fn fn, void *arg) {
   if (o->nranks < 1 || o->nranks > DRV_MAX_RANKS) {
     fprintf(stderr, "ranks must be in [1, %d], got %d\n", DRV_MAX_RANKS, o->nranks);
@@ -154,50 +187,24 @@ int drv_run(const drv_opts_t *o, drv_rank_fn fn, void *arg) {
   memset(sh, 0, sizeof *sh);
   sh->nranks = o->nranks;
   void *user = (char *)sh + sizeof *sh;
-  fflush(NULL);
-  for (int i = 0; i < o->nranks; i++) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      int rc = rank_main(o, sh, user, i, fn, arg);
-      if (rc) atomic_store(&sh->failed, 1);
-      fflush(NULL);
-      _exit(rc);
-    }
-    sh->pids[i] = pid;
-  }
-  int bad = 0, left = o->nranks;
-  double end = drv_now() + (o->timeout_s > 0 ? o->timeout_s : 600);
-  while (left > 0) {
-    int status;
-    pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
-      left--;
-      int rank = -1;
-      for (int i = 0; i < o->nranks; i++)
-        if (sh->pids[i] == pid) rank = i;
-      int killed_ok = rank >= 0 && atomic_load(&sh->killed_ok[rank]) && WIFSIGNALED(status);
-      if (!killed_ok && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-        bad = 1;
-        atomic_store(&sh->failed, 1);
-        if (WIFSIGNALED(status))
-          fprintf(stderr, "rank %d died of signal %d\n", rank, WTERMSIG(status));
-        else
-          fprintf(stderr, "rank %d exited with %d\n", rank, WEXITSTATUS(status));
-      }
-      continue;
-    }
-    if (drv_now() > end) {
-      fprintf(stderr, "run exceeded %d s: killing remaining ranks\n", o->timeout_s);
-      for (int i = 0; i < o->nranks; i++) kill(sh->pids[i], SIGKILL);
-      bad = 1;
-      end = drv_now() + 3600;
-    }
-    struct timespec ts = {0, 2000000};
-    nanosleep(&ts, NULL);
-  }
+  run_t run = {.o = o, .sh = sh, .user = user, .fn = fn, .arg = arg,
+               .end = drv_now() + (o->timeout_s > 0 ? o->timeout_s : 600)};
+  /* a rank that fails does not stop the others: they must notice it
+   * (drv_peer_failed) or a test kills ranks on purpose; only the timeout
+   * stops the set */
+  ps_proc_set_t set = {.prog = "perseus", .what = "ranks", .poll_s = 0.002, .ended = rank_ended,
+                       .tick = run_tick, .arg = &run};
+  /* sh->pids stay for the ranks (drv_pid); the reaper clears its copy */
+  pid_t pids[DRV_MAX_RANKS];
+  int codes[DRV_MAX_RANKS];
+  if (ps_proc_spawn(&set, o->nranks, rank_child, &run, sh->pids) == 0) {
+    memcpy(pids, sh->pids, (size_t)o->nranks * sizeof *pids);
+    ps_proc_reap(&set, pids, o->nranks, codes);
+  } else
+    run.bad = 1;
   if (o->collect && o->shared_bytes) memcpy(o->collect, user, o->shared_bytes);
   munmap(sh, bytes);
-  return bad ? -1 : 0;
+  return run.bad ? -1 : 0;
 }
 
 /* xorshift64* stream keyed by the message id: any byte out of place shows. */
@@ -267,30 +274,20 @@ void drv_describe_host(char *out, size_t n) {
 }
 
 size_t drv_parse_size(const char *flag, const char *s, size_t lo, size_t hi) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  double mul = 1;
-  switch (*end) {
-    case 'K': case 'k': mul = 0x1p10; end++; break;
-    case 'M': case 'm': mul = 0x1p20; end++; break;
-    case 'G': case 'g': mul = 0x1p30; end++; break;
-  }
-  if (end == s || *end || errno || v * mul < (double)lo || v * mul > (double)hi) {
-    fprintf(stderr, "%s '%s': expected a size from %zu to %zu (a number, optional K/M/G)\n", flag,
+  size_t v;
+  if (sp_parse_size(s, 1, &v) || v < lo || v > hi) {
+    fprintf(stderr, "%s '%s': expected a size from %zu to %zu (digits, optional K/M/G/T)\n", flag,
             s, lo, hi);
     exit(2);
   }
-  return (size_t)(v * mul);
+  return v;
 }
 
 int drv_parse_int(const char *flag, const char *s, int lo, int hi) {
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (end == s || *end || errno || v < lo || v > hi) {
+  int v;
+  if (sp_parse_int(s, lo, hi, &v)) {
     fprintf(stderr, "%s '%s': expected an integer from %d to %d\n", flag, s, lo, hi);
     exit(2);
   }
-  return (int)v;
+  return v;
 }

@@ -1,5 +1,5 @@
-/* size_parse.h: option value parsers shared by perseus_coll_perf (bench/) and
- * the GIN programs' process side (gpu/gin_proc.c). C11, no CUDA or NCCL. */
+/* size_parse.h: option value parsers of every test and benchmark (through
+ * ps_driver.h, gin_proc.h, or directly). C11, no CUDA or NCCL. */
 #ifndef PERSEUS_SIZE_PARSE_H
 #define PERSEUS_SIZE_PARSE_H
 

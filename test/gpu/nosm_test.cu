@@ -13,7 +13,7 @@
  *   streams first and runs the copies on a high-priority stream.
  * What this does not cover: lazy module loading (CUDA_MODULE_LOADING=LAZY)
  * stalls these operations when a kernel is loaded behind a waiting one; the
- * GIN programs set EAGER (see gpu/gin_proc.c).
+ * GIN programs set EAGER (see harness/gin_proc.c).
  * Exit: 0 all completed, 1 one did not (printed), 77 no GPU. */
 #include <cuda.h>
 #include <cuda_runtime.h>

@@ -12,19 +12,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "gin_proc.h"
+#include "proc.h"
 #include "size_parse.h"
 
 #ifndef PS_INSTALLED_PLUGIN_PATH
 #define PS_INSTALLED_PLUGIN_PATH "/usr/local/lib/libnccl-net-perseus.so"
 #endif
 #define GP_PLUGIN_BASENAME "libnccl-net-perseus.so"
-#define GP_KILL_WAIT_S 30.0
 
 struct gp_shared *gp_sh;
 int gp_rank = -1;
@@ -33,12 +31,7 @@ static volatile sig_atomic_t gp_signal;
 
 static void on_signal(int sig) { gp_signal = sig; }
 
-double gp_now(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+double gp_now(void) { return ps_proc_now(); }
 
 int gp_init(const char *prog)
 {
@@ -134,18 +127,90 @@ static void describe_rank(FILE *f, int r, int pid, double now, int probe, double
           now - beat, stall_s > 0 && now - beat > stall_s ? "  <-- HUNG" : "");
 }
 
-static void kill_all(const pid_t *pids, int n)
+typedef struct {
+  int probe;
+  gp_child_fn fn;
+  void *arg;
+  double stall_s;
+  const char *what;
+  gp_tick_fn tick;
+  void *tick_arg;
+  int spids[GP_MAX_RANKS];     /* pids for messages (the reaper clears its own) */
+  int watchdog[GP_MAX_RANKS];  /* stopped by the watchdog */
+  int described;               /* where each rank was has been said */
+} gp_set_t;
+
+static int gp_child(int r, void *arg)
 {
-  for (int i = 0; i < n; i++)
-    if (pids[i] > 0) kill(pids[i], SIGKILL);
+  gp_set_t *set = arg;
+  gp_rank = set->probe ? -1 : r;
+  gp_sh->slot[r].pid = (int)getpid();
+  return set->fn(r, set->arg);
+}
+
+static int gp_ended(void *arg, int r, pid_t pid, int code, int signaled)
+{
+  gp_set_t *set = arg;
+  if (code == 0) return 0;
+  if (signaled)
+    fprintf(stderr, "%s: %s: %s %d (pid %d) killed by signal %d (%s)\n", gp_prog, set->what,
+            set->probe ? "GPU probe" : "rank", r, (int)pid, code - 128, strsignal(code - 128));
+  else if (code != GP_EXIT_REFUSED && code != GP_EXIT_SKIP)
+    fprintf(stderr, "%s: %s: %s %d (pid %d) exited with status %d\n", gp_prog, set->what,
+            set->probe ? "GPU probe" : "rank", r, (int)pid, code);
+  return 1;
+}
+
+static int gp_tick(void *arg, double now, const pid_t *pids, int n)
+{
+  gp_set_t *set = arg;
+  if (set->tick) set->tick(set->tick_arg);
+  if (gp_signal) {
+    fprintf(stderr, "%s: %s: interrupted by signal %d\n", gp_prog, set->what, (int)gp_signal);
+    return 1;
+  }
+  if (set->stall_s <= 0) return 0;
+  int stalled = 0;
+  for (int i = 0; i < n; i++) {
+    double beat;
+    __atomic_load(&gp_sh->slot[i].beat, &beat, __ATOMIC_ACQUIRE);
+    if (pids[i] > 0 && now - beat > set->stall_s) stalled = 1;
+  }
+  if (!stalled) return 0;
+  fprintf(stderr, "%s: %s: watchdog: no progress for %.0f s (-w); a hang, killing the "
+          "run. Where each rank was:\n", gp_prog, set->what, set->stall_s);
+  for (int i = 0; i < n; i++) {
+    if (pids[i] <= 0) continue;
+    describe_rank(stderr, i, set->spids[i], now, set->probe, set->stall_s);
+    set->watchdog[i] = 1;
+  }
+  set->described = 1;
+  return 1;
+}
+
+static void gp_stopping(void *arg, const pid_t *pids, int n)
+{
+  gp_set_t *set = arg;
+  int alive = 0;
+  for (int i = 0; i < n; i++) alive += pids[i] > 0;
+  if (!set->described && alive > 0) {
+    fprintf(stderr, "%s: %s: stopping the other %d rank(s), which were at:\n", gp_prog,
+            set->what, alive);
+    for (int i = 0; i < n; i++)
+      if (pids[i] > 0) describe_rank(stderr, i, set->spids[i], gp_now(), set->probe, set->stall_s);
+  }
+  gp_raise_abort();
 }
 
 int gp_run(int nproc, int probe, gp_child_fn fn, void *arg, double stall_s, const char *what,
            gp_tick_fn tick, void *tick_arg, int *codes)
 {
-  pid_t pids[GP_MAX_RANKS], parent = getpid();
-  int spids[GP_MAX_RANKS];
   if (nproc < 1 || nproc > GP_MAX_RANKS) return -1;
+  gp_set_t set = {.probe = probe, .fn = fn, .arg = arg, .stall_s = stall_s, .what = what,
+                  .tick = tick, .tick_arg = tick_arg};
+  ps_proc_set_t ps = {.prog = gp_prog, .what = what, .poll_s = 0.02, .ended = gp_ended,
+                      .tick = gp_tick, .stopping = gp_stopping, .arg = &set};
+  pid_t pids[GP_MAX_RANKS];
   gp_sh->id_ready = gp_sh->abort_flag = 0;
   gp_sh->bar_count = gp_sh->bar_gen = 0;
   double t0 = gp_now();
@@ -154,113 +219,21 @@ int gp_run(int nproc, int probe, gp_child_fn fn, void *arg, double stall_s, cons
     gp_sh->slot[r].iter = -1;
     snprintf(gp_sh->slot[r].stage, GP_STAGE_LEN, "starting");
     gp_sh->slot[r].beat = t0;
-    codes[r] = -1;
   }
-  fflush(NULL);
-  for (int r = 0; r < nproc; r++) {
-    pid_t p = fork();
-    if (p == 0) {
-      signal(SIGINT, SIG_DFL);
-      signal(SIGTERM, SIG_DFL);
-      /* the parent's death (even SIGKILL) takes the ranks with it */
-      if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(1);
-      gp_rank = probe ? -1 : r;
-      gp_sh->slot[r].pid = (int)getpid();
-      int code = fn(r, arg);
-      fflush(NULL);
-      _exit(code);
-    }
-    if (p < 0) {
-      fprintf(stderr, "%s: %s: fork: %s\n", gp_prog, what, strerror(errno));
-      kill_all(pids, r);
-      for (int i = 0; i < r; i++) waitpid(pids[i], NULL, 0);
-      return -1;
-    }
-    pids[r] = p;
-    spids[r] = (int)p;
-  }
-
-  int alive = nproc, failed = 0;
-  double killed_at = 0.0;
-  while (alive > 0) {
-    int status;
-    pid_t p = waitpid(-1, &status, WNOHANG);
-    if (p > 0) {
-      int r = -1;
-      for (int i = 0; i < nproc; i++)
-        if (pids[i] == p) r = i;
-      if (r < 0) continue;
-      pids[r] = 0;
-      alive--;
-      if (codes[r] < 0)
-        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      if (codes[r] == 0 || failed) continue;
-      failed = 1;
-      if (WIFSIGNALED(status))
-        fprintf(stderr, "%s: %s: %s %d (pid %d) killed by signal %d (%s)\n", gp_prog, what,
-                probe ? "GPU probe" : "rank", r, (int)p, WTERMSIG(status),
-                strsignal(WTERMSIG(status)));
-      else if (codes[r] != GP_EXIT_REFUSED && codes[r] != GP_EXIT_SKIP)
-        fprintf(stderr, "%s: %s: %s %d (pid %d) exited with status %d\n", gp_prog, what,
-                probe ? "GPU probe" : "rank", r, (int)p, codes[r]);
-      if (alive > 0) {
-        fprintf(stderr, "%s: %s: stopping the other %d rank(s), which were at:\n", gp_prog, what,
-                alive);
-        for (int i = 0; i < nproc; i++)
-          if (pids[i] > 0) describe_rank(stderr, i, spids[i], gp_now(), probe, stall_s);
-      }
-    } else if (p < 0 && errno != EINTR) {
-      break; /* ECHILD: nothing left */
-    }
-    if (tick) tick(tick_arg);
-    double now = gp_now();
-    if (!failed && gp_signal) {
-      fprintf(stderr, "%s: %s: interrupted by signal %d\n", gp_prog, what, (int)gp_signal);
-      failed = 1;
-    }
-    if (!failed && stall_s > 0) {
-      int stalled = 0;
-      for (int i = 0; i < nproc; i++) {
-        double beat;
-        __atomic_load(&gp_sh->slot[i].beat, &beat, __ATOMIC_ACQUIRE);
-        if (pids[i] > 0 && now - beat > stall_s) stalled = 1;
-      }
-      if (stalled) {
-        failed = 1;
-        fprintf(stderr, "%s: %s: watchdog: no progress for %.0f s (-w); a hang, killing the "
-                "run. Where each rank was:\n", gp_prog, what, stall_s);
-        for (int i = 0; i < nproc; i++) {
-          if (pids[i] <= 0) continue;
-          describe_rank(stderr, i, spids[i], now, probe, stall_s);
-          codes[i] = GP_EXIT_WATCHDOG;
-        }
-      }
-    }
-    if (failed) {
-      if (killed_at == 0.0) {
-        gp_raise_abort();
-        kill_all(pids, nproc);
-        killed_at = now;
-      } else if (now - killed_at > GP_KILL_WAIT_S) {
-        fprintf(stderr, "%s: %s: %d process(es) did not die after SIGKILL\n", gp_prog, what,
-                alive);
-        break;
-      }
-    }
-    if (p <= 0) {
-      struct timespec ts = {0, 20 * 1000 * 1000};
-      nanosleep(&ts, NULL);
-    }
-  }
+  if (ps_proc_spawn(&ps, nproc, gp_child, &set, pids) != 0) return -1;
+  for (int r = 0; r < nproc; r++) set.spids[r] = (int)pids[r];
+  ps_proc_reap(&ps, pids, nproc, codes);
   if (tick) tick(tick_arg);
-  for (int r = 0; r < nproc; r++)
+  for (int r = 0; r < nproc; r++) {
+    if (set.watchdog[r]) codes[r] = GP_EXIT_WATCHDOG;
     if (codes[r] != 0) return -1;
+  }
   return 0;
 }
 
 /* ---- options -------------------------------------------------------------- */
 
-/* the parsers themselves are shared with perseus_coll_perf (bench/size_parse.c) */
+/* the parsers themselves are shared with the other programs (size_parse.c) */
 int gp_parse_size(const char *s, size_t *out) { return sp_parse_size(s, 0, out); }
 
 int gp_parse_int(const char *s, long lo, long hi, int *out)
@@ -301,11 +274,15 @@ static void default_plugin(void)
     exe[len] = '\0';
     char *slash = strrchr(exe, '/');
     if (slash) *slash = '\0';
-    /* the build tree: build/gpu/<program> next to build/plugin/<plugin> */
-    snprintf(cand, sizeof(cand), "%s/../plugin/%s", exe, GP_PLUGIN_BASENAME);
-    if (access(cand, R_OK) == 0 && realpath(cand, real)) {
-      setenv("NCCL_NET_PLUGIN", real, 0);
-      return;
+    /* the build tree: build/bench/<program> or build/test/gpu/<program>,
+     * and build/plugin/<plugin> */
+    static const char *const up[] = {"..", "../.."};
+    for (size_t i = 0; i < sizeof(up) / sizeof(up[0]); i++) {
+      snprintf(cand, sizeof(cand), "%s/%s/plugin/%s", exe, up[i], GP_PLUGIN_BASENAME);
+      if (access(cand, R_OK) == 0 && realpath(cand, real)) {
+        setenv("NCCL_NET_PLUGIN", real, 0);
+        return;
+      }
     }
   }
   if (access(PS_INSTALLED_PLUGIN_PATH, R_OK) == 0) {

@@ -1,0 +1,107 @@
+/* proc.c: forked process sets (see proc.h). */
+#include "proc.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* After SIGKILL a process may sit in uninterruptible sleep (a GPU driver
+ * call); past this the reaper stops waiting for it and says so. */
+#define PS_PROC_KILL_WAIT_S 30.0
+
+double ps_proc_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void kill_all(const pid_t *pids, int n) {
+  for (int i = 0; i < n; i++)
+    if (pids[i] > 0) kill(pids[i], SIGKILL);
+}
+
+int ps_proc_spawn(const ps_proc_set_t *s, int n, ps_proc_fn fn, void *arg, pid_t *pids) {
+  pid_t parent = getpid();
+  fflush(NULL);
+  for (int i = 0; i < n; i++) {
+    pid_t p = fork();
+    if (p == 0) {
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      /* the parent's death (even SIGKILL) takes the set with it */
+      if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(1);
+      int code = fn(i, arg);
+      fflush(NULL);
+      _exit(code);
+    }
+    if (p < 0) {
+      fprintf(stderr, "%s: %s: fork: %s\n", s->prog, s->what, strerror(errno));
+      kill_all(pids, i);
+      for (int k = 0; k < i; k++) waitpid(pids[k], NULL, 0);
+      return -1;
+    }
+    pids[i] = p;
+  }
+  return 0;
+}
+
+static int default_ended(const ps_proc_set_t *s, int i, pid_t pid, int code, int signaled) {
+  if (!code) return 0;
+  if (signaled)
+    fprintf(stderr, "%s: %s: process %d (pid %d) killed by signal %d (%s)\n", s->prog, s->what, i,
+            (int)pid, code - 128, strsignal(code - 128));
+  else
+    fprintf(stderr, "%s: %s: process %d (pid %d) exited with status %d\n", s->prog, s->what, i,
+            (int)pid, code);
+  return 1;
+}
+
+int ps_proc_reap(const ps_proc_set_t *s, pid_t *pids, int n, int *codes) {
+  int alive = n, failed = 0;
+  double killed_at = 0.0;
+  for (int i = 0; i < n; i++) codes[i] = -1;
+  while (alive > 0) {
+    int status;
+    pid_t p = waitpid(-1, &status, WNOHANG);
+    if (p > 0) {
+      int i = 0;
+      while (i < n && pids[i] != p) i++;
+      if (i == n) continue; /* not one of ours */
+      pids[i] = 0;
+      alive--;
+      int signaled = WIFSIGNALED(status);
+      codes[i] = signaled ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+      int bad = s->ended ? s->ended(s->arg, i, p, codes[i], signaled)
+                         : default_ended(s, i, p, codes[i], signaled);
+      if (bad && !failed) {
+        failed = 1;
+        if (alive > 0 && s->stopping) s->stopping(s->arg, pids, n);
+      }
+      continue; /* reap whatever else ended before sleeping */
+    }
+    if (p < 0 && errno != EINTR) break; /* ECHILD: nothing left */
+    double now = ps_proc_now();
+    if (!failed && s->tick && s->tick(s->arg, now, pids, n)) {
+      failed = 1;
+      if (s->stopping) s->stopping(s->arg, pids, n);
+    }
+    if (failed) {
+      if (killed_at == 0.0) {
+        kill_all(pids, n);
+        killed_at = now;
+      } else if (now - killed_at > PS_PROC_KILL_WAIT_S) {
+        fprintf(stderr, "%s: %s: %d process(es) did not die after SIGKILL\n", s->prog, s->what,
+                alive);
+        break;
+      }
+    }
+    struct timespec ts = {0, (long)(s->poll_s * 1e9)};
+    nanosleep(&ts, NULL);
+  }
+  return failed ? -1 : 0;
+}
