@@ -4,7 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ps_comm.h"
+#include "ps_clock.h"
 #include "ps_log.h"
 
 ncclResult_t ps_ep_open(ps_device_t *dev, int eagain_retries, ps_ep_t *e) {

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "ps_comm.h"
+#include "ps_clock.h"
 #include "ps_log.h"
 #include "ps_rma_int.h"
 

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ps_comm.h"
+#include "ps_clock.h"
 #include "ps_env.h"
 #include "ps_log.h"
 #include "ps_rma_int.h"

@@ -7,7 +7,7 @@
  * range are all checked before the copy engine touches GPU memory. */
 #include <stdlib.h>
 
-#include "ps_comm.h"
+#include "ps_clock.h"
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
