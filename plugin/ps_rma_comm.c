@@ -1,7 +1,6 @@
 /* One-sided engine, setup: the collective communicator (one endpoint per
  * rank, every peer's address in its AV) and symmetric registration (each
  * rank registers its part; address, size and key are allgathered). */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -241,16 +240,6 @@ ncclResult_t ps_rma_close_coll(void *coll) {
   return ncclSuccess;
 }
 
-void ps_rma_fail(ps_rma_comm_t *c, ncclResult_t rc, const char *fmt, ...) {
-  if (c->error) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(c->error_msg, sizeof c->error_msg, fmt, ap);
-  va_end(ap);
-  c->error = rc;
-  PS_WARN("one-sided comm rank %d: %s", c->rank, c->error_msg);
-}
-
 /* Blocking allgather of one region's {addr, size, key}: each rank sends its
  * part to every peer and receives theirs, progressing until done. */
 typedef struct {
@@ -406,11 +395,6 @@ static ncclResult_t dereg_sym_body(void *coll, void *mh) {
   if (r->staged) ps_stage_quiesce(c); /* the GPU memory may be unmapped right after */
   ps_rma_dereg_region(c, r);
   return ncclSuccess;
-}
-
-ps_rma_region_t *ps_rma_region(ps_rma_comm_t *c, void *mh) {
-  ps_rma_region_t *r = mh;
-  return (r && r->magic == PS_RMA_REG_MAGIC && r->comm == c) ? r : NULL;
 }
 
 ps_ordering_t ps_rma_ordering(void *coll) { return ((ps_rma_comm_t *)coll)->ordering; }

@@ -256,9 +256,6 @@ ncclResult_t ps_rma_model_nic_init(ps_rma_comm_t *c);
 void ps_rma_release_held(ps_rma_comm_t *c);
 void ps_rma_free_held(ps_rma_comm_t *c);
 /* ps_rma_comm.c */
-void ps_rma_fail(ps_rma_comm_t *c, ncclResult_t rc, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-ps_rma_region_t *ps_rma_region(ps_rma_comm_t *c, void *mh);
 void ps_rma_print_stats(ps_rma_comm_t *c);
 ncclResult_t ps_rma_reg_region(ps_rma_comm_t *c, void *data, size_t size, int staged,
                                ps_rma_region_t **out);
@@ -266,8 +263,6 @@ void ps_rma_dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r);
 /* ps_rma_ops.c */
 void ps_rma_free_reqs(ps_rma_comm_t *c);
 uint64_t ps_rma_write_flags(ps_rma_comm_t *c);
-void ps_rma_op_started(ps_rma_comm_t *c, ps_rma_peer_t *p);
-void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr);
 /* ps_rma_stage.c: setup and the origin side */
 ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr);
 void ps_stage_free(ps_rma_comm_t *c);
@@ -284,5 +279,16 @@ void ps_stage_credit(ps_rma_comm_t *c, uint32_t src, uint64_t freed_below);
 int ps_stage_signal(ps_rma_comm_t *c, char *addr, uint64_t add);
 void ps_stage_progress(ps_rma_comm_t *c);
 void ps_stage_quiesce(ps_rma_comm_t *c); /* wait (bounded) until no copy or signal write is in flight */
+
+/* ps_rma_peer.c: the lowest floor */
+void ps_rma_fail(ps_rma_comm_t *c, ncclResult_t rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+ps_rma_region_t *ps_rma_region(ps_rma_comm_t *c, void *mh);
+void ps_rma_op_started(ps_rma_comm_t *c, ps_rma_peer_t *p);
+void ps_rma_op_finished(ps_rma_comm_t *c, ps_rma_peer_t *p);
+void ps_rma_wake(ps_rma_peer_t *p);
+/* 1 (and the comm failed) when err says the operation failed. */
+int ps_rma_op_failed(ps_rma_req_t *r, int err, const char *what, const char *errstr);
+void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr);
 
 #endif

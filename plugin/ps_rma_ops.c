@@ -82,44 +82,6 @@ static void req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
 
 /* --- completions (record only) --- */
 
-void ps_rma_op_started(ps_rma_comm_t *c, ps_rma_peer_t *p) {
-  if (!p->outstanding++) p->active_ns = c->now_ns;
-  if (p->outstanding > p->st.inflight_max) p->st.inflight_max = p->outstanding;
-}
-/* An idle peer gets work: its liveness clock starts now. */
-static void wake(ps_rma_peer_t *p) {
-  if (!p->outstanding && !p->dq_head && !p->sq_head) p->active_ns = ps_now_ns();
-}
-static void op_finished(ps_rma_comm_t *c, ps_rma_peer_t *p) {
-  p->outstanding--;
-  p->active_ns = c->now_ns;
-}
-
-/* Any error completion fails the comm, cancellation included: we never
- * cancel (close discards the endpoint unread), so -FI_ECANCELED is the
- * provider flushing operations to a peer that went away (tcp does this). */
-static int failed(ps_rma_req_t *r, int err, const char *what, const char *errstr) {
-  if (!err) return 0;
-  r->status = ncclRemoteError;
-  ps_rma_fail(r->comm, ncclRemoteError, "%s to rank %u failed: %s", what, r->peer, errstr);
-  return 1;
-}
-
-/* A put's chunk (seq) completed; the whole put once every chunk has. */
-void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr) {
-  ps_rma_comm_t *c = r->comm;
-  ps_rma_peer_t *p = &c->peers[r->peer];
-  op_finished(c, p);
-  if (++r->done_chunks == r->nchunks) r->data_stage = PS_STAGE_DONE;
-  if (failed(r, err, r->is_get ? "get" : "put", errstr) || r->is_get) return;
-  /* Completions come in any order; done.below only moves over a gap-free run. */
-  if (ps_seqwin_mark(&p->done, seq, UINT64_MAX)) {
-    ps_rma_fail(c, ncclSystemError, "no memory to track puts to rank %u", r->peer);
-    return;
-  }
-  if (p->sq_head) c->backlog = 1; /* a deferred signal may be free to go */
-}
-
 static void data_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
   ps_rma_req_t *r = op->owner;
   (void)e;
@@ -129,9 +91,9 @@ static void data_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, 
 static void sig_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
   ps_rma_req_t *r = op->owner;
   (void)e;
-  op_finished(r->comm, &r->comm->peers[r->peer]);
+  ps_rma_op_finished(r->comm, &r->comm->peers[r->peer]);
   r->sig_stage = PS_STAGE_DONE;
-  failed(r, err, "signal", errstr);
+  ps_rma_op_failed(r, err, "signal", errstr);
 }
 
 /* --- posting from the queues --- */
@@ -285,7 +247,7 @@ static ncclResult_t queue_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, ui
   if (!p->prep_req) p->prep_req = r;
   r->data_stage = PS_STAGE_QUEUED;
   r->next = NULL;
-  wake(p);
+  ps_rma_wake(p);
   if (p->dq_tail) p->dq_tail->next = r;
   else p->dq_head = r;
   p->dq_tail = r;
@@ -375,7 +337,7 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
                                    .key = sig->rkey[rank]};
   r->sig_stage = PS_STAGE_QUEUED;
   r->next_sig = NULL;
-  wake(p);
+  ps_rma_wake(p);
   if (p->sq_tail) p->sq_tail->next_sig = r;
   else p->sq_head = r;
   p->sq_tail = r;
