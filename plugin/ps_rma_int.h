@@ -250,6 +250,19 @@ ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, uint32_t peer, const struct fi_
                                uint64_t flags, int *posted);
 ncclResult_t ps_rma_post_sig_send(ps_rma_comm_t *c, uint32_t peer, void *buf, size_t len,
                                   void *desc, uint64_t tag, ps_op_t *op, int *posted);
+/* A put's write (or a chunk of it into a host window) with put sequence seq,
+ * flagged as the strategy needs: delivery completion (deferred, drain), or
+ * rank << 32 | seq32 as remote CQ data (target). */
+ncclResult_t ps_rma_post_put(ps_rma_comm_t *c, uint32_t peer, struct fi_msg_rma *m, uint64_t seq,
+                             int *posted);
+/* A staged chunk into the peer's receive slot, which its remote CQ data names. */
+ncclResult_t ps_rma_post_staged(ps_rma_comm_t *c, uint32_t peer, struct fi_msg_rma *m, uint32_t slot,
+                                int *posted);
+ncclResult_t ps_rma_post_read(ps_rma_comm_t *c, const struct fi_msg_rma *m, int *posted);
+ncclResult_t ps_rma_post_atomic(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_atomic *m,
+                                uint64_t flags, int *posted);
+ncclResult_t ps_rma_post_credit(ps_rma_comm_t *c, uint32_t peer, void *buf, size_t len, void *desc,
+                                ps_op_t *op, int *posted);
 /* The test builds' model NIC, from the comm's rank and the environment
  * (PERSEUS_TEST_LATENCY_US, checked here so a bad value fails connect). */
 ncclResult_t ps_rma_model_nic_init(ps_rma_comm_t *c);
@@ -262,7 +275,6 @@ ncclResult_t ps_rma_reg_region(ps_rma_comm_t *c, void *data, size_t size, int st
 void ps_rma_dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r);
 /* ps_rma_ops.c */
 void ps_rma_free_reqs(ps_rma_comm_t *c);
-uint64_t ps_rma_write_flags(ps_rma_comm_t *c);
 /* ps_rma_stage.c: setup and the origin side */
 ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr);
 void ps_stage_free(ps_rma_comm_t *c);

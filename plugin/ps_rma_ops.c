@@ -98,24 +98,13 @@ static void sig_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, c
 
 /* --- posting from the queues --- */
 
-uint64_t ps_rma_write_flags(ps_rma_comm_t *c) {
-  if (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN)
-    return FI_COMPLETION | FI_DELIVERY_COMPLETE; /* completion must mean "in the target's memory" */
-  return FI_COMPLETION;
-}
-
 static ncclResult_t post_data(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
   r->data_op = (ps_op_t){.cb = data_done, .owner = r};
   struct fi_msg_rma m = {.msg_iov = &r->iov, .desc = &r->desc, .iov_count = 1,
                          .addr = c->addr[r->peer], .rma_iov = &r->rma, .rma_iov_count = 1,
                          .context = &r->data_op};
-  if (r->is_get) return ps_ep_readmsg(&c->ep, &m, FI_COMPLETION, posted);
-  uint64_t flags = ps_rma_write_flags(c);
-  if (c->ordering == PS_ORD_TARGET) {
-    flags |= FI_REMOTE_CQ_DATA; /* the target tracks which of our writes arrived */
-    m.data = (uint64_t)c->rank << 32 | (uint32_t)r->seq;
-  }
-  return ps_rma_post_write(c, r->peer, &m, flags, posted);
+  if (r->is_get) return ps_rma_post_read(c, &m, posted);
+  return ps_rma_post_put(c, r->peer, &m, r->seq, posted);
 }
 
 static ncclResult_t post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
@@ -129,8 +118,7 @@ static ncclResult_t post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
                             .addr = c->addr[r->peer], .rma_iov = &r->sig_rma, .rma_iov_count = 1,
                             .datatype = FI_UINT64, .op = FI_SUM, .context = &r->sig_op};
   /* on the peer's lane, behind that peer's puts only; none ahead: no fence */
-  return ps_ep_atomicmsg(&c->ep, c->lanes[r->peer], &m,
-                         FI_COMPLETION | (r->need > 1 ? FI_FENCE : 0), posted);
+  return ps_rma_post_atomic(c, r->peer, &m, FI_COMPLETION | (r->need > 1 ? FI_FENCE : 0), posted);
 }
 
 static int sig_ready(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r) {

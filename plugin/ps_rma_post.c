@@ -158,3 +158,42 @@ ncclResult_t ps_rma_post_sig_send(ps_rma_comm_t *c, uint32_t peer, void *buf, si
   return ps_ep_tsend(&c->ep, buf, len, desc, c->addr[peer], tag, op, posted);
 }
 #endif
+
+/* Completion must mean "in the target's memory" where a signal waits for it. */
+static uint64_t write_flags(const ps_rma_comm_t *c) {
+  if (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN)
+    return FI_COMPLETION | FI_DELIVERY_COMPLETE;
+  return FI_COMPLETION;
+}
+
+ncclResult_t ps_rma_post_put(ps_rma_comm_t *c, uint32_t peer, struct fi_msg_rma *m, uint64_t seq,
+                             int *posted) {
+  uint64_t flags = write_flags(c);
+  if (c->ordering == PS_ORD_TARGET) {
+    flags |= FI_REMOTE_CQ_DATA; /* the target tracks which of our writes arrived */
+    m->data = (uint64_t)c->rank << 32 | (uint32_t)seq;
+  }
+  return ps_rma_post_write(c, peer, m, flags, posted);
+}
+
+ncclResult_t ps_rma_post_staged(ps_rma_comm_t *c, uint32_t peer, struct fi_msg_rma *m, uint32_t slot,
+                                int *posted) {
+  m->data = PS_STAGED_DATA | (uint64_t)c->rank << 32 | slot;
+  return ps_rma_post_write(c, peer, m, write_flags(c) | FI_REMOTE_CQ_DATA, posted);
+}
+
+ncclResult_t ps_rma_post_read(ps_rma_comm_t *c, const struct fi_msg_rma *m, int *posted) {
+  return ps_ep_readmsg(&c->ep, m, FI_COMPLETION, posted);
+}
+
+/* On the peer's lane (fence strategy): FI_FENCE orders behind that peer's puts only. */
+ncclResult_t ps_rma_post_atomic(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_atomic *m,
+                                uint64_t flags, int *posted) {
+  return ps_ep_atomicmsg(&c->ep, c->lanes[peer], m, flags, posted);
+}
+
+/* Staging credits go straight to the provider, never through a model NIC. */
+ncclResult_t ps_rma_post_credit(ps_rma_comm_t *c, uint32_t peer, void *buf, size_t len, void *desc,
+                                ps_op_t *op, int *posted) {
+  return ps_ep_tsend(&c->ep, buf, len, desc, c->addr[peer], PS_TAG_RMA_SIG, op, posted);
+}

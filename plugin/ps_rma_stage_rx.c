@@ -199,8 +199,8 @@ static void send_credits(ps_rma_comm_t *c, ps_stage_t *st) {
                                    .value = p->stage_done.below};
     st->credit_op[i] = (ps_op_t){.cb = credit_sent, .owner = c, .idx = i};
     int posted = 0;
-    if (ps_ep_tsend(&c->ep, &st->credit[i], sizeof st->credit[i], st->credit_desc, c->addr[i],
-                    PS_TAG_RMA_SIG, &st->credit_op[i], &posted) != ncclSuccess) {
+    if (ps_rma_post_credit(c, (uint32_t)i, &st->credit[i], sizeof st->credit[i], st->credit_desc,
+                           &st->credit_op[i], &posted) != ncclSuccess) {
       drop_credits(c, i, "the provider refused the send");
       continue;
     }
