@@ -11,66 +11,6 @@
 #include "ps_rma_int.h"
 
 
-const char *const ps_ordering_names[] = {"auto", "ordered", "fence", "target",
-                                         "deferred", "drain",
-#ifdef PS_REORDER_TEST
-                                         "unsafe",
-#endif
-                                         NULL};
-
-/* What strategy `s` needs from the provider, or NULL when it has it. */
-static const char *missing_for(const ps_device_t *d, ps_ordering_t s) {
-#ifdef PS_REORDER_TEST
-  /* the test-only unordered NIC keeps no order and has no fence */
-  if (s == PS_ORD_ORDERED || s == PS_ORD_FENCE) return "ordering (the test's unordered NIC has none)";
-#endif
-#ifdef PS_LATENCY_TEST
-  /* the test-only distant NIC delays writes and messages, not atomics */
-  if (s == PS_ORD_FENCE) return "fenced atomics (the test's distant NIC holds none)";
-#endif
-  switch (s) {
-  case PS_ORD_ORDERED:
-    return (d->rma_msg_order & FI_ORDER_SAW) ? NULL : "sends ordered after RMA writes (FI_ORDER_SAW)";
-  case PS_ORD_FENCE:
-    return d->rma_fence ? NULL : "native atomics with FI_FENCE";
-  case PS_ORD_TARGET:
-    return d->cq_data_size >= 8 ? NULL : "8 bytes of remote CQ data per RMA write";
-  case PS_ORD_DEFERRED:
-  case PS_ORD_DRAIN: /* d->rma_delivery_broken says why, in the connect log */
-    return d->rma_delivery_broken ? "RMA write completions that mean delivery" : NULL;
-  default:
-    return NULL;
-  }
-}
-
-/* PERSEUS_ORDERING; auto takes the cheapest strategy the provider's
- * capabilities make correct: no extra work (ordered), a NIC-side fence,
- * counting at the target, waiting for delivery at the origin. */
-static ncclResult_t choose_ordering(const ps_device_t *d, ps_ordering_t *out) {
-  int v;
-  PS_CHECK(ps_env_enum("PERSEUS_ORDERING", ps_ordering_names, PS_ORD_AUTO, &v));
-  if (v == PS_ORD_AUTO) {
-    const ps_ordering_t pref[] = {PS_ORD_ORDERED, PS_ORD_FENCE, PS_ORD_TARGET, PS_ORD_DEFERRED};
-    for (int i = 0; i < 4 && v == PS_ORD_AUTO; i++)
-      if (!missing_for(d, pref[i])) v = pref[i];
-    if (v == PS_ORD_AUTO) {
-      PS_WARN("one-sided: no ordering strategy works on %s (it lacks %s, %s and %s)", d->name,
-              missing_for(d, PS_ORD_ORDERED), missing_for(d, PS_ORD_FENCE),
-              missing_for(d, PS_ORD_TARGET));
-      return ncclInvalidUsage;
-    }
-  }
-  const char *missing = missing_for(d, (ps_ordering_t)v);
-  if (missing) {
-    const char *why = (v == PS_ORD_DEFERRED || v == PS_ORD_DRAIN) ? d->rma_delivery_broken : NULL;
-    PS_WARN("PERSEUS_ORDERING=%s is not possible on %s: the provider lacks %s%s%s%s",
-            ps_ordering_names[v], d->name, missing, why ? " (" : "", why ? why : "", why ? ")" : "");
-    return ncclInvalidUsage;
-  }
-  *out = (ps_ordering_t)v;
-  return ncclSuccess;
-}
-
 /* Process-wide totals (perseus_rma_process_stats): live comms are summed
  * on demand, closed ones were folded in when they closed. */
 static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -180,7 +120,7 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   c->peers = calloc((size_t)nranks, sizeof *c->peers);
   c->timeout_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
   ncclResult_t rc = (c->addr && c->peers) ? ncclSuccess : ncclSystemError;
-  if (rc == ncclSuccess) rc = choose_ordering(c->ep.dev, &c->ordering);
+  if (rc == ncclSuccess) rc = ps_order_choose(c->ep.dev, &c->ordering);
   if (rc == ncclSuccess) rc = ps_rma_model_nic_init(c);
   int64_t inflight = ps_fabric_config()->rma_inflight; /* -1: unset, the provider's default */
   c->max_posted = inflight >= 0 ? (uint64_t)inflight : c->ep.dev->rma_inflight;

@@ -240,6 +240,16 @@ static inline ps_rma_comm_t *ps_rma_live(void *coll) {
     return rc_;                                                       \
   } while (0)
 
+/* ps_rma_order.c: the strategies */
+ncclResult_t ps_order_choose(const ps_device_t *d, ps_ordering_t *out);
+/* 1 when r's signal may be posted now (every put it covers posted, and
+ * delivered where the strategy waits for that). */
+int ps_order_sig_ready(const ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_rma_req_t *r);
+/* Posts r's signal: a message, or for fence an atomic add. */
+ncclResult_t ps_order_post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted);
+/* Counts a queued signal's fence or the one it avoided; 1 when the caller
+ * must block until the puts it covers are delivered (drain). */
+int ps_order_count_fence(ps_rma_comm_t *c, ps_rma_peer_t *p, const ps_rma_req_t *r);
 /* ps_rma_target.c */
 ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c);
 void ps_rma_remote_write(void *comm, uint64_t data);

@@ -4,16 +4,8 @@
  * Every call is accepted at once (NCCL's GIN proxy never retries): its put
  * goes to the peer's data queue, its signal to the peer's signal queue, and
  * pump() posts from the heads, in call order, as far as the provider takes
- * them. A signal leaves only after every put it covers was posted, and, per
- * strategy:
- *   ordered  - at once: the provider keeps sends behind earlier writes (SAW)
- *   fence    - at once, as an atomic add carrying FI_FENCE
- *   target   - at once, saying how many writes it covers; the target applies
- *              it when that many have arrived (remote CQ data counts them)
- *   deferred - once the puts it covers completed with delivery semantics;
- *              later puts keep flowing meanwhile
- *   drain    - like deferred, but the caller blocks until then (the baseline)
- * Callbacks only record completions; posting happens in pump(), never
+ * them. A signal leaves only after every put it covers was posted, and
+ * when and how its strategy allows (ps_rma_order.c). Callbacks only record completions; posting happens in pump(), never
  * inside a completion, so nothing re-enters the queues. */
 #include <stdlib.h>
 #include <string.h>
@@ -80,20 +72,12 @@ static void req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
   c->free_reqs = r;
 }
 
-/* --- completions (record only) --- */
+/* --- completions (record only; a signal's in ps_rma_order.c) --- */
 
 static void data_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
   ps_rma_req_t *r = op->owner;
   (void)e;
   ps_rma_put_done(r, r->seq, err, errstr);
-}
-
-static void sig_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
-  ps_rma_req_t *r = op->owner;
-  (void)e;
-  ps_rma_op_finished(r->comm, &r->comm->peers[r->peer]);
-  r->sig_stage = PS_STAGE_DONE;
-  ps_rma_op_failed(r, err, "signal", errstr);
 }
 
 /* --- posting from the queues --- */
@@ -107,36 +91,15 @@ static ncclResult_t post_data(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
   return ps_rma_post_put(c, r->peer, &m, r->seq, posted);
 }
 
-static ncclResult_t post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
-  r->sig_op = (ps_op_t){.cb = sig_done, .owner = r};
-  if (c->ordering != PS_ORD_FENCE)
-    return ps_rma_post_sig_send(c, r->peer, &r->sig, sizeof r->sig, r->chunk_desc, PS_TAG_RMA_SIG,
-                                &r->sig_op, posted);
-  r->operand = r->sig.op == NCCL_NET_SIGNAL_OP_INC ? 1 : r->sig.value;
-  struct fi_ioc ioc = {.addr = &r->operand, .count = 1};
-  struct fi_msg_atomic m = {.msg_iov = &ioc, .desc = &r->chunk_desc, .iov_count = 1,
-                            .addr = c->addr[r->peer], .rma_iov = &r->sig_rma, .rma_iov_count = 1,
-                            .datatype = FI_UINT64, .op = FI_SUM, .context = &r->sig_op};
-  /* on the peer's lane, behind that peer's puts only; none ahead: no fence */
-  return ps_rma_post_atomic(c, r->peer, &m, FI_COMPLETION | (r->need > 1 ? FI_FENCE : 0), posted);
-}
-
-static int sig_ready(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r) {
-  if (c->ordering == PS_ORD_UNSAFE) return 1; /* test builds: the deliberately broken one */
-  if (p->posted_below < r->need) return 0;    /* its puts are not even posted */
-  if (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN) return p->done.below >= r->need;
-  return 1;
-}
-
 /* Posts this peer's signals whose puts allow it, in order. Returns 0 when
  * none is left that could go, 1 when the provider or PERSEUS_RMA_INFLIGHT
  * held one back, -1 when the comm failed. */
 static int post_ready_sigs(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   int posted;
-  while (p->sq_head && !c->error && sig_ready(c, p, p->sq_head)) {
+  while (p->sq_head && !c->error && ps_order_sig_ready(c, p, p->sq_head)) {
     ps_rma_req_t *r = p->sq_head;
     if (ps_rma_peer_full(c, p)) return 1;
-    ncclResult_t rc = post_sig(c, r, &posted);
+    ncclResult_t rc = ps_order_post_sig(c, r, &posted);
     if (rc != ncclSuccess) {
       r->status = rc;
       ps_rma_fail(c, rc, "signal to rank %u could not be posted", r->peer);
@@ -330,13 +293,7 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
   else p->sq_head = r;
   p->sq_tail = r;
   pump(c, p);
-  /* A fence: a wait for delivery (deferred parks, drain blocks) or an
-   * FI_FENCE flag. ordered and target get their ordering for nothing. */
-  int waits = (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN) && p->done.below < r->need;
-  int fenced = waits || (c->ordering == PS_ORD_FENCE && r->need > 1);
-  if (fenced) p->st.fences_posted++;
-  else p->st.fences_avoided++;
-  if (waits && c->ordering == PS_ORD_DRAIN) PS_CHECK(drain(c, p, r->need));
+  if (ps_order_count_fence(c, p, r)) PS_CHECK(drain(c, p, r->need));
   *req = r;
   return c->error;
 }
