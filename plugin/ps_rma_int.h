@@ -253,8 +253,7 @@ int ps_order_count_fence(ps_rma_comm_t *c, ps_rma_peer_t *p, const ps_rma_req_t 
 /* ps_rma_target.c */
 ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c);
 void ps_rma_remote_write(void *comm, uint64_t data);
-void ps_rma_mark_arrived(ps_rma_comm_t *c, uint32_t src, uint64_t seq);
-void ps_rma_apply_ready(ps_rma_comm_t *c, ps_rma_peer_t *p);
+void ps_rma_target_progress(ps_rma_comm_t *c);
 /* ps_rma_post.c: everything that reaches the provider's data path */
 ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_rma *m,
                                uint64_t flags, int *posted);
@@ -295,11 +294,16 @@ void ps_stage_dump(ps_rma_comm_t *c); /* INFO: where staging stands, for a stall
 ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, int *all,
                            int *refused);
 /* ps_rma_stage_rx.c: the target side */
-void ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot);
+/* A staged write landed in our receive slot: checked and its copy into the
+ * GPU enqueued. 1 with *seq its put sequence; 0 when refused (comm failed). */
+int ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *seq);
 void ps_stage_credit(ps_rma_comm_t *c, uint32_t src, uint64_t freed_below);
 /* 0: applied (or queued behind the copies); 1: no room now, try later */
 int ps_stage_signal(ps_rma_comm_t *c, char *addr, uint64_t add);
-void ps_stage_progress(ps_rma_comm_t *c);
+/* Polls copies and signal words: 1 when arrivals, copies or words moved
+ * since the last pass (held signals may apply, credits may go). */
+int ps_stage_progress(ps_rma_comm_t *c);
+void ps_stage_send_credits(ps_rma_comm_t *c);
 void ps_stage_quiesce(ps_rma_comm_t *c); /* wait (bounded) until no copy or signal write is in flight */
 
 /* ps_rma_peer.c: the lowest floor */

@@ -324,7 +324,7 @@ static ncclResult_t progress_body(void *coll) {
   c->now_ns = ps_now_ns();
   ps_rma_release_held(c);
   if (ps_ep_progress(&c->ep, 256, NULL) != ncclSuccess) ps_rma_fail(c, ncclRemoteError, "%s", c->ep.fatal);
-  if (c->stage && !c->error) ps_stage_progress(c);
+  if (c->stage && !c->error) ps_rma_target_progress(c);
   if (c->backlog && !c->error) {
     c->backlog = 0;
     if (c->stage) ps_stage_fill(c);
