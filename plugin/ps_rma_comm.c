@@ -10,6 +10,8 @@
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
+static void print_stats(ps_rma_comm_t *c);
+static void dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r);
 
 /* Process-wide totals (perseus_rma_process_stats): live comms are summed
  * on demand, closed ones were folded in when they closed. */
@@ -155,14 +157,14 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
 ncclResult_t ps_rma_close_coll(void *coll) {
   ps_rma_comm_t *c = coll;
   if (!c || c->magic != PS_RMA_MAGIC) return ncclInvalidArgument;
-  if (ps_fabric_config()->stats && c->peers) ps_rma_print_stats(c);
+  if (ps_fabric_config()->stats && c->peers) print_stats(c);
   live_remove(c);
   for (int p = 0; c->lanes && p < c->nranks; p++) /* lanes first: they use ep's CQ and AV */
     if (c->lanes[p]) fi_close(&c->lanes[p]->fid);
   free(c->lanes);
   ps_ep_close(&c->ep); /* first: nothing completes into freed memory */
   for (uint32_t i = 0; i < c->nregions; i++)
-    if (c->regions[i]) ps_rma_dereg_region(c, c->regions[i]);
+    if (c->regions[i]) dereg_region(c, c->regions[i]);
   ps_stage_free(c); /* after the endpoint: nothing lands in its slots any more */
   for (int p = 0; c->peers && p < c->nranks; p++) {
     ps_rma_peer_t *pp = &c->peers[p];
@@ -262,7 +264,7 @@ static ncclResult_t allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
 
 /* Collective: registers this rank's part (host memory with the provider;
  * staged GPU memory needs no provider registration) and allgathers it. */
-ncclResult_t ps_rma_reg_region(ps_rma_comm_t *c, void *data, size_t size, int staged,
+static ncclResult_t reg_region(ps_rma_comm_t *c, void *data, size_t size, int staged,
                                ps_rma_region_t **out) {
   if (c->nregions == c->cap_regions) {
     uint32_t cap = c->cap_regions ? 2 * c->cap_regions : 16;
@@ -282,7 +284,7 @@ ncclResult_t ps_rma_reg_region(ps_rma_comm_t *c, void *data, size_t size, int st
                          .rsize = r->rsize, .staged = staged};
   uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
   if (!staged && ps_ep_reg(&c->ep, data, size ? size : 1, access, &r->mr) != ncclSuccess) {
-    ps_rma_dereg_region(c, r);
+    dereg_region(c, r);
     return ncclSystemError;
   }
   r->desc = r->mr ? fi_mr_desc(r->mr) : NULL;
@@ -290,6 +292,20 @@ ncclResult_t ps_rma_reg_region(ps_rma_comm_t *c, void *data, size_t size, int st
   PS_CHECK(allgather_region(c, r));
   *out = r;
   return ncclSuccess;
+}
+
+/* Staging, set up by the first GPU window: the pools, then (collective, like
+ * the window being registered) every rank's receive slots become a symmetric
+ * region the origins write into. */
+static ncclResult_t stage_setup(ps_rma_comm_t *c, const void *gpu_ptr) {
+  PS_CHECK(ps_stage_init(c, gpu_ptr));
+  ps_rma_region_t *rx;
+  ncclResult_t rc = reg_region(c, c->stage->rx_pool, c->stage->rx_bytes, 0, &rx);
+  if (rc != ncclSuccess) {
+    ps_stage_free(c);
+    return rc;
+  }
+  return ps_stage_attach_rx(c, rx);
 }
 
 static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, uint64_t mr_flags,
@@ -305,19 +321,19 @@ static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, 
     return ncclInvalidArgument;
   }
   int staged = type == NCCL_PTR_CUDA;
-  if (staged && !c->stage) PS_CHECK(ps_stage_init(c, data));
+  if (staged && !c->stage) PS_CHECK(stage_setup(c, data));
   if (staged && size && !ps_cuda_owns(c->stage->cu, data, size)) {
     PS_WARN("regMrSym: %p + %zu B is not device memory of the GPU this comm stages for (GPU %d)",
             data, size, ps_cuda_ordinal(c->stage->cu));
     return ncclInvalidArgument;
   }
   ps_rma_region_t *r;
-  PS_CHECK(ps_rma_reg_region(c, data, size, staged, &r));
+  PS_CHECK(reg_region(c, data, size, staged, &r));
   *mh = r;
   return ncclSuccess;
 }
 
-void ps_rma_dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
+static void dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
   if (r->id < c->nregions && c->regions[r->id] == r) c->regions[r->id] = NULL;
   if (r->mr) fi_close(&r->mr->fid);
   free(r->raddr), free(r->rkey), free(r->rsize);
@@ -333,7 +349,7 @@ static ncclResult_t dereg_sym_body(void *coll, void *mh) {
     return ncclInvalidArgument;
   }
   if (r->staged) ps_stage_quiesce(c); /* the GPU memory may be unmapped right after */
-  ps_rma_dereg_region(c, r);
+  dereg_region(c, r);
   return ncclSuccess;
 }
 
@@ -341,7 +357,7 @@ ps_ordering_t ps_rma_ordering(void *coll) { return ((ps_rma_comm_t *)coll)->orde
 
 /* PERSEUS_STATS=1: what each peer cost, when the comm closes. Written to
  * stderr, not the logger: the user asked for it whatever NCCL_DEBUG says. */
-void ps_rma_print_stats(ps_rma_comm_t *c) {
+static void print_stats(ps_rma_comm_t *c) {
   for (int p = 0; p < c->nranks; p++) {
     const ps_rma_peer_stats_t *s = &c->peers[p].st;
     if (p == c->rank && !s->puts && !s->signals) continue;

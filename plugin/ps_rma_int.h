@@ -277,15 +277,14 @@ ncclResult_t ps_rma_post_credit(ps_rma_comm_t *c, uint32_t peer, void *buf, size
 ncclResult_t ps_rma_model_nic_init(ps_rma_comm_t *c);
 void ps_rma_release_held(ps_rma_comm_t *c);
 void ps_rma_free_held(ps_rma_comm_t *c);
-/* ps_rma_comm.c */
-void ps_rma_print_stats(ps_rma_comm_t *c);
-ncclResult_t ps_rma_reg_region(ps_rma_comm_t *c, void *data, size_t size, int staged,
-                               ps_rma_region_t **out);
-void ps_rma_dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r);
 /* ps_rma_ops.c */
 void ps_rma_free_reqs(ps_rma_comm_t *c);
 /* ps_rma_stage.c: setup and the origin side */
+/* Sets up c->stage for GPU memory like gpu_ptr: checks, pools allocated. */
 ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr);
+/* Takes rx, the receive pools registered as a symmetric region, checking
+ * they are the same size on every rank; frees the staging when not. */
+ncclResult_t ps_stage_attach_rx(ps_rma_comm_t *c, ps_rma_region_t *rx);
 void ps_stage_free(ps_rma_comm_t *c);
 void ps_stage_prepare(ps_rma_comm_t *c, ps_rma_peer_t *p);
 void ps_stage_fill(ps_rma_comm_t *c);

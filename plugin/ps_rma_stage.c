@@ -113,9 +113,14 @@ ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr) {
   ncclResult_t rc = ps_cuda_open(gpu_ptr, &st->cu);
   if (rc == ncclSuccess) rc = size_pools(st, c->nranks);
   if (rc == ncclSuccess) rc = alloc_pools(c, st);
-  /* collective, like the window being registered: every rank's receive
-   * slots become a symmetric region the origins write into */
-  if (rc == ncclSuccess) rc = ps_rma_reg_region(c, st->rx_pool, st->rx_bytes, 0, &st->rx);
+  if (rc != ncclSuccess) ps_stage_free(c);
+  return rc;
+}
+
+ncclResult_t ps_stage_attach_rx(ps_rma_comm_t *c, ps_rma_region_t *rx) {
+  ps_stage_t *st = c->stage;
+  ncclResult_t rc = ncclSuccess;
+  st->rx = rx;
   for (int p = 0; rc == ncclSuccess && p < c->nranks; p++) {
     if (st->rx->rsize[p] != st->rx_bytes) {
       PS_WARN("rank %d stages with %llu bytes of receive slots, this rank with %zu: "
