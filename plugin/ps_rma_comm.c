@@ -123,7 +123,7 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   c->timeout_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
   ncclResult_t rc = (c->addr && c->peers) ? ncclSuccess : ncclSystemError;
   if (rc == ncclSuccess) rc = ps_order_choose(c->ep.dev, &c->ordering);
-  if (rc == ncclSuccess) rc = ps_rma_model_nic_init(c);
+  if (rc == ncclSuccess) rc = ps_rma_model_open(c);
   int64_t inflight = ps_fabric_config()->rma_inflight; /* -1: unset, the provider's default */
   c->max_posted = inflight >= 0 ? (uint64_t)inflight : c->ep.dev->rma_inflight;
   for (int p = 0; rc == ncclSuccess && p < nranks; p++) {
@@ -172,7 +172,7 @@ ncclResult_t ps_rma_close_coll(void *coll) {
     ps_seqwin_free(&pp->stage_in), ps_seqwin_free(&pp->stage_done);
     free(pp->held);
   }
-  ps_rma_free_held(c);
+  ps_rma_model_close(c);
   ps_rma_free_reqs(c);
   if (c->sig_slots_mr) fi_close(&c->sig_slots_mr->fid);
   free(c->regions), free(c->addr), free(c->peers);

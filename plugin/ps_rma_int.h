@@ -11,6 +11,7 @@
 #include "ps_cuda.h"
 #include "ps_ep.h"
 #include "ps_gin_abi.h"
+#include "ps_model_nic.h"
 #include "ps_rma.h"
 #include "ps_seqwin.h"
 
@@ -198,12 +199,7 @@ struct ps_rma_comm {
   struct fid_mr *sig_slots_mr;
   void *sig_slots_desc;
   ps_stage_t *stage;    /* NULL until a GPU window is staged */
-#if defined(PS_REORDER_TEST) || defined(PS_LATENCY_TEST)
-  struct ps_held_op *held; /* what a test build's model NIC has not sent yet */
-  int nheld, cap_held, held_head;
-  uint64_t rng;            /* unordered NIC */
-  uint64_t latency_ns;     /* distant NIC: PERSEUS_TEST_LATENCY_US */
-#endif
+  ps_model_t *model;     /* a test plugin's model NIC; NULL in the shipped plugin */
   int backlog;          /* something is queued: progress must try to post it */
   uint64_t now_ns;      /* clock of the current progress pass */
   uint64_t next_check_ns;
@@ -255,8 +251,6 @@ ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c);
 void ps_rma_remote_write(void *comm, uint64_t data);
 void ps_rma_target_progress(ps_rma_comm_t *c);
 /* ps_rma_post.c: everything that reaches the provider's data path */
-ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_rma *m,
-                               uint64_t flags, int *posted);
 ncclResult_t ps_rma_post_sig_send(ps_rma_comm_t *c, uint32_t peer, void *buf, size_t len,
                                   void *desc, uint64_t tag, ps_op_t *op, int *posted);
 /* A put's write (or a chunk of it into a host window) with put sequence seq,
@@ -272,11 +266,11 @@ ncclResult_t ps_rma_post_atomic(ps_rma_comm_t *c, uint32_t peer, const struct fi
                                 uint64_t flags, int *posted);
 ncclResult_t ps_rma_post_credit(ps_rma_comm_t *c, uint32_t peer, void *buf, size_t len, void *desc,
                                 ps_op_t *op, int *posted);
-/* The test builds' model NIC, from the comm's rank and the environment
- * (PERSEUS_TEST_LATENCY_US, checked here so a bad value fails connect). */
-ncclResult_t ps_rma_model_nic_init(ps_rma_comm_t *c);
+/* A test plugin's model NIC for this comm (a bad test variable fails
+ * connect); in progress, what it held that may go now. */
+ncclResult_t ps_rma_model_open(ps_rma_comm_t *c);
+void ps_rma_model_close(ps_rma_comm_t *c);
 void ps_rma_release_held(ps_rma_comm_t *c);
-void ps_rma_free_held(ps_rma_comm_t *c);
 /* ps_rma_ops.c */
 void ps_rma_free_reqs(ps_rma_comm_t *c);
 /* ps_rma_stage.c: setup and the origin side */

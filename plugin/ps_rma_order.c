@@ -13,22 +13,10 @@
 #include "ps_rma_int.h"
 
 const char *const ps_ordering_names[] = {"auto", "ordered", "fence", "target",
-                                         "deferred", "drain",
-#ifdef PS_REORDER_TEST
-                                         "unsafe",
-#endif
-                                         NULL};
+                                         "deferred", "drain", NULL};
 
 /* What strategy `s` needs from the provider, or NULL when it has it. */
-static const char *missing_for(const ps_device_t *d, ps_ordering_t s) {
-#ifdef PS_REORDER_TEST
-  /* the test-only unordered NIC keeps no order and has no fence */
-  if (s == PS_ORD_ORDERED || s == PS_ORD_FENCE) return "ordering (the test's unordered NIC has none)";
-#endif
-#ifdef PS_LATENCY_TEST
-  /* the test-only distant NIC delays writes and messages, not atomics */
-  if (s == PS_ORD_FENCE) return "fenced atomics (the test's distant NIC holds none)";
-#endif
+static const char *provider_missing_for(const ps_device_t *d, ps_ordering_t s) {
   switch (s) {
   case PS_ORD_ORDERED:
     return (d->rma_msg_order & FI_ORDER_SAW) ? NULL : "sends ordered after RMA writes (FI_ORDER_SAW)";
@@ -42,6 +30,12 @@ static const char *missing_for(const ps_device_t *d, ps_ordering_t s) {
   default:
     return NULL;
   }
+}
+
+/* ... or from a test plugin's model NIC, which stands in front of it. */
+static const char *missing_for(const ps_device_t *d, ps_ordering_t s) {
+  const char *lacks = provider_missing_for(d, s);
+  return (ps_model_nic && ps_model_nic->missing_for) ? ps_model_nic->missing_for((int)s, lacks) : lacks;
 }
 
 /* PERSEUS_ORDERING; auto takes the cheapest strategy the provider's
@@ -96,8 +90,7 @@ ncclResult_t ps_order_post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
 }
 
 int ps_order_sig_ready(const ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_rma_req_t *r) {
-  if (c->ordering == PS_ORD_UNSAFE) return 1; /* test builds: the deliberately broken one */
-  if (p->posted_below < r->need) return 0;    /* its puts are not even posted */
+  if (p->posted_below < r->need) return 0; /* its puts are not even posted */
   if (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN) return p->done.below >= r->need;
   return 1;
 }
