@@ -62,7 +62,7 @@ static void mark_arrived(ps_rma_comm_t *c, uint32_t src, uint64_t s) {
 /* Remote CQ data of a peer's write: a staged write (PS_STAGED_DATA, rank,
  * receive slot), or the source rank (high 32 bits) and the low 32 bits of
  * the write's sequence number, widened against our window. */
-void ps_rma_remote_write(void *comm, uint64_t data) {
+static void remote_write(void *comm, uint64_t data) {
   ps_rma_comm_t *c = comm;
   uint64_t src = (data & ~PS_STAGED_DATA) >> 32;
   if (src >= (uint64_t)c->nranks) {
@@ -140,7 +140,7 @@ static ncclResult_t post_sig_slot(ps_rma_comm_t *c, ps_rma_sig_slot_t *s) {
 ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c) {
   PS_CHECK(ps_ep_reg_local(&c->ep, c->sig_slots, sizeof c->sig_slots, &c->sig_slots_mr));
   c->sig_slots_desc = c->sig_slots_mr ? fi_mr_desc(c->sig_slots_mr) : NULL;
-  c->ep.remote_write = ps_rma_remote_write;
+  c->ep.remote_write = remote_write;
   c->ep.remote_owner = c;
   for (int i = 0; i < PS_RMA_SIG_SLOTS; i++) {
     c->sig_slots[i].op = (ps_op_t){.cb = sig_rx_done, .owner = &c->sig_slots[i], .idx = i};
