@@ -5,8 +5,9 @@
  * goes to the peer's data queue, its signal to the peer's signal queue, and
  * pump() posts from the heads, in call order, as far as the provider takes
  * them. A signal leaves only after every put it covers was posted, and
- * when and how its strategy allows (ps_rma_order.c). Callbacks only record completions; posting happens in pump(), never
- * inside a completion, so nothing re-enters the queues. */
+ * when and as its strategy allows (ps_rma_order.c). Callbacks only record
+ * completions; posting happens in pump(), never inside a completion, so
+ * nothing re-enters the queues. */
 #include <stdlib.h>
 #include <string.h>
 
