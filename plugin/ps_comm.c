@@ -3,23 +3,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <time.h>
-#include <unistd.h>
 
+#include "ps_clock.h"
 #include "ps_log.h"
-
-uint64_t ps_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-}
-
-uint64_t ps_random64(void) {
-  uint64_t x = 0;
-  if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x) x = ps_now_ns() ^ ((uint64_t)getpid() << 32);
-  return x | 1; /* never 0: 0 means "unset" */
-}
+#include "ps_model_nic.h"
 
 int ps_comm_valid(const void *p, int kind) {
   return p && ((const ps_comm_t *)p)->kind == kind;
@@ -125,12 +112,8 @@ static void probe_tx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int e
   (void)e;
   c->probe_inflight = 0;
   uint64_t now = ps_now_ns();
-#ifdef PS_PROBE_FAULT_TEST /* test-only model: what sockets did, one try short of a dead peer */
-  if (!err && c->probe_behind && c->probe_failures < PS_PROBE_TRIES - 1) {
-    err = -FI_EIO, errstr = "Input/output error (injected by PS_PROBE_FAULT_TEST)";
-    PS_WARN("test: liveness probe failure injected behind our own sends");
-  }
-#endif
+  if (ps_model_nic && ps_model_nic->probe_done) /* a test plugin's model NIC may fail it */
+    err = ps_model_nic->probe_done(err, c->probe_behind, c->probe_failures, PS_PROBE_TRIES, &errstr);
   if (!err) {
     c->last_activity_ns = now;
     c->probe_failures = 0;

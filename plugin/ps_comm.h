@@ -67,8 +67,6 @@ struct ps_comm {
   ps_comm_t *accepting; /* listen side: recv comm whose ACCEPT is still leaving */
 };
 
-uint64_t ps_now_ns(void);
-uint64_t ps_random64(void);
 ncclResult_t ps_comm_alloc(int kind, int dev, ps_comm_t **out);
 void ps_comm_free(ps_comm_t *c);
 /* Drives a comm: posts deferred receives, reads completions, probes an idle

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ps_clock.h"
 #include "ps_comm.h"
 #include "ps_log.h"
 #include "ps_net.h"

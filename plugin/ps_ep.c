@@ -4,8 +4,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ps_comm.h"
+#include "ps_clock.h"
 #include "ps_log.h"
+#include "ps_model_nic.h"
+
+/* NULL in the shipped plugin: a test plugin's ps_model_nic.c sets it at load. */
+const ps_model_nic_t *ps_model_nic;
 
 ncclResult_t ps_ep_open(ps_device_t *dev, int eagain_retries, ps_ep_t *e) {
   int rc;

@@ -20,7 +20,6 @@ typedef enum {
   PS_ORD_TARGET,   /* target applies signals after counting arrivals */
   PS_ORD_DEFERRED, /* signal parked until the peer's earlier puts delivered */
   PS_ORD_DRAIN,    /* block until the peer's puts delivered (the baseline) */
-  PS_ORD_UNSAFE,   /* test builds only: signal posted with no ordering at all */
 } ps_ordering_t;
 extern const char *const ps_ordering_names[]; /* NULL-terminated, indexed by ps_ordering_t */
 

@@ -1,76 +1,17 @@
 /* One-sided engine, setup: the collective communicator (one endpoint per
  * rank, every peer's address in its AV) and symmetric registration (each
  * rank registers its part; address, size and key are allgathered). */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#include "ps_comm.h"
+#include "ps_clock.h"
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
-
-const char *const ps_ordering_names[] = {"auto", "ordered", "fence", "target",
-                                         "deferred", "drain",
-#ifdef PS_REORDER_TEST
-                                         "unsafe",
-#endif
-                                         NULL};
-
-/* What strategy `s` needs from the provider, or NULL when it has it. */
-static const char *missing_for(const ps_device_t *d, ps_ordering_t s) {
-#ifdef PS_REORDER_TEST
-  /* the test-only unordered NIC keeps no order and has no fence */
-  if (s == PS_ORD_ORDERED || s == PS_ORD_FENCE) return "ordering (the test's unordered NIC has none)";
-#endif
-#ifdef PS_LATENCY_TEST
-  /* the test-only distant NIC delays writes and messages, not atomics */
-  if (s == PS_ORD_FENCE) return "fenced atomics (the test's distant NIC holds none)";
-#endif
-  switch (s) {
-  case PS_ORD_ORDERED:
-    return (d->rma_msg_order & FI_ORDER_SAW) ? NULL : "sends ordered after RMA writes (FI_ORDER_SAW)";
-  case PS_ORD_FENCE:
-    return d->rma_fence ? NULL : "native atomics with FI_FENCE";
-  case PS_ORD_TARGET:
-    return d->cq_data_size >= 8 ? NULL : "8 bytes of remote CQ data per RMA write";
-  case PS_ORD_DEFERRED:
-  case PS_ORD_DRAIN: /* d->rma_delivery_broken says why, in the connect log */
-    return d->rma_delivery_broken ? "RMA write completions that mean delivery" : NULL;
-  default:
-    return NULL;
-  }
-}
-
-/* PERSEUS_ORDERING; auto takes the cheapest strategy the provider's
- * capabilities make correct: no extra work (ordered), a NIC-side fence,
- * counting at the target, waiting for delivery at the origin. */
-static ncclResult_t choose_ordering(const ps_device_t *d, ps_ordering_t *out) {
-  int v;
-  PS_CHECK(ps_env_enum("PERSEUS_ORDERING", ps_ordering_names, PS_ORD_AUTO, &v));
-  if (v == PS_ORD_AUTO) {
-    const ps_ordering_t pref[] = {PS_ORD_ORDERED, PS_ORD_FENCE, PS_ORD_TARGET, PS_ORD_DEFERRED};
-    for (int i = 0; i < 4 && v == PS_ORD_AUTO; i++)
-      if (!missing_for(d, pref[i])) v = pref[i];
-    if (v == PS_ORD_AUTO) {
-      PS_WARN("one-sided: no ordering strategy works on %s (it lacks %s, %s and %s)", d->name,
-              missing_for(d, PS_ORD_ORDERED), missing_for(d, PS_ORD_FENCE),
-              missing_for(d, PS_ORD_TARGET));
-      return ncclInvalidUsage;
-    }
-  }
-  const char *missing = missing_for(d, (ps_ordering_t)v);
-  if (missing) {
-    const char *why = (v == PS_ORD_DEFERRED || v == PS_ORD_DRAIN) ? d->rma_delivery_broken : NULL;
-    PS_WARN("PERSEUS_ORDERING=%s is not possible on %s: the provider lacks %s%s%s%s",
-            ps_ordering_names[v], d->name, missing, why ? " (" : "", why ? why : "", why ? ")" : "");
-    return ncclInvalidUsage;
-  }
-  *out = (ps_ordering_t)v;
-  return ncclSuccess;
-}
+static void print_stats(ps_rma_comm_t *c);
+static void dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r);
 
 /* Process-wide totals (perseus_rma_process_stats): live comms are summed
  * on demand, closed ones were folded in when they closed. */
@@ -181,8 +122,8 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   c->peers = calloc((size_t)nranks, sizeof *c->peers);
   c->timeout_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
   ncclResult_t rc = (c->addr && c->peers) ? ncclSuccess : ncclSystemError;
-  if (rc == ncclSuccess) rc = choose_ordering(c->ep.dev, &c->ordering);
-  if (rc == ncclSuccess) rc = ps_rma_model_nic_init(c);
+  if (rc == ncclSuccess) rc = ps_order_choose(c->ep.dev, &c->ordering);
+  if (rc == ncclSuccess) rc = ps_rma_model_open(c);
   int64_t inflight = ps_fabric_config()->rma_inflight; /* -1: unset, the provider's default */
   c->max_posted = inflight >= 0 ? (uint64_t)inflight : c->ep.dev->rma_inflight;
   for (int p = 0; rc == ncclSuccess && p < nranks; p++) {
@@ -216,14 +157,14 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
 ncclResult_t ps_rma_close_coll(void *coll) {
   ps_rma_comm_t *c = coll;
   if (!c || c->magic != PS_RMA_MAGIC) return ncclInvalidArgument;
-  if (ps_fabric_config()->stats && c->peers) ps_rma_print_stats(c);
+  if (ps_fabric_config()->stats && c->peers) print_stats(c);
   live_remove(c);
   for (int p = 0; c->lanes && p < c->nranks; p++) /* lanes first: they use ep's CQ and AV */
     if (c->lanes[p]) fi_close(&c->lanes[p]->fid);
   free(c->lanes);
   ps_ep_close(&c->ep); /* first: nothing completes into freed memory */
   for (uint32_t i = 0; i < c->nregions; i++)
-    if (c->regions[i]) ps_rma_dereg_region(c, c->regions[i]);
+    if (c->regions[i]) dereg_region(c, c->regions[i]);
   ps_stage_free(c); /* after the endpoint: nothing lands in its slots any more */
   for (int p = 0; c->peers && p < c->nranks; p++) {
     ps_rma_peer_t *pp = &c->peers[p];
@@ -231,7 +172,7 @@ ncclResult_t ps_rma_close_coll(void *coll) {
     ps_seqwin_free(&pp->stage_in), ps_seqwin_free(&pp->stage_done);
     free(pp->held);
   }
-  ps_rma_free_held(c);
+  ps_rma_model_close(c);
   ps_rma_free_reqs(c);
   if (c->sig_slots_mr) fi_close(&c->sig_slots_mr->fid);
   free(c->regions), free(c->addr), free(c->peers);
@@ -239,16 +180,6 @@ ncclResult_t ps_rma_close_coll(void *coll) {
   pthread_mutex_destroy(&c->lock);
   free(c);
   return ncclSuccess;
-}
-
-void ps_rma_fail(ps_rma_comm_t *c, ncclResult_t rc, const char *fmt, ...) {
-  if (c->error) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(c->error_msg, sizeof c->error_msg, fmt, ap);
-  va_end(ap);
-  c->error = rc;
-  PS_WARN("one-sided comm rank %d: %s", c->rank, c->error_msg);
 }
 
 /* Blocking allgather of one region's {addr, size, key}: each rank sends its
@@ -333,7 +264,7 @@ static ncclResult_t allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
 
 /* Collective: registers this rank's part (host memory with the provider;
  * staged GPU memory needs no provider registration) and allgathers it. */
-ncclResult_t ps_rma_reg_region(ps_rma_comm_t *c, void *data, size_t size, int staged,
+static ncclResult_t reg_region(ps_rma_comm_t *c, void *data, size_t size, int staged,
                                ps_rma_region_t **out) {
   if (c->nregions == c->cap_regions) {
     uint32_t cap = c->cap_regions ? 2 * c->cap_regions : 16;
@@ -353,7 +284,7 @@ ncclResult_t ps_rma_reg_region(ps_rma_comm_t *c, void *data, size_t size, int st
                          .rsize = r->rsize, .staged = staged};
   uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
   if (!staged && ps_ep_reg(&c->ep, data, size ? size : 1, access, &r->mr) != ncclSuccess) {
-    ps_rma_dereg_region(c, r);
+    dereg_region(c, r);
     return ncclSystemError;
   }
   r->desc = r->mr ? fi_mr_desc(r->mr) : NULL;
@@ -361,6 +292,20 @@ ncclResult_t ps_rma_reg_region(ps_rma_comm_t *c, void *data, size_t size, int st
   PS_CHECK(allgather_region(c, r));
   *out = r;
   return ncclSuccess;
+}
+
+/* Staging, set up by the first GPU window: the pools, then (collective, like
+ * the window being registered) every rank's receive slots become a symmetric
+ * region the origins write into. */
+static ncclResult_t stage_setup(ps_rma_comm_t *c, const void *gpu_ptr) {
+  PS_CHECK(ps_stage_init(c, gpu_ptr));
+  ps_rma_region_t *rx;
+  ncclResult_t rc = reg_region(c, c->stage->rx_pool, c->stage->rx_bytes, 0, &rx);
+  if (rc != ncclSuccess) {
+    ps_stage_free(c);
+    return rc;
+  }
+  return ps_stage_attach_rx(c, rx);
 }
 
 static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, uint64_t mr_flags,
@@ -376,19 +321,19 @@ static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, 
     return ncclInvalidArgument;
   }
   int staged = type == NCCL_PTR_CUDA;
-  if (staged && !c->stage) PS_CHECK(ps_stage_init(c, data));
+  if (staged && !c->stage) PS_CHECK(stage_setup(c, data));
   if (staged && size && !ps_cuda_owns(c->stage->cu, data, size)) {
     PS_WARN("regMrSym: %p + %zu B is not device memory of the GPU this comm stages for (GPU %d)",
             data, size, ps_cuda_ordinal(c->stage->cu));
     return ncclInvalidArgument;
   }
   ps_rma_region_t *r;
-  PS_CHECK(ps_rma_reg_region(c, data, size, staged, &r));
+  PS_CHECK(reg_region(c, data, size, staged, &r));
   *mh = r;
   return ncclSuccess;
 }
 
-void ps_rma_dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
+static void dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
   if (r->id < c->nregions && c->regions[r->id] == r) c->regions[r->id] = NULL;
   if (r->mr) fi_close(&r->mr->fid);
   free(r->raddr), free(r->rkey), free(r->rsize);
@@ -404,20 +349,15 @@ static ncclResult_t dereg_sym_body(void *coll, void *mh) {
     return ncclInvalidArgument;
   }
   if (r->staged) ps_stage_quiesce(c); /* the GPU memory may be unmapped right after */
-  ps_rma_dereg_region(c, r);
+  dereg_region(c, r);
   return ncclSuccess;
-}
-
-ps_rma_region_t *ps_rma_region(ps_rma_comm_t *c, void *mh) {
-  ps_rma_region_t *r = mh;
-  return (r && r->magic == PS_RMA_REG_MAGIC && r->comm == c) ? r : NULL;
 }
 
 ps_ordering_t ps_rma_ordering(void *coll) { return ((ps_rma_comm_t *)coll)->ordering; }
 
 /* PERSEUS_STATS=1: what each peer cost, when the comm closes. Written to
  * stderr, not the logger: the user asked for it whatever NCCL_DEBUG says. */
-void ps_rma_print_stats(ps_rma_comm_t *c) {
+static void print_stats(ps_rma_comm_t *c) {
   for (int p = 0; p < c->nranks; p++) {
     const ps_rma_peer_stats_t *s = &c->peers[p].st;
     if (p == c->rank && !s->puts && !s->signals) continue;

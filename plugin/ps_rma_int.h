@@ -1,7 +1,22 @@
-/* Internals shared by the one-sided engine's files: ps_rma_comm.c (setup,
- * registration), ps_rma_ops.c (origin: queues and strategies),
- * ps_rma_target.c (target: signals and write arrivals) and ps_rma_post.c
- * (posting to the provider, or to the test-only unordered NIC). */
+/* Internals shared by the one-sided engine's files. The engine is built in
+ * floors; each file calls only the floors below it (gin_abi.c, above them
+ * all, calls the entry points in ps_rma.h):
+ *   2 ps_rma_comm.c     setup: listen, connect, close, symmetric registration
+ *                       (its blocking allgather progresses through floor 3),
+ *                       staging's receive region, stats
+ *   3 ps_rma_ops.c      requests, per-peer queues, pump, progress, test and
+ *                       the put/get/put+signal/flush entry points
+ *   4 ps_rma_order.c    the ordering strategies: which one, when a queued
+ *                       signal may go, how it is posted, fence accounting
+ *   5 ps_rma_target.c   target side: signal messages applied, write arrivals
+ *                       counted
+ *   6 ps_rma_stage.c    staging for GPU windows: setup and the origin side
+ *     ps_rma_stage_rx.c staging's target side
+ *   7 ps_rma_post.c     the one place writes, reads, atomics and messages are
+ *                       handed to the endpoint (or to a test plugin's model
+ *                       NIC, ps_model_nic.h)
+ *   8 ps_rma_peer.c     failing the comm, region lookup, per-peer accounting
+ * Below the engine: ps_ep.c, ps_seqwin.c, ps_clock.c, ps_log.c. */
 #ifndef PS_RMA_INT_H
 #define PS_RMA_INT_H
 
@@ -11,6 +26,7 @@
 #include "ps_cuda.h"
 #include "ps_ep.h"
 #include "ps_gin_abi.h"
+#include "ps_model_nic.h"
 #include "ps_rma.h"
 #include "ps_seqwin.h"
 
@@ -198,12 +214,7 @@ struct ps_rma_comm {
   struct fid_mr *sig_slots_mr;
   void *sig_slots_desc;
   ps_stage_t *stage;    /* NULL until a GPU window is staged */
-#if defined(PS_REORDER_TEST) || defined(PS_LATENCY_TEST)
-  struct ps_held_op *held; /* what a test build's model NIC has not sent yet */
-  int nheld, cap_held, held_head;
-  uint64_t rng;            /* unordered NIC */
-  uint64_t latency_ns;     /* distant NIC: PERSEUS_TEST_LATENCY_US */
-#endif
+  ps_model_t *model;     /* a test plugin's model NIC; NULL in the shipped plugin */
   int backlog;          /* something is queued: progress must try to post it */
   uint64_t now_ns;      /* clock of the current progress pass */
   uint64_t next_check_ns;
@@ -240,36 +251,31 @@ static inline ps_rma_comm_t *ps_rma_live(void *coll) {
     return rc_;                                                       \
   } while (0)
 
-/* ps_rma_target.c */
-ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c);
-void ps_rma_remote_write(void *comm, uint64_t data);
-void ps_rma_mark_arrived(ps_rma_comm_t *c, uint32_t src, uint64_t seq);
-void ps_rma_apply_ready(ps_rma_comm_t *c, ps_rma_peer_t *p);
-/* ps_rma_post.c: everything that reaches the provider's data path */
-ncclResult_t ps_rma_post_write(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_rma *m,
-                               uint64_t flags, int *posted);
-ncclResult_t ps_rma_post_sig_send(ps_rma_comm_t *c, uint32_t peer, void *buf, size_t len,
-                                  void *desc, uint64_t tag, ps_op_t *op, int *posted);
-/* The test builds' model NIC, from the comm's rank and the environment
- * (PERSEUS_TEST_LATENCY_US, checked here so a bad value fails connect). */
-ncclResult_t ps_rma_model_nic_init(ps_rma_comm_t *c);
-void ps_rma_release_held(ps_rma_comm_t *c);
-void ps_rma_free_held(ps_rma_comm_t *c);
-/* ps_rma_comm.c */
-void ps_rma_fail(ps_rma_comm_t *c, ncclResult_t rc, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-ps_rma_region_t *ps_rma_region(ps_rma_comm_t *c, void *mh);
-void ps_rma_print_stats(ps_rma_comm_t *c);
-ncclResult_t ps_rma_reg_region(ps_rma_comm_t *c, void *data, size_t size, int staged,
-                               ps_rma_region_t **out);
-void ps_rma_dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r);
-/* ps_rma_ops.c */
+/* --- floor 3, ps_rma_ops.c --- */
 void ps_rma_free_reqs(ps_rma_comm_t *c);
-uint64_t ps_rma_write_flags(ps_rma_comm_t *c);
-void ps_rma_op_started(ps_rma_comm_t *c, ps_rma_peer_t *p);
-void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr);
-/* ps_rma_stage.c: setup and the origin side */
+
+/* --- floor 4, ps_rma_order.c: the strategies --- */
+ncclResult_t ps_order_choose(const ps_device_t *d, ps_ordering_t *out);
+/* 1 when r's signal may be posted now (every put it covers posted, and
+ * delivered where the strategy waits for that). */
+int ps_order_sig_ready(const ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_rma_req_t *r);
+/* Posts r's signal: a message, or for fence an atomic add. */
+ncclResult_t ps_order_post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted);
+/* Counts a queued signal's fence or the one it avoided; 1 when the caller
+ * must block until the puts it covers are delivered (drain). */
+int ps_order_count_fence(ps_rma_comm_t *c, ps_rma_peer_t *p, const ps_rma_req_t *r);
+
+/* --- floor 5, ps_rma_target.c: the target side --- */
+ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c);
+/* Staging's part of a progress pass, and the signals and credits it frees. */
+void ps_rma_target_progress(ps_rma_comm_t *c);
+
+/* --- floor 6, ps_rma_stage.c: staging setup and the origin side --- */
+/* Sets up c->stage for GPU memory like gpu_ptr: checks, pools allocated. */
 ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr);
+/* Takes rx, the receive pools registered as a symmetric region, checking
+ * they are the same size on every rank; frees the staging when not. */
+ncclResult_t ps_stage_attach_rx(ps_rma_comm_t *c, ps_rma_region_t *rx);
 void ps_stage_free(ps_rma_comm_t *c);
 void ps_stage_prepare(ps_rma_comm_t *c, ps_rma_peer_t *p);
 void ps_stage_fill(ps_rma_comm_t *c);
@@ -277,12 +283,51 @@ void ps_stage_dump(ps_rma_comm_t *c); /* INFO: where staging stands, for a stall
 /* Posts what it can of r's chunks; *all = 1 once every chunk is posted. */
 ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, int *all,
                            int *refused);
-/* ps_rma_stage_rx.c: the target side */
-void ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot);
 void ps_stage_credit(ps_rma_comm_t *c, uint32_t src, uint64_t freed_below);
+
+/* --- floor 6, ps_rma_stage_rx.c: staging's target side --- */
+/* A staged write landed in our receive slot: checked and its copy into the
+ * GPU enqueued. 1 with *seq its put sequence; 0 when refused (comm failed). */
+int ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *seq);
 /* 0: applied (or queued behind the copies); 1: no room now, try later */
 int ps_stage_signal(ps_rma_comm_t *c, char *addr, uint64_t add);
-void ps_stage_progress(ps_rma_comm_t *c);
+/* Polls copies and signal words: 1 when arrivals, copies or words moved
+ * since the last pass (held signals may apply, credits may go). */
+int ps_stage_progress(ps_rma_comm_t *c);
+void ps_stage_send_credits(ps_rma_comm_t *c);
 void ps_stage_quiesce(ps_rma_comm_t *c); /* wait (bounded) until no copy or signal write is in flight */
+
+/* --- floor 7, ps_rma_post.c: everything that reaches the provider's data path --- */
+/* A test plugin's model NIC for this comm (a bad test variable fails
+ * connect); in progress, what it held that may go now. */
+ncclResult_t ps_rma_model_open(ps_rma_comm_t *c);
+void ps_rma_model_close(ps_rma_comm_t *c);
+void ps_rma_release_held(ps_rma_comm_t *c);
+/* A put's write (or a chunk of it into a host window) with put sequence seq,
+ * flagged as the strategy needs: delivery completion (deferred, drain), or
+ * rank << 32 | seq32 as remote CQ data (target). */
+ncclResult_t ps_rma_post_put(ps_rma_comm_t *c, uint32_t peer, struct fi_msg_rma *m, uint64_t seq,
+                             int *posted);
+/* A staged chunk into the peer's receive slot, which its remote CQ data names. */
+ncclResult_t ps_rma_post_staged(ps_rma_comm_t *c, uint32_t peer, struct fi_msg_rma *m, uint32_t slot,
+                                int *posted);
+ncclResult_t ps_rma_post_read(ps_rma_comm_t *c, const struct fi_msg_rma *m, int *posted);
+ncclResult_t ps_rma_post_atomic(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_atomic *m,
+                                uint64_t flags, int *posted);
+ncclResult_t ps_rma_post_sig_send(ps_rma_comm_t *c, uint32_t peer, void *buf, size_t len,
+                                  void *desc, uint64_t tag, ps_op_t *op, int *posted);
+ncclResult_t ps_rma_post_credit(ps_rma_comm_t *c, uint32_t peer, void *buf, size_t len, void *desc,
+                                ps_op_t *op, int *posted);
+
+/* --- floor 8, ps_rma_peer.c: the lowest --- */
+void ps_rma_fail(ps_rma_comm_t *c, ncclResult_t rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+ps_rma_region_t *ps_rma_region(ps_rma_comm_t *c, void *mh);
+void ps_rma_op_started(ps_rma_comm_t *c, ps_rma_peer_t *p);
+void ps_rma_op_finished(ps_rma_comm_t *c, ps_rma_peer_t *p);
+void ps_rma_wake(ps_rma_peer_t *p);
+/* 1 (and the comm failed) when err says the operation failed. */
+int ps_rma_op_failed(ps_rma_req_t *r, int err, const char *what, const char *errstr);
+void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr);
 
 #endif

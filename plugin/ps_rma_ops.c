@@ -4,21 +4,14 @@
  * Every call is accepted at once (NCCL's GIN proxy never retries): its put
  * goes to the peer's data queue, its signal to the peer's signal queue, and
  * pump() posts from the heads, in call order, as far as the provider takes
- * them. A signal leaves only after every put it covers was posted, and, per
- * strategy:
- *   ordered  - at once: the provider keeps sends behind earlier writes (SAW)
- *   fence    - at once, as an atomic add carrying FI_FENCE
- *   target   - at once, saying how many writes it covers; the target applies
- *              it when that many have arrived (remote CQ data counts them)
- *   deferred - once the puts it covers completed with delivery semantics;
- *              later puts keep flowing meanwhile
- *   drain    - like deferred, but the caller blocks until then (the baseline)
- * Callbacks only record completions; posting happens in pump(), never
- * inside a completion, so nothing re-enters the queues. */
+ * them. A signal leaves only after every put it covers was posted, and
+ * when and as its strategy allows (ps_rma_order.c). Callbacks only record
+ * completions; posting happens in pump(), never inside a completion, so
+ * nothing re-enters the queues. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "ps_comm.h"
+#include "ps_clock.h"
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
@@ -80,45 +73,7 @@ static void req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
   c->free_reqs = r;
 }
 
-/* --- completions (record only) --- */
-
-void ps_rma_op_started(ps_rma_comm_t *c, ps_rma_peer_t *p) {
-  if (!p->outstanding++) p->active_ns = c->now_ns;
-  if (p->outstanding > p->st.inflight_max) p->st.inflight_max = p->outstanding;
-}
-/* An idle peer gets work: its liveness clock starts now. */
-static void wake(ps_rma_peer_t *p) {
-  if (!p->outstanding && !p->dq_head && !p->sq_head) p->active_ns = ps_now_ns();
-}
-static void op_finished(ps_rma_comm_t *c, ps_rma_peer_t *p) {
-  p->outstanding--;
-  p->active_ns = c->now_ns;
-}
-
-/* Any error completion fails the comm, cancellation included: we never
- * cancel (close discards the endpoint unread), so -FI_ECANCELED is the
- * provider flushing operations to a peer that went away (tcp does this). */
-static int failed(ps_rma_req_t *r, int err, const char *what, const char *errstr) {
-  if (!err) return 0;
-  r->status = ncclRemoteError;
-  ps_rma_fail(r->comm, ncclRemoteError, "%s to rank %u failed: %s", what, r->peer, errstr);
-  return 1;
-}
-
-/* A put's chunk (seq) completed; the whole put once every chunk has. */
-void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr) {
-  ps_rma_comm_t *c = r->comm;
-  ps_rma_peer_t *p = &c->peers[r->peer];
-  op_finished(c, p);
-  if (++r->done_chunks == r->nchunks) r->data_stage = PS_STAGE_DONE;
-  if (failed(r, err, r->is_get ? "get" : "put", errstr) || r->is_get) return;
-  /* Completions come in any order; done.below only moves over a gap-free run. */
-  if (ps_seqwin_mark(&p->done, seq, UINT64_MAX)) {
-    ps_rma_fail(c, ncclSystemError, "no memory to track puts to rank %u", r->peer);
-    return;
-  }
-  if (p->sq_head) c->backlog = 1; /* a deferred signal may be free to go */
-}
+/* --- completions (record only; a signal's in ps_rma_order.c) --- */
 
 static void data_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
   ps_rma_req_t *r = op->owner;
@@ -126,56 +81,15 @@ static void data_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, 
   ps_rma_put_done(r, r->seq, err, errstr);
 }
 
-static void sig_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
-  ps_rma_req_t *r = op->owner;
-  (void)e;
-  op_finished(r->comm, &r->comm->peers[r->peer]);
-  r->sig_stage = PS_STAGE_DONE;
-  failed(r, err, "signal", errstr);
-}
-
 /* --- posting from the queues --- */
-
-uint64_t ps_rma_write_flags(ps_rma_comm_t *c) {
-  if (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN)
-    return FI_COMPLETION | FI_DELIVERY_COMPLETE; /* completion must mean "in the target's memory" */
-  return FI_COMPLETION;
-}
 
 static ncclResult_t post_data(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
   r->data_op = (ps_op_t){.cb = data_done, .owner = r};
   struct fi_msg_rma m = {.msg_iov = &r->iov, .desc = &r->desc, .iov_count = 1,
                          .addr = c->addr[r->peer], .rma_iov = &r->rma, .rma_iov_count = 1,
                          .context = &r->data_op};
-  if (r->is_get) return ps_ep_readmsg(&c->ep, &m, FI_COMPLETION, posted);
-  uint64_t flags = ps_rma_write_flags(c);
-  if (c->ordering == PS_ORD_TARGET) {
-    flags |= FI_REMOTE_CQ_DATA; /* the target tracks which of our writes arrived */
-    m.data = (uint64_t)c->rank << 32 | (uint32_t)r->seq;
-  }
-  return ps_rma_post_write(c, r->peer, &m, flags, posted);
-}
-
-static ncclResult_t post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
-  r->sig_op = (ps_op_t){.cb = sig_done, .owner = r};
-  if (c->ordering != PS_ORD_FENCE)
-    return ps_rma_post_sig_send(c, r->peer, &r->sig, sizeof r->sig, r->chunk_desc, PS_TAG_RMA_SIG,
-                                &r->sig_op, posted);
-  r->operand = r->sig.op == NCCL_NET_SIGNAL_OP_INC ? 1 : r->sig.value;
-  struct fi_ioc ioc = {.addr = &r->operand, .count = 1};
-  struct fi_msg_atomic m = {.msg_iov = &ioc, .desc = &r->chunk_desc, .iov_count = 1,
-                            .addr = c->addr[r->peer], .rma_iov = &r->sig_rma, .rma_iov_count = 1,
-                            .datatype = FI_UINT64, .op = FI_SUM, .context = &r->sig_op};
-  /* on the peer's lane, behind that peer's puts only; none ahead: no fence */
-  return ps_ep_atomicmsg(&c->ep, c->lanes[r->peer], &m,
-                         FI_COMPLETION | (r->need > 1 ? FI_FENCE : 0), posted);
-}
-
-static int sig_ready(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r) {
-  if (c->ordering == PS_ORD_UNSAFE) return 1; /* test builds: the deliberately broken one */
-  if (p->posted_below < r->need) return 0;    /* its puts are not even posted */
-  if (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN) return p->done.below >= r->need;
-  return 1;
+  if (r->is_get) return ps_rma_post_read(c, &m, posted);
+  return ps_rma_post_put(c, r->peer, &m, r->seq, posted);
 }
 
 /* Posts this peer's signals whose puts allow it, in order. Returns 0 when
@@ -183,10 +97,10 @@ static int sig_ready(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r) {
  * held one back, -1 when the comm failed. */
 static int post_ready_sigs(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   int posted;
-  while (p->sq_head && !c->error && sig_ready(c, p, p->sq_head)) {
+  while (p->sq_head && !c->error && ps_order_sig_ready(c, p, p->sq_head)) {
     ps_rma_req_t *r = p->sq_head;
     if (ps_rma_peer_full(c, p)) return 1;
-    ncclResult_t rc = post_sig(c, r, &posted);
+    ncclResult_t rc = ps_order_post_sig(c, r, &posted);
     if (rc != ncclSuccess) {
       r->status = rc;
       ps_rma_fail(c, rc, "signal to rank %u could not be posted", r->peer);
@@ -285,7 +199,7 @@ static ncclResult_t queue_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, ui
   if (!p->prep_req) p->prep_req = r;
   r->data_stage = PS_STAGE_QUEUED;
   r->next = NULL;
-  wake(p);
+  ps_rma_wake(p);
   if (p->dq_tail) p->dq_tail->next = r;
   else p->dq_head = r;
   p->dq_tail = r;
@@ -375,18 +289,12 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
                                    .key = sig->rkey[rank]};
   r->sig_stage = PS_STAGE_QUEUED;
   r->next_sig = NULL;
-  wake(p);
+  ps_rma_wake(p);
   if (p->sq_tail) p->sq_tail->next_sig = r;
   else p->sq_head = r;
   p->sq_tail = r;
   pump(c, p);
-  /* A fence: a wait for delivery (deferred parks, drain blocks) or an
-   * FI_FENCE flag. ordered and target get their ordering for nothing. */
-  int waits = (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN) && p->done.below < r->need;
-  int fenced = waits || (c->ordering == PS_ORD_FENCE && r->need > 1);
-  if (fenced) p->st.fences_posted++;
-  else p->st.fences_avoided++;
-  if (waits && c->ordering == PS_ORD_DRAIN) PS_CHECK(drain(c, p, r->need));
+  if (ps_order_count_fence(c, p, r)) PS_CHECK(drain(c, p, r->need));
   *req = r;
   return c->error;
 }
@@ -417,7 +325,7 @@ static ncclResult_t progress_body(void *coll) {
   c->now_ns = ps_now_ns();
   ps_rma_release_held(c);
   if (ps_ep_progress(&c->ep, 256, NULL) != ncclSuccess) ps_rma_fail(c, ncclRemoteError, "%s", c->ep.fatal);
-  if (c->stage && !c->error) ps_stage_progress(c);
+  if (c->stage && !c->error) ps_rma_target_progress(c);
   if (c->backlog && !c->error) {
     c->backlog = 0;
     if (c->stage) ps_stage_fill(c);

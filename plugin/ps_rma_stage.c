@@ -20,7 +20,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "ps_comm.h"
+#include "ps_clock.h"
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
@@ -113,9 +113,14 @@ ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr) {
   ncclResult_t rc = ps_cuda_open(gpu_ptr, &st->cu);
   if (rc == ncclSuccess) rc = size_pools(st, c->nranks);
   if (rc == ncclSuccess) rc = alloc_pools(c, st);
-  /* collective, like the window being registered: every rank's receive
-   * slots become a symmetric region the origins write into */
-  if (rc == ncclSuccess) rc = ps_rma_reg_region(c, st->rx_pool, st->rx_bytes, 0, &st->rx);
+  if (rc != ncclSuccess) ps_stage_free(c);
+  return rc;
+}
+
+ncclResult_t ps_stage_attach_rx(ps_rma_comm_t *c, ps_rma_region_t *rx) {
+  ps_stage_t *st = c->stage;
+  ncclResult_t rc = ncclSuccess;
+  st->rx = rx;
   for (int p = 0; rc == ncclSuccess && p < c->nranks; p++) {
     if (st->rx->rsize[p] != st->rx_bytes) {
       PS_WARN("rank %d stages with %llu bytes of receive slots, this rank with %zu: "
@@ -262,10 +267,10 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
     void *desc = st->send_desc;
     struct fi_msg_rma m = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = c->addr[r->peer],
                            .rma_iov = &rma, .rma_iov_count = 1, .context = &s->op};
-    uint64_t flags = ps_rma_write_flags(c);
+    uint32_t slot = 0;
     if (r->dst_staged) {
       if (sseq >= p->stage_freed + st->per_peer) return ncclSuccess; /* no credit yet */
-      uint32_t slot = (uint32_t)(sseq % st->per_peer);
+      slot = (uint32_t)(sseq % st->per_peer);
       *s->hdr = (ps_stage_hdr_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
                                  .src_rank = (uint32_t)c->rank, .region_id = r->dst_region,
                                  .offset = r->dst_off + off, .len = n, .seq = seq, .stage_seq = sseq};
@@ -273,19 +278,14 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
       rma = (struct fi_rma_iov){
           .addr = st->rx->raddr[r->peer] + ((uint64_t)c->rank * st->per_peer + slot) * st->slot_bytes,
           .len = PS_STAGE_HDR + n, .key = st->rx->rkey[r->peer]};
-      flags |= FI_REMOTE_CQ_DATA;
-      m.data = PS_STAGED_DATA | (uint64_t)c->rank << 32 | slot;
     } else {
       iov = (struct iovec){.iov_base = s->hdr + 1, .iov_len = n};
       rma = (struct fi_rma_iov){.addr = r->rma.addr + off, .len = n, .key = r->rma.key};
-      if (c->ordering == PS_ORD_TARGET) {
-        flags |= FI_REMOTE_CQ_DATA;
-        m.data = (uint64_t)c->rank << 32 | (uint32_t)seq;
-      }
     }
     s->op = (ps_op_t){.cb = chunk_done, .owner = s};
     int posted = 0;
-    PS_CHECK(ps_rma_post_write(c, r->peer, &m, flags, &posted));
+    PS_CHECK(r->dst_staged ? ps_rma_post_staged(c, r->peer, &m, slot, &posted)
+                           : ps_rma_post_put(c, r->peer, &m, seq, &posted));
     if (!posted) {
       *refused = 1;
       return ncclSuccess;

@@ -7,24 +7,24 @@
  * range are all checked before the copy engine touches GPU memory. */
 #include <stdlib.h>
 
-#include "ps_comm.h"
+#include "ps_clock.h"
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
 static uint32_t ring_size(const ps_rma_comm_t *c) { return (uint32_t)c->nranks * c->stage->per_peer; }
 
-void ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot) {
+int ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *seq) {
   ps_stage_t *st = c->stage;
   if (!st || slot >= st->per_peer) {
     ps_rma_fail(c, ncclRemoteError, "rank %u sent a staged write to slot %u, but it has %u", src,
                 slot, st ? st->per_peer : 0);
-    return;
+    return 0;
   }
   char *buf = st->rx_pool + ((size_t)src * st->per_peer + slot) * st->slot_bytes;
   ps_stage_hdr_t h;
   if (ps_stage_decode(buf, sizeof h, src, st->chunk, &h) != ncclSuccess) {
     ps_rma_fail(c, ncclRemoteError, "malformed staged write from rank %u dropped", src);
-    return;
+    return 0;
   }
   ps_rma_peer_t *p = &c->peers[src];
   if (h.stage_seq % st->per_peer != slot || h.stage_seq < p->stage_done.below ||
@@ -32,19 +32,19 @@ void ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot) {
     ps_rma_fail(c, ncclRemoteError, "staged write %llu from rank %u in slot %u is outside its "
                 "credit (slots free from %llu, %u of them)", (unsigned long long)h.stage_seq, src,
                 slot, (unsigned long long)p->stage_done.below, st->per_peer);
-    return;
+    return 0;
   }
   ps_rma_region_t *r = h.region_id < c->nregions ? c->regions[h.region_id] : NULL;
   if (!r || !r->staged || h.offset > r->size || r->size - h.offset < h.len) {
     ps_rma_fail(c, ncclRemoteError, "staged write from rank %u rejected: region %u offset %llu "
                 "+ %llu B is not inside a GPU window (%zu B)", src, h.region_id,
                 (unsigned long long)h.offset, (unsigned long long)h.len, r ? r->size : (size_t)0);
-    return;
+    return 0;
   }
   if (ps_seqwin_mark(&p->stage_in, h.stage_seq, st->per_peer)) {
     ps_rma_fail(c, ncclRemoteError, "rank %u sent staged write %llu twice", src,
                 (unsigned long long)h.stage_seq);
-    return;
+    return 0;
   }
   ps_stage_copy_t *k = &st->copies[(st->copy_head + st->ncopies) % ring_size(c)];
   *k = (ps_stage_copy_t){.src = src, .stage_seq = h.stage_seq};
@@ -52,11 +52,12 @@ void ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot) {
                             h.len) != ncclSuccess) ||
       ps_cuda_event_record(st->cu, PS_CUDA_COPY_STREAM, &k->ev) != ncclSuccess) {
     ps_rma_fail(c, ncclSystemError, "copying a staged write from rank %u into the GPU failed", src);
-    return;
+    return 0;
   }
   st->ncopies++;
-  if (c->ordering == PS_ORD_TARGET) ps_rma_mark_arrived(c, src, h.seq);
   st->changed = 1;
+  *seq = h.seq;
+  return 1;
 }
 
 /* The copy stream runs in order: finished copies form a prefix of the ring. */
@@ -190,7 +191,8 @@ static void credit_sent(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err
 }
 
 /* One credit message in flight per origin; it carries the latest count. */
-static void send_credits(ps_rma_comm_t *c, ps_stage_t *st) {
+void ps_stage_send_credits(ps_rma_comm_t *c) {
+  ps_stage_t *st = c->stage;
   for (int i = 0; i < c->nranks && !c->error; i++) {
     ps_rma_peer_t *p = &c->peers[i];
     if (p->credit_busy || p->stage_done.below == p->credit_sent) continue;
@@ -199,8 +201,8 @@ static void send_credits(ps_rma_comm_t *c, ps_stage_t *st) {
                                    .value = p->stage_done.below};
     st->credit_op[i] = (ps_op_t){.cb = credit_sent, .owner = c, .idx = i};
     int posted = 0;
-    if (ps_ep_tsend(&c->ep, &st->credit[i], sizeof st->credit[i], st->credit_desc, c->addr[i],
-                    PS_TAG_RMA_SIG, &st->credit_op[i], &posted) != ncclSuccess) {
+    if (ps_rma_post_credit(c, (uint32_t)i, &st->credit[i], sizeof st->credit[i], st->credit_desc,
+                           &st->credit_op[i], &posted) != ncclSuccess) {
       drop_credits(c, i, "the provider refused the send");
       continue;
     }
@@ -213,16 +215,14 @@ static void send_credits(ps_rma_comm_t *c, ps_stage_t *st) {
   }
 }
 
-void ps_stage_progress(ps_rma_comm_t *c) {
+int ps_stage_progress(ps_rma_comm_t *c) {
   ps_stage_t *st = c->stage;
-  if (!st) return;
+  if (!st) return 0;
   poll_copies(c, st);
   poll_words(c, st);
-  if (!st->changed || c->error) return;
+  if (!st->changed || c->error) return 0;
   st->changed = 0;
-  for (int i = 0; i < c->nranks; i++)
-    if (c->peers[i].nheld) ps_rma_apply_ready(c, &c->peers[i]);
-  send_credits(c, st);
+  return 1;
 }
 
 /* Before a GPU window goes away: the copy engine may still be writing into

@@ -39,7 +39,7 @@ static int covered(const ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_sig_
 
 /* Applies the held signals of a peer whose data is there. Signals commute
  * (adds), so the order among them does not matter. */
-void ps_rma_apply_ready(ps_rma_comm_t *c, ps_rma_peer_t *p) {
+static void apply_ready(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   for (uint32_t i = 0; i < p->nheld && !c->error;) {
     if (covered(c, p, &p->held[i].msg) && !apply_signal(c, &p->held[i].msg))
       p->held[i] = p->held[--p->nheld];
@@ -48,7 +48,7 @@ void ps_rma_apply_ready(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   }
 }
 
-void ps_rma_mark_arrived(ps_rma_comm_t *c, uint32_t src, uint64_t s) {
+static void mark_arrived(ps_rma_comm_t *c, uint32_t src, uint64_t s) {
   ps_rma_peer_t *p = &c->peers[src];
   if (ps_seqwin_mark(&p->arrived, s, PS_RMA_MAX_WINDOW)) {
     ps_rma_fail(c, ncclRemoteError, "rank %u sent write %llu, a duplicate or over %u ahead of "
@@ -56,13 +56,13 @@ void ps_rma_mark_arrived(ps_rma_comm_t *c, uint32_t src, uint64_t s) {
                 PS_RMA_MAX_WINDOW, (unsigned long long)p->arrived.below);
     return;
   }
-  if (p->nheld) ps_rma_apply_ready(c, p);
+  if (p->nheld) apply_ready(c, p);
 }
 
 /* Remote CQ data of a peer's write: a staged write (PS_STAGED_DATA, rank,
  * receive slot), or the source rank (high 32 bits) and the low 32 bits of
  * the write's sequence number, widened against our window. */
-void ps_rma_remote_write(void *comm, uint64_t data) {
+static void remote_write(void *comm, uint64_t data) {
   ps_rma_comm_t *c = comm;
   uint64_t src = (data & ~PS_STAGED_DATA) >> 32;
   if (src >= (uint64_t)c->nranks) {
@@ -71,12 +71,23 @@ void ps_rma_remote_write(void *comm, uint64_t data) {
     return;
   }
   if (data & PS_STAGED_DATA) {
-    ps_stage_arrived(c, (uint32_t)src, (uint32_t)data);
+    uint64_t seq;
+    if (ps_stage_arrived(c, (uint32_t)src, (uint32_t)data, &seq) && c->ordering == PS_ORD_TARGET)
+      mark_arrived(c, (uint32_t)src, seq);
     return;
   }
   ps_rma_peer_t *p = &c->peers[src];
-  ps_rma_mark_arrived(c, (uint32_t)src,
-                      p->arrived.below + (uint32_t)((uint32_t)data - (uint32_t)p->arrived.below));
+  mark_arrived(c, (uint32_t)src,
+               p->arrived.below + (uint32_t)((uint32_t)data - (uint32_t)p->arrived.below));
+}
+
+/* Staging's part of a progress pass, then what it moved: held signals whose
+ * data is now there are applied, and the receive slots freed are credited. */
+void ps_rma_target_progress(ps_rma_comm_t *c) {
+  if (!ps_stage_progress(c)) return;
+  for (int i = 0; i < c->nranks; i++)
+    if (c->peers[i].nheld) apply_ready(c, &c->peers[i]);
+  ps_stage_send_credits(c);
 }
 
 static void on_signal(ps_rma_comm_t *c, const ps_rma_sig_slot_t *s, size_t len) {
@@ -129,7 +140,7 @@ static ncclResult_t post_sig_slot(ps_rma_comm_t *c, ps_rma_sig_slot_t *s) {
 ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c) {
   PS_CHECK(ps_ep_reg_local(&c->ep, c->sig_slots, sizeof c->sig_slots, &c->sig_slots_mr));
   c->sig_slots_desc = c->sig_slots_mr ? fi_mr_desc(c->sig_slots_mr) : NULL;
-  c->ep.remote_write = ps_rma_remote_write;
+  c->ep.remote_write = remote_write;
   c->ep.remote_owner = c;
   for (int i = 0; i < PS_RMA_SIG_SLOTS; i++) {
     c->sig_slots[i].op = (ps_op_t){.cb = sig_rx_done, .owner = &c->sig_slots[i], .idx = i};

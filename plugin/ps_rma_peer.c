@@ -1,0 +1,62 @@
+/* One-sided engine, the lowest floor: failing the comm, looking up a
+ * region, and the per-peer accounting every other floor does as operations
+ * start and finish. Calls nothing of the engine's. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "ps_clock.h"
+#include "ps_log.h"
+#include "ps_rma_int.h"
+
+void ps_rma_fail(ps_rma_comm_t *c, ncclResult_t rc, const char *fmt, ...) {
+  if (c->error) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->error_msg, sizeof c->error_msg, fmt, ap);
+  va_end(ap);
+  c->error = rc;
+  PS_WARN("one-sided comm rank %d: %s", c->rank, c->error_msg);
+}
+
+ps_rma_region_t *ps_rma_region(ps_rma_comm_t *c, void *mh) {
+  ps_rma_region_t *r = mh;
+  return (r && r->magic == PS_RMA_REG_MAGIC && r->comm == c) ? r : NULL;
+}
+
+void ps_rma_op_started(ps_rma_comm_t *c, ps_rma_peer_t *p) {
+  if (!p->outstanding++) p->active_ns = c->now_ns;
+  if (p->outstanding > p->st.inflight_max) p->st.inflight_max = p->outstanding;
+}
+/* An idle peer gets work: its liveness clock starts now. */
+void ps_rma_wake(ps_rma_peer_t *p) {
+  if (!p->outstanding && !p->dq_head && !p->sq_head) p->active_ns = ps_now_ns();
+}
+void ps_rma_op_finished(ps_rma_comm_t *c, ps_rma_peer_t *p) {
+  p->outstanding--;
+  p->active_ns = c->now_ns;
+}
+
+/* Any error completion fails the comm, cancellation included: we never
+ * cancel (close discards the endpoint unread), so -FI_ECANCELED is the
+ * provider flushing operations to a peer that went away (tcp does this). */
+int ps_rma_op_failed(ps_rma_req_t *r, int err, const char *what, const char *errstr) {
+  if (!err) return 0;
+  r->status = ncclRemoteError;
+  ps_rma_fail(r->comm, ncclRemoteError, "%s to rank %u failed: %s", what, r->peer, errstr);
+  return 1;
+}
+
+/* A put's chunk (seq) completed; the whole put once every chunk has. */
+void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr) {
+  ps_rma_comm_t *c = r->comm;
+  ps_rma_peer_t *p = &c->peers[r->peer];
+  ps_rma_op_finished(c, p);
+  if (++r->done_chunks == r->nchunks) r->data_stage = PS_STAGE_DONE;
+  if (ps_rma_op_failed(r, err, r->is_get ? "get" : "put", errstr) || r->is_get) return;
+  /* Completions come in any order; done.below only moves over a gap-free run. */
+  if (ps_seqwin_mark(&p->done, seq, UINT64_MAX)) {
+    ps_rma_fail(c, ncclSystemError, "no memory to track puts to rank %u", r->peer);
+    return;
+  }
+  if (p->sq_head) c->backlog = 1; /* a deferred signal may be free to go */
+}
