@@ -1,7 +1,11 @@
 #!/bin/sh
-# expect_stderr.sh PATTERN COMMAND [ARGS...]: runs COMMAND (its stderr also
-# passed through) and passes when it exits 0 and its stderr has a line
-# matching PATTERN (grep -E): a test of a fault model that must fire.
+# expect_stderr.sh [--fails] PATTERN COMMAND [ARGS...]: runs COMMAND (its
+# stderr also passed through) and passes when its stderr has a line matching
+# PATTERN (grep -E) and it exits 0, or, with --fails, exits non-zero: a fault
+# model that must fire, or a check that must catch a planted bug for the
+# reason it names (not just any failure).
+want_fail=0
+if [ "$1" = --fails ]; then want_fail=1; shift; fi
 pattern=$1
 shift
 log=$(mktemp) || exit 1
@@ -9,12 +13,16 @@ trap 'rm -f "$log"' EXIT
 "$@" 2>"$log"
 rc=$?
 cat "$log" >&2
-if [ "$rc" -ne 0 ]; then
+if [ "$want_fail" -eq 0 ] && [ "$rc" -ne 0 ]; then
   echo "expect_stderr.sh: $1 exited with $rc" >&2
   exit 1
 fi
+if [ "$want_fail" -eq 1 ] && [ "$rc" -eq 0 ]; then
+  echo "expect_stderr.sh: $1 passed, but it must fail ('$pattern')" >&2
+  exit 1
+fi
 if ! grep -Eq -- "$pattern" "$log"; then
-  echo "expect_stderr.sh: no line of stderr matches '$pattern': the fault never fired" >&2
+  echo "expect_stderr.sh: no line of stderr matches '$pattern'" >&2
   exit 1
 fi
 exit 0
