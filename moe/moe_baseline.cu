@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ps_moe_baseline.h"
+#include "ps_moe_entry.h"
 
 typedef __nv_bfloat16 bl_bf16;
 
@@ -158,16 +159,7 @@ extern "C" ncclResult_t ps_moe_baseline_create(ncclComm_t comm, const perseus_mo
     return ncclSystemError;
   }
   b->comm = comm, b->cfg = *cfg;
-  ncclResult_t rc = bl_setup(b, variant);
-  if (rc != ncclSuccess) {
-    char why[512];
-    snprintf(why, sizeof(why), "%s", perseus_moe_last_error());
-    ps_moe_baseline_destroy(b);
-    ps_moe_set_error("%s", why); /* the first reason, not a cleanup's */
-    return rc;
-  }
-  *out = b;
-  return ncclSuccess;
+  return ps_moe_create_end(bl_setup(b, variant), b, ps_moe_baseline_destroy, out);
 }
 
 extern "C" ncclResult_t ps_moe_baseline_load_weights(ps_moe_baseline_t *b, const uint16_t *gate,
@@ -175,11 +167,8 @@ extern "C" ncclResult_t ps_moe_baseline_load_weights(ps_moe_baseline_t *b, const
                                                      const uint16_t *w2)
 {
   ps_moe_clear_error();
-  if (!b || !gate || !w1 || !w3 || !w2) {
-    ps_moe_set_error("ps_moe_baseline_load_weights: a NULL argument (b %p, gate %p, w1 %p, w3 %p, w2 %p)",
-                     (void *)b, (const void *)gate, (const void *)w1, (const void *)w3, (const void *)w2);
+  if (!ps_moe_weights_args_ok("ps_moe_baseline_load_weights", "b", b, gate, w1, w3, w2))
     return ncclInvalidArgument;
-  }
   const size_t H = (size_t)b->H, F = (size_t)b->F, bf = sizeof(uint16_t);
   BL_CUDA(cudaMemcpy(b->gate, gate, (size_t)b->E * H * bf, cudaMemcpyDefault), "gate [%d][%zu]", b->E, H);
   for (int j = 0; j < b->L; j++) { /* W1 and W3 of expert j: rows 0..F-1 and F..2F-1 of w13[j] */
