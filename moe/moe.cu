@@ -2,6 +2,7 @@
  * windows, device communicator, weights, and the cooperative launch of the
  * persistent forward kernel (moe_kernel.cuh). */
 #include "moe_kernel.cuh"
+#include "ps_moe_entry.h"
 #include "ps_moe_layer.h"
 
 /* The dispatch's segment table (2 x R x L = 2 x E ints) lives in the
@@ -303,16 +304,7 @@ extern "C" ncclResult_t perseus_moe_create(ncclComm_t comm, const perseus_moe_co
   }
   memset((void *)m, 0, sizeof(*m));
   m->comm = comm, m->cfg = *cfg;
-  ncclResult_t rc = ps_moe_setup(m);
-  if (rc != ncclSuccess) {
-    char why[512];
-    snprintf(why, sizeof(why), "%s", perseus_moe_last_error());
-    perseus_moe_destroy(m); /* keeps the first reason */
-    ps_moe_set_error("%s", why);
-    return rc;
-  }
-  *out = m;
-  return ncclSuccess;
+  return ps_moe_create_end(ps_moe_setup(m), m, perseus_moe_destroy, out);
 }
 
 extern "C" ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_t *gate,
@@ -320,12 +312,8 @@ extern "C" ncclResult_t perseus_moe_load_weights(perseus_moe_t *m, const uint16_
                                                  const uint16_t *w2)
 {
   ps_moe_clear_error();
-  if (!m || !gate || !w1 || !w3 || !w2) {
-    ps_moe_set_error("perseus_moe_load_weights: a NULL argument (m %p, gate %p, w1 %p, w3 %p, "
-                     "w2 %p)", (void *)m, (const void *)gate, (const void *)w1, (const void *)w3,
-                     (const void *)w2);
+  if (!ps_moe_weights_args_ok("perseus_moe_load_weights", "m", m, gate, w1, w3, w2))
     return ncclInvalidArgument;
-  }
   size_t g = (size_t)m->cfg.experts * m->cfg.hidden * sizeof(uint16_t);
   size_t w = (size_t)m->L * m->cfg.ffn * m->cfg.hidden * sizeof(uint16_t);
   /* cudaMemcpyDefault: host or device pointers alike (unified addressing) */

@@ -75,8 +75,9 @@ int ps_moe_env_timeout_ms(long long *out) {
 int ps_moe_tile_rows(const perseus_moe_config_t *cfg, int nranks, int ntokens, int forced) {
   if (forced) return forced;
   uint64_t rows = (uint64_t)ntokens * (uint64_t)cfg->topk * (uint64_t)nranks;
-  /* measured on one H200 (docs/results.md): 128 rows faster from 64 per
-   * expert on average, 64 rows faster at 32; the switch half-way */
+  /* 128-row tiles from 48 rows per expert on average: each weight tile
+   * loaded serves twice the rows; 64-row tiles below: small experts pad
+   * fewer rows and give more tasks to spread across the CTAs */
   return rows >= 48 * (uint64_t)cfg->experts ? 128 : 64;
 }
 

@@ -276,7 +276,7 @@ __device__ unsigned long long ps_moe_experts(const ps_moe_args &a, char *smem)
   unsigned long long t_end = t0; /* the end of this CTA's last task */
   for (bool first = true;; first = false) {
     /* a CTA's first task is its own index, the queue's counter hands out the
-     * rest: every CTA claiming at once on one atomic cost prefill 1-2% */
+     * rest: at the start the CTAs do not all contend for one atomic */
     if (threadIdx.x == 0) {
       const int tk = first ? (int)blockIdx.x : (int)gridDim.x + atomicAdd(a.st.task, 1);
       task = tk;

@@ -93,8 +93,8 @@ __device__ __forceinline__ void ps_prof(unsigned long long *marks, int slot, boo
 }
 
 /* Adds ns to one of the sums (WAIT, RUN, EXPERTS_END) of this forward, at
- * a fixed address: tasks add to them, and looking up the forward's half
- * there cost prefill about 0.7%. */
+ * a fixed address (the third part of prof, not the forward's half): every
+ * task adds to them, and a fixed address spares each add finding the half. */
 __device__ __forceinline__ void ps_prof_add(const ps_moe_args &a, int slot, unsigned long long ns)
 {
   atomicAdd(a.prof + PS_PROF_SUMS + slot, ns);
@@ -139,7 +139,7 @@ __device__ void ps_moe_gate(const ps_moe_args &a, char *smem)
                     [&](int m, int n, float (*v)[2]) {
                       float *lg = a.st.logits + (size_t)(m0 + m) * a.E + e0 + n;
                       /* the pair in one 8-byte atomic where aligned (E even):
-                       * half the atomics, 1-17 us less route on one H100 */
+                       * half the atomics into the logits */
                       if (e0 + n + 1 < a.E && !(a.E & 1)) {
                         atomicAdd((float2 *)lg, make_float2(v[0][0], v[0][1]));
                       } else {
@@ -173,8 +173,8 @@ __device__ __forceinline__ float ps_key_float(unsigned k)
  * PER > 0 (E <= 32 PER): lane l holds the logits of experts l + 32 i,
  * sorted once by (value, then lower id) as 64-bit keys, so that each pick is
  * the warp's best head (two redux.sync) and the winner shifts its list.
- * Scanning every held logit at every pick was a dependent chain of PER
- * compare-and-branch steps per pick, about 0.46 us of a pick at 8 a lane.
+ * The sort spares every pick a scan of every held logit, a dependent
+ * chain of PER compare-and-branch steps.
  * PER = 0 (any E): the logits are read from memory at every pick. */
 template <int PER>
 __device__ __forceinline__ float ps_topk_token(const float *lg, int E, int k, int lane,
@@ -318,8 +318,8 @@ __device__ __forceinline__ int ps_rows_all(const ps_moe_args &a, const int *cnt,
 /* Every CTA's own copy of the segment table of our rows: cnt[dst][j] and
  * off[dst][j] (R x L each, in shared memory), from the final counts. One
  * load round and a shared-memory scan per CTA instead of a grid barrier
- * between the offsets and the dispatch (a barrier costs about 1.2 us on
- * one H100). */
+ * between the offsets and the dispatch: the scan is local to the CTA, a
+ * grid barrier holds every CTA until the last one arrives. */
 __device__ void ps_moe_seg_table(const ps_moe_args &a, int *cnt, int *off)
 {
   const int lane = threadIdx.x & 31, n = a.R * a.L;

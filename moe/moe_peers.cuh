@@ -99,9 +99,8 @@ __device__ __forceinline__ bool ps_peer_failed(const ps_moe_args &a, int peer)
 /* Whether the host asked the layer to abort (perseus_moe_abort), read by one
  * waiting thread of the GPU at a time, at most every PS_MOE_ABORT_READ_NS;
  * the others learn it from st.aborted. The flag is in host memory: every
- * waiting lane reading it (thousands in the combine) filled PCIe with reads
- * and slowed the GIN plugin's staged copies into this GPU 10x on 2 x H200,
- * results returned in 10-40 ms instead of 1-4 (docs/results.md). */
+ * waiting lane reading it (thousands in the combine) would fill PCIe with
+ * reads and slow the GIN plugin's staged copies into this GPU. */
 __device__ __forceinline__ bool ps_moe_host_abort(const ps_moe_args &a, unsigned long long now)
 {
   const unsigned long long last = *(volatile unsigned long long *)a.st.abort_read;
