@@ -63,8 +63,8 @@ ncclResult_t ps_ep_atomicmsg(ps_ep_t *ep, struct fid_ep *tx, const struct fi_msg
  * endpoint, so a lane per peer scopes each fence to its own peer. It also
  * avoids a libfabric 1.17 sockets deadlock: a fenced op holds its peer's
  * connection while it waits for every earlier op of the endpoint, including
- * ones to other peers stuck behind fenced ops of their own (seen as stalls
- * under load). Close lanes before ep. */
+ * ones to other peers stuck behind fenced ops of their own. Close lanes
+ * before ep. */
 ncclResult_t ps_ep_open_lane(ps_ep_t *ep, struct fid_ep **lane);
 /* Registers [buf, +len) with `access` (bound to `ep` under FI_MR_ENDPOINT). */
 ncclResult_t ps_ep_reg(ps_ep_t *ep, void *buf, size_t len, uint64_t access, struct fid_mr **mr);

@@ -179,9 +179,9 @@ static ncclResult_t open_domains(struct fi_info *list, const char *prov) {
   return ncclSuccess;
 }
 
-/* rxm's own protocol over tcp (bounce-buffer segmentation, rendezvous round
- * trips) cost perseus 10-35% of NCCL Socket's bandwidth on TCP; its passthru
- * mode hands tagged calls straight to the tcp provider (docs/results.md).
+/* rxm's own protocol over tcp adds bounce-buffer segmentation and rendezvous
+ * round trips to every large message; its passthru mode hands tagged calls
+ * straight to the tcp provider.
  * libfabric reads the variable when it first loads its providers, so it must
  * be set before our first fi_getinfo; a value the user set is kept. */
 static void apply_tcp_passthru(void) {

@@ -12,7 +12,7 @@
  *      it out once per batch and the NIC-ordered strategies pipeline past it;
  *   3  a probe-fault NIC (probefault plugin): a two-sided liveness probe
  *      queued behind our own sends fails as often in a row as a live peer's
- *      may (ps_comm.c), as sockets' once did.
+ *      may (ps_comm.c tolerates PS_PROBE_TRIES - 1 failures in a row).
  * Held operations go to the provider through the endpoint layer. */
 #include <stdlib.h>
 #include <string.h>

@@ -68,9 +68,9 @@ static ncclResult_t refuse_reason(ps_rma_comm_t *c) {
             "or sees no GPU");
     return ncclSystemError;
   }
-  /* Seen on H200 with CUDA 13.0: a kernel launched (and so loaded, lazily)
-   * behind one that waits for GIN signals stalls every copy and signal
-   * write staging enqueues: the waiting kernel never sees its signal. */
+  /* With lazy module loading, a kernel launched (and so loaded) behind one
+   * that waits for GIN signals stalls every copy and signal write staging
+   * enqueues: the waiting kernel never sees its signal. */
   const char *ml = getenv("CUDA_MODULE_LOADING");
   if (!ml || strcasecmp(ml, "EAGER"))
     PS_WARN("GPU windows are staged with CUDA_MODULE_LOADING=%s: lazy module loading can deadlock "
