@@ -360,9 +360,9 @@ __global__ void gc_barrier_kernel(ncclDevComm dc, ncclGinBarrierHandle bar)
 
 /* Zeroes the first nsignals signals and ncounters counters in every GIN
  * context. Only safe when no put that adds to them is in flight. */
-/* User signals start at GC_SIG_FIRST: NCCL 2.28.9 returned the world GIN
- * barrier's handle with signal0 = 0 on the GPU host, so signal 0 is left to
- * the barrier (its epochs must never be reset). */
+/* User signals start at GC_SIG_FIRST: NCCL 2.28.9 may give the world GIN
+ * barrier signal0 = 0, so signal 0 is left to the barrier (its epochs must
+ * never be reset). */
 #define GC_SIG_FIRST 1
 
 __global__ void gc_reset_kernel(ncclDevComm dc, int nsignals, int ncounters)

@@ -51,9 +51,9 @@ struct gt_peer {
 
 /* Signals (by source rank s of n), from GT_SIG_FIRST: put uses s
  * (SignalInc) and n + s (SignalAdd), alltoall 2n + s; counters: one per
- * destination. Signal 0 is left alone: with NCCL 2.28.9 the world GIN
- * barrier's handle came back with signal0 = 0 (seen on the GPU host), so a
- * user signal 0 would also count the barrier's increments (gin_comm.cuh). */
+ * destination. Signal 0 is left alone: NCCL 2.28.9 may give the world GIN
+ * barrier signal0 = 0, and a user signal 0 would then also count the
+ * barrier's increments (gin_comm.cuh). */
 #define GT_SIG_FIRST 1 /* = GC_SIG_FIRST */
 static inline int gt_signal_count(int n) { return GT_SIG_FIRST + 3 * n; }
 static inline int gt_counter_count(int n) { return n; }

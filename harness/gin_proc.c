@@ -301,7 +301,8 @@ void gp_default_env(FILE *f)
   setenv("NCCL_GIN_TYPE", "2", 0); /* NCCL_NET_DEVICE_GIN_PROXY */
   /* Lazy module loading deadlocks the staging path: launching a not yet
    * loaded kernel behind one that waits for GIN signals stalls the plugin's
-   * copies and signal writes (seen on H200, CUDA 13.0), so nothing arrives. */
+   * copies and signal writes, so nothing arrives; every module loads at
+   * start instead. */
   setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   default_plugin();
   static const char *const names[] = {

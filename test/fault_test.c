@@ -355,7 +355,7 @@ static int scenario_close_inflight(drv_rank_t *r, void *arg) {
     CHECK(inflight > 0, "nothing left in flight to close over");
     /* Both ranks have posted everything before either closes: a receive
      * posted after the peer closed may match an unexpected message of the
-     * dead connection, which crashes rxm (an upstream libfabric 1.17 bug, see README). */
+     * dead connection, which crashes rxm (a libfabric 1.17 bug, docs/limitations.md). */
     CHECK(drv_barrier(r, 20) == 0, "barrier before closing");
     /* As NCCL tears down: deregister, then close, requests still posted.
      * Round 0: both ranks at once. Round 1: rank 0 first, rank 1 later while

@@ -376,8 +376,8 @@ static long long run_mode(rank_state *r, int mode)
                                     r->d_prog);
     GC_CUDA(cudaGetLastError(), "finish_kernel<<<1, 32>>>");
     /* The sentinel refill comes after the wait, so no copy-engine work sits
-     * behind a kernel that waits for GIN signals (suspected, and ruled out,
-     * while the lazy-loading stall was being found; kept as the safer shape). */
+     * behind a kernel that waits for GIN signals: correctness does not need
+     * the order, but nothing queued can then be held up by that kernel. */
     gc_wait_stream(&r->w, "iteration", poll_progress, r);
     for (int i = 0; i < r->nrecv; i++) /* sentinel again before the next barrier */
       GC_CUDA(cudaMemsetAsync((uint8_t *)r->recv.ptr + (size_t)r->recv_rank[i] * r->region,
