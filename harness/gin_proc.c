@@ -4,17 +4,16 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
-#include <link.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "dl_find.h"
 #include "gin_proc.h"
 #include "proc.h"
 #include "size_parse.h"
@@ -36,18 +35,13 @@ double gp_now(void) { return ps_proc_now(); }
 int gp_init(const char *prog)
 {
   gp_prog = prog;
-  gp_sh = mmap(NULL, sizeof(*gp_sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (gp_sh == MAP_FAILED) {
+  gp_sh = ps_proc_shared_map(sizeof(*gp_sh));
+  if (!gp_sh) {
     fprintf(stderr, "%s: mmap(%zu bytes, MAP_SHARED|MAP_ANONYMOUS): %s\n", prog, sizeof(*gp_sh),
             strerror(errno));
     return -1;
   }
-  memset(gp_sh, 0, sizeof(*gp_sh));
-  struct sigaction sa;
-  memset(&sa, 0, sizeof(sa));
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
+  ps_proc_catch_signals(on_signal);
   return 0;
 }
 
@@ -332,16 +326,6 @@ int gp_test_hosts(int *hosts)
 
 /* ---- plugin statistics ---------------------------------------------------- */
 
-static int find_plugin_path(struct dl_phdr_info *info, size_t size, void *out)
-{
-  (void)size;
-  if (info->dlpi_name && strstr(info->dlpi_name, "libnccl-net-perseus")) {
-    snprintf(out, PATH_MAX, "%s", info->dlpi_name);
-    return 1;
-  }
-  return 0;
-}
-
 typedef int (*gp_process_stats_fn)(perseus_rma_peer_stats_t *, size_t);
 
 int gp_rma_stats(perseus_rma_peer_stats_t *out)
@@ -353,7 +337,7 @@ int gp_rma_stats(perseus_rma_peer_stats_t *out)
     void *h = dlopen(GP_PLUGIN_BASENAME, RTLD_NOW | RTLD_NOLOAD);
     if (!h) { /* NCCL_NET_PLUGIN named a path: find the loaded copy by name */
       char path[PATH_MAX] = "";
-      if (dl_iterate_phdr(find_plugin_path, path) && path[0])
+      if (ps_dl_find("libnccl-net-perseus", path, sizeof(path)) == 0 && path[0])
         h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
     }
     if (h) *(void **)&fn = dlsym(h, "perseus_rma_process_stats"); /* h stays open */
