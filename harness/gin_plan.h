@@ -67,9 +67,9 @@ size_t gt_region_bytes(const struct gt_cfg *c);
 void gt_plan_pair(const struct gt_cfg *c, int mode, int iter, int src, int dst, int n,
                   struct gt_peer *p, struct gt_tile *t);
 
-/* -o and -m values; -1 when unknown */
-int gt_set_modes(struct gt_cfg *c, const char *arg);
-int gt_set_sigmode(struct gt_cfg *c, const char *arg);
+/* -o: a comma-separated list of gt_mode_names or "all" sets mode_on of the
+ * struct gt_cfg at cfg (a PS_OPT_FN parser, opts.h); -1 when unknown */
+int gt_set_modes(void *cfg, const char *arg);
 
 #ifdef __cplusplus
 }
