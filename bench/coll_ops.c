@@ -19,7 +19,9 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "check_call.h"
 #include "coll_perf.h"
+#include "proc.h"
 
 #define PS_PAT_P 251                       /* pattern period (prime) */
 #define PS_CHUNK_ELEMS ((size_t)16 << 20)  /* host staging for fill/check */
@@ -27,35 +29,17 @@
 static int g_rank = -1, g_sweep = -1;
 static ncclComm_t g_comm;
 
+__attribute__((format(printf, 3, 4), noreturn))
 static void child_die(const char *file, int line, const char *fmt, ...)
 {
-  char msg[1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  if (g_rank < 0)
-    fprintf(stderr, "perseus_coll_perf: GPU probe: %s (%s:%d)\n", msg, file, line);
-  else
-    fprintf(stderr, "perseus_coll_perf: [%s] rank %d (GPU %d): %s (%s:%d)\n",
-            coll_sweep_names[g_sweep], g_rank, g_rank, msg, file, line);
-  __atomic_store_n(&coll_shm->abort_flag, 1, __ATOMIC_RELEASE);
-  _exit(1);
+  ps_proc_child_vdie("perseus_coll_perf", g_rank < 0 ? NULL : coll_sweep_names[g_sweep], g_rank,
+                     &coll_shm->abort_flag, 0, file, line, fmt, ap);
 }
 
-#define CUDACHECK(call) do {                                                  \
-    cudaError_t e_ = (call);                                                  \
-    if (e_ != cudaSuccess)                                                    \
-      child_die(__FILE__, __LINE__, "%s failed: %s: %s", #call,              \
-                cudaGetErrorName(e_), cudaGetErrorString(e_));                \
-  } while (0)
-
-#define NCCLCHECK(call) do {                                                  \
-    ncclResult_t r_ = (call);                                                 \
-    if (r_ != ncclSuccess)                                                    \
-      child_die(__FILE__, __LINE__, "%s failed: %s (last error: %s)", #call,  \
-                ncclGetErrorString(r_), ncclGetLastError(g_comm));            \
-  } while (0)
+#define CUDACHECK(call) PS_CHECK_CUDA(child_die, call, #call, "")
+#define NCCLCHECK(call) PS_CHECK_NCCL(child_die, g_comm, call, #call, "")
 
 /* Another process failed: the parent kills us anyway, leave quietly. */
 static void check_abort(void)

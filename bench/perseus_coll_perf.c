@@ -12,19 +12,19 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
-#include <link.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <nccl.h>
 
 #include "coll_perf.h"
+#include "dl_find.h"
+#include "proc.h"
 #include "size_parse.h"
 
 #ifndef PS_DEFAULT_PLUGIN_PATH
@@ -47,16 +47,6 @@ static const char *const coll_ops[C_N] = {"sum", "none", "sum", "none", "none"};
 struct ps_cfg coll_cfg;
 struct ps_shared *coll_shm;
 volatile sig_atomic_t coll_signal;
-
-static int find_nccl(struct dl_phdr_info *info, size_t size, void *out)
-{
-  (void)size;
-  if (info->dlpi_name && strstr(info->dlpi_name, "libnccl.so")) {
-    snprintf(out, PATH_MAX, "%s", info->dlpi_name);
-    return 1;
-  }
-  return 0;
-}
 
 static int set_colls(const char *arg)
 {
@@ -269,25 +259,19 @@ static void on_signal(int sig)
 int main(int argc, char **argv)
 {
   if (parse_args(argc, argv)) return 2;
-  coll_shm = mmap(NULL, sizeof(*coll_shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                  -1, 0);
-  if (coll_shm == MAP_FAILED) {
+  coll_shm = ps_proc_shared_map(sizeof(*coll_shm));
+  if (!coll_shm) {
     fprintf(stderr, "perseus_coll_perf: mmap: %s\n", strerror(errno));
     return 1;
   }
-  memset(coll_shm, 0, sizeof(*coll_shm));
-  struct sigaction sa;
-  memset(&sa, 0, sizeof(sa));
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
+  ps_proc_catch_signals(on_signal);
 
   double t0 = coll_now_s(), deadline = t0 + coll_cfg.timeout_s;
   char date[64], host[256] = "?", ncclpath[PATH_MAX] = "?";
   time_t tt = time(NULL);
   strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S %Z", localtime(&tt));
   gethostname(host, sizeof(host) - 1);
-  dl_iterate_phdr(find_nccl, ncclpath);
+  ps_dl_find("libnccl.so", ncclpath, sizeof(ncclpath));
   printf("# perseus_coll_perf %s: NCCL with the perseus plugin vs NCCL's Socket transport\n",
          PS_VERSION);
   printf("# date %s, host %s\n", date, host);

@@ -24,11 +24,11 @@
  * Exit: 0 every strategy ran or was refused (and one ran), 1 a failure,
  * 77 no GPU or fewer than 2. */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "gin_comm.cuh"
+#include "opts.h"
 
 #define MAX_SIZES 32
 #define MAX_LIST 8
@@ -49,15 +49,14 @@ struct row { int a2a, size_i, tps, peers; };
 static row rows[MAX_ROWS];
 static int nrows;
 
-struct perf_rec { /* one per row and rank, written atomically (< PIPE_BUF) */
-  int strat, row, rank, stats_ok;
-  double us, host_us;
+/* one per row and rank (set: the strategy); gp_results_t merges them */
+struct perf_rec : gp_rec_t {
+  double host_us;
   uint64_t fences_posted, fences_avoided, blocked_ns;
 };
 
-struct cell {
-  int ranks, stats_ok;
-  double us, host_us;
+struct cell : gp_cell_t {
+  double host_us;
   uint64_t fences_posted, fences_avoided, blocked_ns;
 };
 static cell results[MAX_LIST][MAX_ROWS];
@@ -176,7 +175,7 @@ static int perf_child(int rank, void *arg)
       gc_wait_stream(&w, "ncclAlltoAll", NULL, NULL);
       rec.host_us = time_loop(ev0, ev1, c->iters);
     }
-    rec.strat = c->cur_strat, rec.row = ri, rec.rank = rank;
+    rec.set = c->cur_strat, rec.row = ri, rec.rank = rank;
     if (write(c->pipe_fd, &rec, sizeof(rec)) != (ssize_t)sizeof(rec))
       gc_die(__FILE__, __LINE__, "write(result pipe, %zu bytes): %s", sizeof(rec), strerror(errno));
   }
@@ -193,21 +192,15 @@ static int perf_child(int rank, void *arg)
 
 /* ---- the parent ------------------------------------------------------------- */
 
-static void drain_pipe(void *arg)
+/* The rest of one rank's record of a row into the row's cell. */
+static void fold_rec(const void *r, void *c)
 {
-  int fd = *(int *)arg;
-  perf_rec rec;
-  while (read(fd, &rec, sizeof(rec)) == (ssize_t)sizeof(rec)) {
-    if (rec.strat < 0 || rec.strat >= MAX_LIST || rec.row < 0 || rec.row >= nrows) continue;
-    cell *x = &results[rec.strat][rec.row];
-    x->stats_ok = x->ranks == 0 ? rec.stats_ok : x->stats_ok && rec.stats_ok;
-    x->ranks++;
-    if (rec.us > x->us) x->us = rec.us;
-    if (rec.host_us > x->host_us) x->host_us = rec.host_us;
-    x->fences_posted += rec.fences_posted;
-    x->fences_avoided += rec.fences_avoided;
-    x->blocked_ns += rec.blocked_ns;
-  }
+  const perf_rec *rec = (const perf_rec *)r;
+  cell *x = (cell *)c;
+  if (rec->host_us > x->host_us) x->host_us = rec->host_us;
+  x->fences_posted += rec->fences_posted;
+  x->fences_avoided += rec->fences_avoided;
+  x->blocked_ns += rec->blocked_ns;
 }
 
 static void usage(FILE *f)
@@ -230,36 +223,31 @@ static void usage(FILE *f)
 
 static int parse_args(perf_cfg *c, int argc, char **argv)
 {
-  size_t bmin = 1 << 10, bmax = 1 << 20, factor = 4;
-  const char *tps = "1,8,64", *peers = NULL, *strat = "ordered,target,deferred,drain";
-  int opt, bad = 0, v = 0;
-  c->iters = 20, c->warmup = 5, c->ntiles = 64, c->stall_s = 300;
-  while (!bad && (opt = getopt(argc, argv, "b:e:f:k:n:w:g:t:P:S:T:h")) != -1) {
-    switch (opt) {
-    case 'b': bad = gp_parse_size(optarg, &bmin) || bmin == 0; break;
-    case 'e': bad = gp_parse_size(optarg, &bmax) || bmax == 0; break;
-    case 'f': bad = gp_parse_int(optarg, 2, 1 << 20, &v); factor = (size_t)v; break;
-    case 'k': bad = gp_parse_int(optarg, 1, 1 << 16, &c->ntiles); break;
-    case 'n': bad = gp_parse_int(optarg, 1, 1 << 24, &c->iters); break;
-    case 'w': bad = gp_parse_int(optarg, 0, 1 << 24, &c->warmup); break;
-    case 'g': bad = gp_parse_int(optarg, 2, GP_MAX_RANKS, &c->ngpus); break;
-    case 't': tps = optarg; break;
-    case 'P': peers = optarg; break;
-    case 'S': strat = optarg; break;
-    case 'T': bad = gp_parse_int(optarg, 1, 7 * 24 * 3600, &c->stall_s); break;
-    case 'h': usage(stdout); exit(0);
-    default: usage(stderr); return -1;
-    }
-    if (bad) fprintf(stderr, "perseus_gin_perf: bad value for -%c: '%s'\n", opt, optarg);
-  }
-  if (bad || optind < argc) return -1;
+  size_t bmin, bmax;
+  int factor;
+  const char *tps, *peers = NULL, *strat;
+  const ps_opt_t opts[] = {
+    PS_OPT_SIZE('b', &bmin, "1K", 1, 0),
+    PS_OPT_SIZE('e', &bmax, "1M", 1, 0),
+    PS_OPT_INT('f', &factor, "4", 2, 1 << 20),
+    PS_OPT_INT('k', &c->ntiles, "64", 1, 1 << 16),
+    PS_OPT_INT('n', &c->iters, "20", 1, 1 << 24),
+    PS_OPT_INT('w', &c->warmup, "5", 0, 1 << 24),
+    PS_OPT_INT('g', &c->ngpus, NULL, 2, GP_MAX_RANKS), /* 0: all visible */
+    PS_OPT_STR('t', &tps, "1,8,64"),
+    PS_OPT_STR('P', &peers, NULL), /* NULL: 1 and all others */
+    PS_OPT_STR('S', &strat, "ordered,target,deferred,drain"),
+    PS_OPT_INT('T', &c->stall_s, "300", 1, 7 * 24 * 3600),
+  };
+  ps_opts_parse(argc, argv, "perseus_gin_perf", opts, PS_OPTS_N(opts), usage, 0);
+  if (optind < argc) return -1;
   if (bmin > bmax) {
     fprintf(stderr, "perseus_gin_perf: need -b <= -e\n");
     return -1;
   }
-  for (size_t s = bmin; s <= bmax && c->nsizes < MAX_SIZES; s *= factor) {
+  for (size_t s = bmin; s <= bmax && c->nsizes < MAX_SIZES; s *= (size_t)factor) {
     c->sizes[c->nsizes++] = s;
-    if (s > SIZE_MAX / factor) break;
+    if (s > SIZE_MAX / (size_t)factor) break;
   }
   if ((c->ntps = gp_parse_int_list(tps, 1, 1 << 16, c->tps, MAX_LIST)) < 0) {
     fprintf(stderr, "perseus_gin_perf: bad -t list '%s'\n", tps);
@@ -350,7 +338,6 @@ int main(int argc, char **argv)
 {
   static perf_cfg c;
   if (parse_args(&c, argc, argv)) return 1;
-  setvbuf(stdout, NULL, _IOLBF, 0);
   if (gp_init("perseus_gin_perf")) return 1;
   gp_default_env(stdout);
   int rc0 = gc_probe_gpus(0, &c.ngpus, c.stall_s);
@@ -381,17 +368,15 @@ int main(int argc, char **argv)
 
   int refused[MAX_LIST] = {0}, failed[MAX_LIST] = {0}, host_set = -1, ran = 0;
   for (int s = 0; s < c.nstrat; s++) {
-    int fds[2];
-    if (pipe(fds) || fcntl(fds[0], F_SETFL, O_NONBLOCK)) {
-      fprintf(stderr, "perseus_gin_perf: pipe: %s\n", strerror(errno));
+    gp_results_t res;
+    if (gp_results_open(&res, sizeof(perf_rec), results, sizeof(cell), MAX_LIST, MAX_ROWS,
+                        fold_rec))
       return 1;
-    }
-    c.cur_strat = s, c.pipe_fd = fds[1], c.host_a2a = host_set < 0;
+    c.cur_strat = s, c.pipe_fd = res.fd[1], c.host_a2a = host_set < 0;
     fprintf(stderr, "# strategy %s: %d ranks, %d rows\n", c.strat[s], c.ngpus, nrows);
-    int rc = gp_run(c.ngpus, 0, perf_child, &c, c.stall_s, c.strat[s], drain_pipe, &fds[0], codes);
-    close(fds[1]);
-    drain_pipe(&fds[0]);
-    close(fds[0]);
+    int rc = gp_run(c.ngpus, 0, perf_child, &c, c.stall_s, c.strat[s], gp_results_drain, &res,
+                    codes);
+    gp_results_close(&res);
     for (int r = 0; r < c.ngpus; r++)
       if (codes[r] == GP_EXIT_REFUSED) refused[s] = 1;
     if (rc && !refused[s]) failed[s] = 1;

@@ -22,6 +22,7 @@
 #include <inttypes.h>
 #include <math.h>
 
+#include "opts.h"
 #include "tile_comm.cuh"
 #include "perseus/moe.h"
 
@@ -356,39 +357,26 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-  mp_cfg c;
-  memset(&c, 0, sizeof(c));
-  c.iters = 10, c.warmup = 3, c.path = TT_LSA, c.check = 1, c.watchdog_s = 300, c.seed = 1;
-  const char *mlist = NULL, *tlist = "decode,prefill";
-  int opt, bad = 0;
-  while (!bad && (opt = getopt(argc, argv, "m:t:g:p:n:w:B:S:E:c:G:s:W:h")) != -1) {
-    switch (opt) {
-    case 'm': mlist = optarg; break;
-    case 't': tlist = optarg; break;
-    case 'g': bad = gp_parse_int(optarg, 1, GP_MAX_RANKS, &c.ngpus); break;
-    case 'p':
-      if (!strcmp(optarg, "lsa")) c.path = TT_LSA;
-      else if (!strcmp(optarg, "gin")) c.path = TT_GIN;
-      else bad = 1;
-      break;
-    case 'n': bad = gp_parse_int(optarg, 1, 100000, &c.iters); break;
-    case 'w': bad = gp_parse_int(optarg, 0, 100000, &c.warmup); break;
-    case 'B': bad = gp_parse_int(optarg, 0, 1 << 20, &c.batch); break;
-    case 'S': bad = gp_parse_int(optarg, 0, 1, &c.gin_per_expert); break;
-    case 'E': bad = gp_parse_int(optarg, 1, 1 << 20, &c.experts); break;
-    case 'c': bad = gp_parse_int(optarg, 0, 1, &c.check); break;
-    case 'G': bad = gp_parse_int(optarg, 0, 1, &c.graph); break;
-    case 's': bad = gp_parse_seed(optarg, &c.seed); break;
-    case 'W': bad = gp_parse_int(optarg, 1, 24 * 3600, &c.watchdog_s); break;
-    case 'h': usage(stdout); return 0;
-    default: usage(stderr); return 1;
-    }
-    if (bad) fprintf(stderr, "perseus_moe_perf: bad value for -%c: '%s'\n", opt, optarg);
-  }
-  if (bad || optind < argc) {
-    if (!bad) fprintf(stderr, "perseus_moe_perf: unexpected argument '%s'\n", argv[optind]);
-    return 1;
-  }
+  static mp_cfg c;
+  const char *mlist = NULL, *tlist;
+  static const char *const paths[] = {"lsa", "gin"};
+  static const int path_values[] = {TT_LSA, TT_GIN};
+  const ps_opt_t opts[] = {
+    PS_OPT_STR('m', &mlist, NULL), /* NULL: every preset */
+    PS_OPT_STR('t', &tlist, "decode,prefill"),
+    PS_OPT_INT('g', &c.ngpus, NULL, 1, GP_MAX_RANKS), /* 0: all visible */
+    PS_OPT_NAME('p', &c.path, "lsa", paths, path_values, 2),
+    PS_OPT_INT('n', &c.iters, "10", 1, 100000),
+    PS_OPT_INT('w', &c.warmup, "3", 0, 100000),
+    PS_OPT_INT('B', &c.batch, "0", 0, 1 << 20),
+    PS_OPT_INT('S', &c.gin_per_expert, "0", 0, 1),
+    PS_OPT_INT('E', &c.experts, NULL, 1, 1 << 20), /* 0: the presets' */
+    PS_OPT_INT('c', &c.check, "1", 0, 1),
+    PS_OPT_INT('G', &c.graph, "0", 0, 1),
+    PS_OPT_SEED('s', &c.seed, "1"),
+    PS_OPT_INT('W', &c.watchdog_s, "300", 1, 24 * 3600),
+  };
+  ps_opts_parse(argc, argv, "perseus_moe_perf", opts, PS_OPTS_N(opts), usage, 1);
   int np = 0;
   const ps_moe_preset_t *all = ps_moe_presets(&np);
   char buf[256];
@@ -416,12 +404,9 @@ int main(int argc, char **argv)
     }
     c.tokens[c.nregimes++] = v;
   }
-  setvbuf(stdout, NULL, _IOLBF, 0);
   if (gp_init("perseus_moe_perf")) return 1;
-  tt_set_env(c.path, stdout);
-  int rc = gc_probe_gpus_min(0, 1, &c.ngpus, c.watchdog_s);
+  int rc = tt_start(c.path, 0, 1, &c.ngpus, c.watchdog_s, 1);
   if (rc >= 0) return rc;
-  if ((rc = tt_check_hosts(c.path, 1, "perseus_moe_perf")) >= 0) return rc;
   for (int pi = 0; pi < c.npresets; pi++)
     for (int ti = 0; ti < c.nregimes; ti++) {
       perseus_moe_config_t mc = mp_config(&c, pi, ti);

@@ -21,9 +21,9 @@
  *   fen/t     GIN: of those, signals that fenced behind earlier puts.
  * Exit: 0 every path ran, 1 a failure, 77 no GPU or fewer than 2. */
 #include <errno.h>
-#include <fcntl.h>
 #include <unistd.h>
 
+#include "opts.h"
 #include "tile_comm.cuh"
 
 #define MAX_SIZES 32
@@ -36,15 +36,14 @@ struct perf_cfg {
   int cur_path, pipe_fd; /* per forked set */
 };
 
-struct perf_rec { /* one per row and rank, written atomically (< PIPE_BUF) */
-  int path, row, rank, stats_ok;
-  double us, lat_us;
+/* one per row and rank (set: the path's index in -p); gp_results_t merges them */
+struct perf_rec : gp_rec_t {
+  double lat_us;
   uint64_t tiles, signals, fences, want_signals;
 };
 
-struct cell {
-  int ranks, stats_ok;
-  double us, lat_us;
+struct cell : gp_cell_t {
+  double lat_us;
   uint64_t tiles, signals, fences, want_signals;
 };
 
@@ -129,7 +128,7 @@ static int perf_child(int rank, void *arg)
       uint32_t b = (uint32_t)c->batch[bi];
       perf_rec rec;
       memset(&rec, 0, sizeof(rec));
-      rec.path = c->cur_path, rec.row = si * c->nbatch + bi, rec.rank = rank;
+      rec.set = c->cur_path, rec.row = si * c->nbatch + bi, rec.rank = rank;
       p.fixed_size = (uint32_t)c->sizes[si];
       gp_progress(NULL, rec.row, "size %u, batch %u: tiles/s", p.fixed_size, b);
       p.fixed_tiles = c->ntiles;
@@ -163,21 +162,14 @@ static int perf_child(int rank, void *arg)
   return 0;
 }
 
-static void drain_pipe(void *arg)
+/* The rest of one rank's record of a row into the row's cell. */
+static void fold_rec(const void *r, void *c)
 {
-  int fd = *(int *)arg;
-  perf_rec rec;
-  while (read(fd, &rec, sizeof(rec)) == (ssize_t)sizeof(rec)) {
-    if (rec.path < 0 || rec.path >= TT_PATH_N || rec.row < 0 || rec.row >= MAX_SIZES * MAX_LIST)
-      continue;
-    cell *x = &results[rec.path][rec.row];
-    x->stats_ok = x->ranks == 0 ? rec.stats_ok : x->stats_ok && rec.stats_ok;
-    x->ranks++;
-    if (rec.us > x->us) x->us = rec.us;
-    if (rec.lat_us > x->lat_us) x->lat_us = rec.lat_us;
-    x->tiles += rec.tiles, x->signals += rec.signals, x->fences += rec.fences;
-    x->want_signals += rec.want_signals;
-  }
+  const perf_rec *rec = (const perf_rec *)r;
+  cell *x = (cell *)c;
+  if (rec->lat_us > x->lat_us) x->lat_us = rec->lat_us;
+  x->tiles += rec->tiles, x->signals += rec->signals, x->fences += rec->fences;
+  x->want_signals += rec->want_signals;
 }
 
 static void usage(FILE *f)
@@ -198,36 +190,27 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-  perf_cfg c;
-  memset(&c, 0, sizeof(c));
-  c.iters = 50, c.warmup = 5, c.ntiles = 64, c.ctas = 8, c.coop = TT_COOP_CTA, c.stall_s = 120;
-  size_t bmin = 4 << 10, bmax = 1 << 20;
-  int factor = 4, opt, bad = 0;
-  const char *blist = "1,8,64", *plist = "lsa,tma,gin";
-  while (!bad && (opt = getopt(argc, argv, "b:e:f:g:n:w:B:p:t:c:C:W:h")) != -1) {
-    switch (opt) {
-    case 'b': bad = gp_parse_size(optarg, &bmin) || bmin == 0; break;
-    case 'e': bad = gp_parse_size(optarg, &bmax) || bmax == 0 || bmax > (64u << 20); break;
-    case 'f': bad = gp_parse_int(optarg, 2, 1024, &factor); break;
-    case 'g': bad = gp_parse_int(optarg, 2, GP_MAX_RANKS, &c.ngpus); break;
-    case 'n': bad = gp_parse_int(optarg, 1, 1 << 24, &c.iters); break;
-    case 'w': bad = gp_parse_int(optarg, 0, 1 << 20, &c.warmup); break;
-    case 'B': blist = optarg; break;
-    case 'p': plist = optarg; break;
-    case 't': bad = gp_parse_int(optarg, 1, 4096, &c.ntiles); break;
-    case 'c': bad = gp_parse_int(optarg, 1, 1024, &c.ctas); break;
-    case 'C':
-      if (!strcmp(optarg, "cta")) c.coop = TT_COOP_CTA;
-      else if (!strcmp(optarg, "warp")) c.coop = TT_COOP_WARP;
-      else bad = 1;
-      break;
-    case 'W': bad = gp_parse_int(optarg, 1, 24 * 3600, &c.stall_s); break;
-    case 'h': usage(stdout); return 0;
-    default: usage(stderr); return 1;
-    }
-    if (bad) fprintf(stderr, "perseus_tile_perf: bad value for -%c: '%s'\n", opt, optarg);
-  }
-  if (bad) return 1;
+  static perf_cfg c;
+  size_t bmin, bmax;
+  int factor;
+  const char *blist, *plist;
+  static const char *const coops[] = {"cta", "warp"};
+  static const int coop_values[] = {TT_COOP_CTA, TT_COOP_WARP};
+  const ps_opt_t opts[] = {
+    PS_OPT_SIZE('b', &bmin, "4K", 1, 0),
+    PS_OPT_SIZE('e', &bmax, "1M", 1, 64u << 20),
+    PS_OPT_INT('f', &factor, "4", 2, 1024),
+    PS_OPT_INT('g', &c.ngpus, NULL, 2, GP_MAX_RANKS), /* 0: all visible */
+    PS_OPT_INT('n', &c.iters, "50", 1, 1 << 24),
+    PS_OPT_INT('w', &c.warmup, "5", 0, 1 << 20),
+    PS_OPT_STR('B', &blist, "1,8,64"),
+    PS_OPT_STR('p', &plist, "lsa,tma,gin"),
+    PS_OPT_INT('t', &c.ntiles, "64", 1, 4096),
+    PS_OPT_INT('c', &c.ctas, "8", 1, 1024),
+    PS_OPT_NAME('C', &c.coop, "cta", coops, coop_values, 2),
+    PS_OPT_INT('W', &c.stall_s, "120", 1, 24 * 3600),
+  };
+  ps_opts_parse(argc, argv, "perseus_tile_perf", opts, PS_OPTS_N(opts), usage, 0);
   if (bmin > bmax || optind < argc) {
     fprintf(stderr, "perseus_tile_perf: need -b <= -e and no extra arguments\n");
     return 1;
@@ -251,13 +234,12 @@ int main(int argc, char **argv)
     c.paths[c.npaths++] = pth;
   }
   if (c.npaths == 0) return 1;
-  setvbuf(stdout, NULL, _IOLBF, 0);
   if (gp_init("perseus_tile_perf")) return 1;
-  tt_set_env(TT_GIN, stdout); /* the probe needs EAGER too; each set resets its own */
-  int rc0 = gc_probe_gpus(0, &c.ngpus, c.stall_s);
+  /* the probe needs EAGER too (GIN's environment); each set sets its own */
+  int rc0 = tt_start(TT_GIN, 0, 2, &c.ngpus, c.stall_s, 0);
   if (rc0 >= 0) return rc0;
   for (int pi = 0; pi < c.npaths; pi++)
-    if ((rc0 = tt_check_hosts(c.paths[pi], 0, "perseus_tile_perf")) >= 0) return rc0;
+    if ((rc0 = tt_check_hosts(c.paths[pi], 0)) >= 0) return rc0;
   int codes[GP_MAX_RANKS];
   char host[256] = "?";
   gethostname(host, sizeof(host) - 1);
@@ -272,17 +254,15 @@ int main(int argc, char **argv)
 
   int ran[TT_PATH_N] = {0}, failed = 0;
   for (int pi = 0; pi < c.npaths; pi++) {
-    int fds[2];
-    if (pipe(fds) || fcntl(fds[0], F_SETFL, O_NONBLOCK)) {
-      fprintf(stderr, "perseus_tile_perf: pipe: %s\n", strerror(errno));
+    gp_results_t res;
+    if (gp_results_open(&res, sizeof(perf_rec), results, sizeof(cell), TT_PATH_N,
+                        MAX_SIZES * MAX_LIST, fold_rec))
       return 1;
-    }
     tt_set_env(c.paths[pi], stdout); /* the parent's environment is what the set inherits */
-    c.cur_path = pi, c.pipe_fd = fds[1];
+    c.cur_path = pi, c.pipe_fd = res.fd[1];
     int rc = gp_run(c.ngpus, 0, perf_child, &c, c.stall_s, tt_path_names[c.paths[pi]],
-                    drain_pipe, &fds[0], codes);
-    drain_pipe(&fds[0]);
-    close(fds[0]), close(fds[1]);
+                    gp_results_drain, &res, codes);
+    gp_results_close(&res);
     ran[pi] = rc == 0;
     if (rc) {
       failed = 1;

@@ -16,42 +16,25 @@
 #include <nccl.h>
 #include <nccl_device.h>
 
+#include "check_call.h"
 #include "gin_proc.h"
+#include "proc.h"
 
 static ncclComm_t gc_comm_for_errors; /* for ncclGetLastError in messages */
 
 __attribute__((format(printf, 3, 4), noreturn))
 static inline void gc_die(const char *file, int line, const char *fmt, ...)
 {
-  char msg[1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  if (gp_rank < 0)
-    fprintf(stderr, "%s: GPU probe: %s (%s:%d)\n", gp_prog, msg, file, line);
-  else
-    fprintf(stderr, "%s: rank %d (GPU %d): %s (%s:%d)\n", gp_prog, gp_rank, gp_rank, msg, file,
-            line);
-  gp_raise_abort();
-  fflush(NULL);
-  _exit(1);
+  ps_proc_child_vdie(gp_prog, NULL, gp_rank, &gp_sh->abort_flag, 1, file, line, fmt, ap);
 }
 
-/* GC_CUDA(call, "fmt", values...): the call, its values, CUDA's verdict. */
-#define GC_CUDA(call, fmt, ...) do {                                              \
-    cudaError_t e_ = (call);                                                      \
-    if (e_ != cudaSuccess)                                                        \
-      gc_die(__FILE__, __LINE__, "%s (" fmt ") failed: %s: %s", #call,            \
-             ##__VA_ARGS__, cudaGetErrorName(e_), cudaGetErrorString(e_));        \
-  } while (0)
-
-#define GC_NCCL(call, fmt, ...) do {                                              \
-    ncclResult_t r_ = (call);                                                     \
-    if (r_ != ncclSuccess)                                                        \
-      gc_die(__FILE__, __LINE__, "%s (" fmt ") failed: %s (last error: %s)", #call, \
-             ##__VA_ARGS__, ncclGetErrorString(r_), ncclGetLastError(gc_comm_for_errors)); \
-  } while (0)
+/* GC_CUDA(call, "fmt", values...): the call, its values, CUDA's verdict;
+ * GC_NCCL likewise with NCCL's (check_call.h). */
+#define GC_CUDA(call, fmt, ...) PS_CHECK_CUDA(gc_die, call, #call, " (" fmt ")", ##__VA_ARGS__)
+#define GC_NCCL(call, fmt, ...) \
+  PS_CHECK_NCCL(gc_die, gc_comm_for_errors, call, #call, " (" fmt ")", ##__VA_ARGS__)
 
 struct gc_world {
   int rank, nranks;
@@ -360,9 +343,9 @@ __global__ void gc_barrier_kernel(ncclDevComm dc, ncclGinBarrierHandle bar)
 
 /* Zeroes the first nsignals signals and ncounters counters in every GIN
  * context. Only safe when no put that adds to them is in flight. */
-/* User signals start at GC_SIG_FIRST: NCCL 2.28.9 returned the world GIN
- * barrier's handle with signal0 = 0 on the GPU host, so signal 0 is left to
- * the barrier (its epochs must never be reset). */
+/* User signals start at GC_SIG_FIRST: NCCL 2.28.9 may give the world GIN
+ * barrier signal0 = 0, so signal 0 is left to the barrier (its epochs must
+ * never be reset). */
 #define GC_SIG_FIRST 1
 
 __global__ void gc_reset_kernel(ncclDevComm dc, int nsignals, int ncounters)

@@ -82,8 +82,9 @@ void gt_plan_pair(const struct gt_cfg *c, int mode, int iter, int src, int dst, 
   if (mode == GT_MODE_ALLTOALL) p->exp_inc = (uint64_t)iter + 1;
 }
 
-int gt_set_modes(struct gt_cfg *c, const char *arg)
+int gt_set_modes(void *cfg, const char *arg)
 {
+  struct gt_cfg *c = cfg;
   char buf[128], *save = NULL;
   if (snprintf(buf, sizeof(buf), "%s", arg) >= (int)sizeof(buf)) return -1;
   memset(c->mode_on, 0, sizeof(c->mode_on));
@@ -94,14 +95,4 @@ int gt_set_modes(struct gt_cfg *c, const char *arg)
     if (!found) return -1;
   }
   return 0;
-}
-
-int gt_set_sigmode(struct gt_cfg *c, const char *arg)
-{
-  for (int k = 0; k < GT_SIG_N; k++)
-    if (!strcmp(arg, gt_sig_names[k])) {
-      c->sigmode = k;
-      return 0;
-    }
-  return -1;
 }

@@ -51,9 +51,9 @@ struct gt_peer {
 
 /* Signals (by source rank s of n), from GT_SIG_FIRST: put uses s
  * (SignalInc) and n + s (SignalAdd), alltoall 2n + s; counters: one per
- * destination. Signal 0 is left alone: with NCCL 2.28.9 the world GIN
- * barrier's handle came back with signal0 = 0 (seen on the GPU host), so a
- * user signal 0 would also count the barrier's increments (gin_comm.cuh). */
+ * destination. Signal 0 is left alone: NCCL 2.28.9 may give the world GIN
+ * barrier signal0 = 0, and a user signal 0 would then also count the
+ * barrier's increments (gin_comm.cuh). */
 #define GT_SIG_FIRST 1 /* = GC_SIG_FIRST */
 static inline int gt_signal_count(int n) { return GT_SIG_FIRST + 3 * n; }
 static inline int gt_counter_count(int n) { return n; }
@@ -67,9 +67,9 @@ size_t gt_region_bytes(const struct gt_cfg *c);
 void gt_plan_pair(const struct gt_cfg *c, int mode, int iter, int src, int dst, int n,
                   struct gt_peer *p, struct gt_tile *t);
 
-/* -o and -m values; -1 when unknown */
-int gt_set_modes(struct gt_cfg *c, const char *arg);
-int gt_set_sigmode(struct gt_cfg *c, const char *arg);
+/* -o: a comma-separated list of gt_mode_names or "all" sets mode_on of the
+ * struct gt_cfg at cfg (a PS_OPT_FN parser, opts.h); -1 when unknown */
+int gt_set_modes(void *cfg, const char *arg);
 
 #ifdef __cplusplus
 }

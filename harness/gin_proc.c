@@ -3,18 +3,17 @@
  * Nothing here calls CUDA or NCCL. */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
-#include <link.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "dl_find.h"
 #include "gin_proc.h"
 #include "proc.h"
 #include "size_parse.h"
@@ -35,19 +34,15 @@ double gp_now(void) { return ps_proc_now(); }
 
 int gp_init(const char *prog)
 {
+  setvbuf(stdout, NULL, _IOLBF, 0);
   gp_prog = prog;
-  gp_sh = mmap(NULL, sizeof(*gp_sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (gp_sh == MAP_FAILED) {
+  gp_sh = ps_proc_shared_map(sizeof(*gp_sh));
+  if (!gp_sh) {
     fprintf(stderr, "%s: mmap(%zu bytes, MAP_SHARED|MAP_ANONYMOUS): %s\n", prog, sizeof(*gp_sh),
             strerror(errno));
     return -1;
   }
-  memset(gp_sh, 0, sizeof(*gp_sh));
-  struct sigaction sa;
-  memset(&sa, 0, sizeof(sa));
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
+  ps_proc_catch_signals(on_signal);
   return 0;
 }
 
@@ -231,11 +226,60 @@ int gp_run(int nproc, int probe, gp_child_fn fn, void *arg, double stall_s, cons
   return 0;
 }
 
+int gp_run_test(int nproc, gp_child_fn fn, void *arg, double stall_s, const char *what,
+                long long *mismatches, double *secs)
+{
+  int codes[GP_MAX_RANKS];
+  double t0 = gp_now();
+  int failed = gp_run(nproc, 0, fn, arg, stall_s, what, NULL, NULL, codes);
+  *mismatches = 0;
+  for (int r = 0; r < nproc && r < GP_MAX_RANKS; r++) *mismatches += gp_sh->slot[r].mismatches;
+  *secs = gp_now() - t0;
+  return failed || *mismatches ? -1 : 0;
+}
+
+int gp_results_open(gp_results_t *r, size_t rec_size, void *cells, size_t cell_size, int nsets,
+                    int nrows, void (*fold)(const void *rec, void *cell))
+{
+  r->rec_size = rec_size, r->cells = cells, r->cell_size = cell_size;
+  r->nsets = nsets, r->nrows = nrows, r->fold = fold;
+  if (rec_size < sizeof(gp_rec_t) || rec_size > PIPE_BUF) {
+    fprintf(stderr, "%s: result records of %zu bytes: not %zu..PIPE_BUF\n", gp_prog, rec_size,
+            sizeof(gp_rec_t));
+    return -1;
+  }
+  if (pipe(r->fd) || fcntl(r->fd[0], F_SETFL, O_NONBLOCK)) {
+    fprintf(stderr, "%s: pipe: %s\n", gp_prog, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+void gp_results_drain(void *arg)
+{
+  gp_results_t *r = arg;
+  union { max_align_t align; gp_rec_t head; unsigned char bytes[PIPE_BUF]; } rec;
+  while (read(r->fd[0], rec.bytes, r->rec_size) == (ssize_t)r->rec_size) {
+    const gp_rec_t *h = &rec.head;
+    if (h->set < 0 || h->set >= r->nsets || h->row < 0 || h->row >= r->nrows) continue;
+    gp_cell_t *x = (gp_cell_t *)((char *)r->cells +
+                                 ((size_t)h->set * (size_t)r->nrows + (size_t)h->row) * r->cell_size);
+    x->stats_ok = x->ranks == 0 ? h->stats_ok : x->stats_ok && h->stats_ok;
+    x->ranks++;
+    if (h->us > x->us) x->us = h->us;
+    r->fold(rec.bytes, x);
+  }
+}
+
+void gp_results_close(gp_results_t *r)
+{
+  gp_results_drain(r);
+  close(r->fd[0]), close(r->fd[1]);
+}
+
 /* ---- options -------------------------------------------------------------- */
 
 /* the parsers themselves are shared with the other programs (size_parse.c) */
-int gp_parse_size(const char *s, size_t *out) { return sp_parse_size(s, 0, out); }
-
 int gp_parse_int(const char *s, long lo, long hi, int *out)
 {
   return sp_parse_int(s, lo, hi, out);
@@ -253,15 +297,6 @@ int gp_parse_int_list(const char *s, long lo, long hi, int *out, int max)
   return n > 0 ? n : -1;
 }
 
-int gp_parse_seed(const char *s, uint64_t *out)
-{
-  char *end;
-  errno = 0;
-  *out = strtoull(s, &end, 0);
-  return errno || end == s || *end;
-}
-
-uint64_t gp_clock_seed(void) { return (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid(); }
 
 /* ---- environment ---------------------------------------------------------- */
 
@@ -301,7 +336,8 @@ void gp_default_env(FILE *f)
   setenv("NCCL_GIN_TYPE", "2", 0); /* NCCL_NET_DEVICE_GIN_PROXY */
   /* Lazy module loading deadlocks the staging path: launching a not yet
    * loaded kernel behind one that waits for GIN signals stalls the plugin's
-   * copies and signal writes (seen on H200, CUDA 13.0), so nothing arrives. */
+   * copies and signal writes, so nothing arrives; every module loads at
+   * start instead. */
   setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   default_plugin();
   static const char *const names[] = {
@@ -331,16 +367,6 @@ int gp_test_hosts(int *hosts)
 
 /* ---- plugin statistics ---------------------------------------------------- */
 
-static int find_plugin_path(struct dl_phdr_info *info, size_t size, void *out)
-{
-  (void)size;
-  if (info->dlpi_name && strstr(info->dlpi_name, "libnccl-net-perseus")) {
-    snprintf(out, PATH_MAX, "%s", info->dlpi_name);
-    return 1;
-  }
-  return 0;
-}
-
 typedef int (*gp_process_stats_fn)(perseus_rma_peer_stats_t *, size_t);
 
 int gp_rma_stats(perseus_rma_peer_stats_t *out)
@@ -352,7 +378,7 @@ int gp_rma_stats(perseus_rma_peer_stats_t *out)
     void *h = dlopen(GP_PLUGIN_BASENAME, RTLD_NOW | RTLD_NOLOAD);
     if (!h) { /* NCCL_NET_PLUGIN named a path: find the loaded copy by name */
       char path[PATH_MAX] = "";
-      if (dl_iterate_phdr(find_plugin_path, path) && path[0])
+      if (ps_dl_find("libnccl-net-perseus", path, sizeof(path)) == 0 && path[0])
         h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
     }
     if (h) *(void **)&fn = dlsym(h, "perseus_rma_process_stats"); /* h stays open */

@@ -50,7 +50,8 @@ extern struct gp_shared *gp_sh; /* mapped by gp_init() */
 extern int gp_rank;             /* in a child: its rank; -1 in the parent and the probe */
 extern const char *gp_prog;     /* program name for messages */
 
-/* Maps the shared area; call once in the parent before any fork. */
+/* Line-buffers stdout (the parent's lines and the ranks' interleave whole)
+ * and maps the shared area; call once in the parent before any fork. */
 int gp_init(const char *prog);
 double gp_now(void);
 
@@ -69,6 +70,38 @@ typedef void (*gp_tick_fn)(void *arg);
 int gp_run(int nproc, int probe, gp_child_fn fn, void *arg, double stall_s, const char *what,
            gp_tick_fn tick, void *tick_arg, int *codes);
 
+/* A test's rank set: gp_run (no probe, no tick) timed, then the mismatches
+ * every rank counted in its slot, totalled into *mismatches, and the seconds
+ * it took into *secs. Returns 0 when every rank exited 0 and none counted a
+ * mismatch, else -1. */
+int gp_run_test(int nproc, gp_child_fn fn, void *arg, double stall_s, const char *what,
+                long long *mismatches, double *secs);
+
+/* A benchmark's results through a pipe. Every record starts with a gp_rec_t:
+ * the set (a strategy, a path) and row it belongs to, the rank that sent it,
+ * whether that rank read the plugin's statistics, and its time. The ranks of
+ * a set write whole records (rec_size <= PIPE_BUF, so each write is atomic)
+ * to fd[1], inherited across the fork. The parent merges each record, as it
+ * arrives (gp_results_drain as gp_run's tick) and at gp_results_close, into
+ * its cell of cells[nsets][nrows] (cell_size bytes each, starting with a
+ * gp_cell_t): one more rank, stats_ok while every rank's is, the slowest
+ * rank's time; then fold(rec, cell) adds the rest. A record of no cell is
+ * dropped. */
+typedef struct { int set, row, rank, stats_ok; double us; } gp_rec_t;
+typedef struct { int ranks, stats_ok; double us; } gp_cell_t;
+typedef struct {
+  int fd[2];
+  size_t rec_size, cell_size;
+  void *cells;
+  int nsets, nrows;
+  void (*fold)(const void *rec, void *cell);
+} gp_results_t;
+/* Returns 0, or -1 after saying why there is no pipe. */
+int gp_results_open(gp_results_t *r, size_t rec_size, void *cells, size_t cell_size, int nsets,
+                    int nrows, void (*fold)(const void *rec, void *cell));
+void gp_results_drain(void *r);
+void gp_results_close(gp_results_t *r);
+
 /* In a child: where it is now; fmt NULL keeps the stage text. Counts as a
  * sign of progress (refreshes the beat). */
 void gp_progress(const char *mode, int iter, const char *fmt, ...)
@@ -83,15 +116,10 @@ int gp_barrier(int n);
 void gp_publish_id(const void *id, size_t len);
 int gp_wait_id(void *id, size_t len);
 
-/* Option values. Sizes take K/M/G suffixes (powers of 2). */
-int gp_parse_size(const char *s, size_t *out);
+/* Option values (the options themselves: opts.h). */
 int gp_parse_int(const char *s, long lo, long hi, int *out);
 /* Comma-separated integers in [lo, hi]; returns the count or -1. */
 int gp_parse_int_list(const char *s, long lo, long hi, int *out, int max);
-/* A seed: any unsigned 64-bit number strtoull reads (base 0). */
-int gp_parse_seed(const char *s, uint64_t *out);
-/* The default seed: from the clock and the pid. */
-uint64_t gp_clock_seed(void);
 
 /* NCCL environment for GIN over the plugin: sets NCCL_P2P_DISABLE=1,
  * NCCL_SHM_DISABLE=1, NCCL_NVLS_ENABLE=0 and NCCL_GIN_TYPE=2 (proxy) where

@@ -3,8 +3,10 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -18,6 +20,21 @@ double ps_proc_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void *ps_proc_shared_map(size_t bytes) {
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  memset(p, 0, bytes);
+  return p;
+}
+
+void ps_proc_catch_signals(void (*handler)(int)) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = handler;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
 }
 
 static void kill_all(const pid_t *pids, int n) {
@@ -104,4 +121,18 @@ int ps_proc_reap(const ps_proc_set_t *s, pid_t *pids, int n, int *codes) {
     nanosleep(&ts, NULL);
   }
   return failed ? -1 : 0;
+}
+
+void ps_proc_child_vdie(const char *prog, const char *tag, int rank, int *abort_flag, int flush,
+                        const char *file, int line, const char *fmt, va_list ap) {
+  char msg[1024];
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  if (rank < 0)
+    fprintf(stderr, "%s: GPU probe: %s (%s:%d)\n", prog, msg, file, line);
+  else
+    fprintf(stderr, "%s: %s%s%srank %d (GPU %d): %s (%s:%d)\n", prog, tag ? "[" : "",
+            tag ? tag : "", tag ? "] " : "", rank, rank, msg, file, line);
+  __atomic_store_n(abort_flag, 1, __ATOMIC_RELEASE);
+  if (flush) fflush(NULL);
+  _exit(1);
 }

@@ -6,6 +6,7 @@
 #ifndef PS_HARNESS_PROC_H
 #define PS_HARNESS_PROC_H
 
+#include <stdarg.h>
 #include <sys/types.h>
 
 #ifdef __cplusplus
@@ -33,6 +34,15 @@ typedef struct {
 
 double ps_proc_now(void); /* CLOCK_MONOTONIC, seconds */
 
+/* A zeroed MAP_SHARED anonymous mapping of `bytes`, made before the fork so
+ * that the parent and its children see one copy; NULL (errno set) when mmap
+ * refuses. */
+void *ps_proc_shared_map(size_t bytes);
+
+/* In the parent: SIGINT and SIGTERM go to handler (which notes the signal;
+ * the caller's tick then stops the set). The children restore the defaults. */
+void ps_proc_catch_signals(void (*handler)(int));
+
 /* Forks n children running fn(index, arg), each restoring the default
  * SIGINT/SIGTERM handling and dying with the parent. Returns 0, or -1 after
  * saying why and killing and reaping those already forked. */
@@ -42,6 +52,16 @@ int ps_proc_spawn(const ps_proc_set_t *s, int n, ps_proc_fn fn, void *arg, pid_t
  * gets each one's code as ended() sees it (-1: never reaped). Returns 0 when
  * nothing failed the set. */
 int ps_proc_reap(const ps_proc_set_t *s, pid_t *pids, int n, int *codes);
+
+/* In a forked child that cannot go on: says on stderr what failed and where,
+ *   "<prog>: GPU probe: <msg> (<file>:<line>)"                  rank < 0
+ *   "<prog>: [<tag>] rank <rank> (GPU <rank>): <msg> (<file>:<line>)"
+ * ("[<tag>] " only where tag is not NULL; rank r runs on GPU r), raises the
+ * set's shared *abort_flag so the other ranks leave quietly, flushes stdio
+ * where flush is nonzero, and _exit(1)s. */
+__attribute__((noreturn, format(printf, 8, 0)))
+void ps_proc_child_vdie(const char *prog, const char *tag, int rank, int *abort_flag, int flush,
+                        const char *file, int line, const char *fmt, va_list ap);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,7 @@
  * the context (v13/v14); test on the collComm in every version. */
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ps_driver_gin.h"
@@ -25,6 +26,17 @@ static int conn_index;     /* connectionId (v12) / context index (v13/v14) */
 #define T14 ((const ncclRma_v14_t *)tbl)
 
 void drv_gin_set_index(int index) { conn_index = index; }
+
+int drv_gin_opt(int opt, const char *arg, const char **abi, const char **plugin,
+                const char **scenario, int *nranks) {
+  switch (opt) {
+  case 'a': *abi = arg; return 1;
+  case 'p': *plugin = arg; return 1;
+  case 's': *scenario = arg; return 1;
+  case 'r': *nranks = atoi(arg); return 1;
+  default: return 0;
+  }
+}
 
 /* What NCCL passes where the table wants the collComm: the adapters take the
  * context for v13/v14, so map it back. */

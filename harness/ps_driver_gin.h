@@ -35,6 +35,12 @@ typedef struct {
   perseus_rma_ordering_fn ordering;
 } drv_gin_t;
 
+/* The options every test of the one-sided tables takes, in its getopt loop:
+ * -a ABI, -p PLUGIN, -s SCENARIO (the argument itself) and -r RANKS (atoi).
+ * Returns 1 when opt is one of them (its value stored), else 0. */
+int drv_gin_opt(int opt, const char *arg, const char **abi, const char **plugin,
+                const char **scenario, int *nranks);
+
 /* Loads the plugin (`path`, else PERSEUS_PLUGIN_PATH, else the build's) and
  * the table named `abi`; init + devices (> 0) + getProperties. 0, or prints
  * why and -1. */

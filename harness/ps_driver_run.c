@@ -182,9 +182,8 @@ int drv_run(const drv_opts_t *o, drv_rank_fn fn, void *arg) {
     return -1;
   }
   size_t bytes = sizeof(drv_shared_t) + o->shared_bytes;
-  drv_shared_t *sh = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (sh == MAP_FAILED) return -1;
-  memset(sh, 0, sizeof *sh);
+  drv_shared_t *sh = ps_proc_shared_map(bytes);
+  if (!sh) return -1;
   sh->nranks = o->nranks;
   void *user = (char *)sh + sizeof *sh;
   run_t run = {.o = o, .sh = sh, .user = user, .fn = fn, .arg = arg,

@@ -40,3 +40,13 @@ int sp_parse_int(const char *s, long lo, long hi, int *out)
   *out = (int)v;
   return 0;
 }
+
+int sp_parse_u64(const char *s, uint64_t *out)
+{
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 0);
+  if (errno || end == s || *end) return -1;
+  *out = (uint64_t)v;
+  return 0;
+}

@@ -4,6 +4,7 @@
 #define PERSEUS_SIZE_PARSE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -15,6 +16,9 @@ extern "C" {
 int sp_parse_size(const char *s, int allow_t, size_t *out);
 /* A decimal integer in [lo, hi]; returns 0 and sets *out, or -1. */
 int sp_parse_int(const char *s, long lo, long hi, int *out);
+/* Any unsigned 64-bit number strtoull reads (base 0: 0x.. hex, 0.. octal);
+ * returns 0 and sets *out, or -1. */
+int sp_parse_u64(const char *s, uint64_t *out);
 
 #ifdef __cplusplus
 }

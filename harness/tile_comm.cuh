@@ -57,14 +57,26 @@ static inline void tt_set_env(int path, FILE *f)
  * one rank refuses it, and so does a program that wants every peer on
  * NVLink (mixed = 0; the MoE programs take a mix: NVLink within a host, GIN
  * across). Returns -1 to go on, else main's exit status. */
-static inline int tt_check_hosts(int path, int mixed, const char *prog)
+static inline int tt_check_hosts(int path, int mixed)
 {
   if (!gp_sh->hosts || path == TT_GIN || (mixed && gp_sh->host_ranks > 1)) return -1;
   fprintf(stderr, "%s: -p %s with PERSEUS_TEST_HOSTS=%d (%d rank(s) per host): %s; use -p gin\n",
-          prog, tt_path_names[path], gp_sh->hosts, gp_sh->host_ranks,
+          gp_prog, tt_path_names[path], gp_sh->hosts, gp_sh->host_ranks,
           gp_sh->host_ranks > 1 ? "this program needs every peer on NVLink"
                                 : "a rank alone on its host has no NVLink peer");
   return 1;
+}
+
+/* The parent's start on one path, after gp_init: the path's environment
+ * (tt_set_env, said on stdout), the GPU probe (gc_probe_gpus_min: at least
+ * min_gpus; *ngpus settled) and the pretend hosts checked for the path
+ * (tt_check_hosts). Returns -1 to go on, else main's exit status. */
+static inline int tt_start(int path, int detail, int min_gpus, int *ngpus, double stall_s,
+                           int mixed)
+{
+  tt_set_env(path, stdout);
+  int rc = gc_probe_gpus_min(detail, min_gpus, ngpus, stall_s);
+  return rc >= 0 ? rc : tt_check_hosts(path, mixed);
 }
 
 /* ---- the tile plan --------------------------------------------------------

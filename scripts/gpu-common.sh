@@ -2,11 +2,26 @@
 # Shared by scripts/gpu-gin.sh, gpu-tile.sh and gpu-moe.sh (sourced, not run):
 # the build check, NCCL and libfabric discovery, the environment both set up,
 # env.txt and the GPU count, one logged run with its verdict, and the summary.
-# The sourcing script sets GPU_SCRIPT (its name, for messages), LOGDIR, BUILD,
-# TEST_BIN, PLUGIN_DIR, PYTHON and RUN_TIMEOUT first, GPU_ENV_FABRIC (1: env.txt
-# names the plugin's libfabric), and for run() RUN_NAME_WIDTH (the name column)
-# and RUN_GREP (what a failed run's log shows); GPU_MIN (default 2) is the
-# fewest GPUs worth running on.
+# The sourcing script calls gpu_paths first, sets RUN_TIMEOUT, GPU_ENV_FABRIC
+# (1: env.txt names the plugin's libfabric), and for run() RUN_NAME_WIDTH (the
+# name column) and RUN_GREP (what a failed run's log shows); GPU_MIN (default
+# 2) is the fewest GPUs worth running on.
+
+# gpu_paths KIND [LOGDIR [BUILDDIR]]: the script's arguments and where the
+# programs are: sets GPU_SCRIPT (gpu-KIND.sh, for messages), LOGDIR (default
+# ./KIND-logs), BUILD (default $PERSEUS_BUILD_DIR, else build), TEST_BIN
+# (test/gpu/perseus_KIND_test), PERF_BIN (bench/perseus_KIND_perf),
+# PLUGIN_DIR and PYTHON (default python3).
+gpu_paths() {
+  GPU_SCRIPT=gpu-$1.sh
+  LOGDIR=${2:-./$1-logs}
+  BUILD=${3:-${PERSEUS_BUILD_DIR:-build}}
+  TEST_BIN=$BUILD/test/gpu/perseus_$1_test
+  # shellcheck disable=SC2034  # PERF_BIN is for the sourcing script
+  PERF_BIN=$BUILD/bench/perseus_$1_perf
+  PLUGIN_DIR=$BUILD/plugin
+  PYTHON=${PYTHON:-python3}
+}
 
 # ldconfig -p, where there is one (quietly nothing otherwise)
 gpu_ldconfig_p() {
@@ -14,11 +29,11 @@ gpu_ldconfig_p() {
     /sbin/ldconfig -p 2>/dev/null || true
 }
 
-# gpu_need_built HINT FILE...: exit 1 unless every FILE exists (HINT ends the
-# "build first (...)" advice), then makes LOGDIR.
+# gpu_need_built HINT FILE...: exit 1 unless every FILE and the plugin exist
+# (HINT ends the "build first (...)" advice), then makes LOGDIR.
 gpu_need_built() {
   local hint=$1 f; shift
-  for f in "$@"; do
+  for f in "$@" "$PLUGIN_DIR/libnccl-net-perseus.so"; do
     if [ ! -e "$f" ]; then
       echo "$GPU_SCRIPT: $f not found; build first (meson setup $BUILD && ninja -C $BUILD$hint)" >&2
       exit 1
@@ -53,11 +68,14 @@ gpu_find_fabric() {
   fi
 }
 
-# The environment both scripts run under: the plugin, NCCL and libfabric on
-# LD_LIBRARY_PATH, the perseus plugin, its provider and interface. Each script
-# exports its own NCCL path variables besides.
+# The environment every script runs under: NCCL (nccl_lib, gpu_find_nccl) and
+# libfabric (fab_dir, gpu_find_fabric) found, the plugin, NCCL and libfabric
+# on LD_LIBRARY_PATH, the perseus plugin, its provider and interface. Each
+# script exports its own NCCL path variables besides.
 gpu_export_env() {
   local ld
+  gpu_find_nccl
+  gpu_find_fabric
   ld="$(cd "$PLUGIN_DIR" && pwd)${nccl_lib:+:$nccl_lib}${fab_dir:+:$fab_dir}"
   export LD_LIBRARY_PATH="$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export NCCL_NET_PLUGIN=perseus

@@ -22,29 +22,19 @@
 # than 2 GPUs.
 set -uo pipefail
 
-LOGDIR=${1:-./gin-logs}
-BUILD=${2:-${PERSEUS_BUILD_DIR:-build}}
-TEST_BIN=$BUILD/test/gpu/perseus_gin_test
-PERF_BIN=$BUILD/bench/perseus_gin_perf
-PLUGIN_DIR=$BUILD/plugin
-PYTHON=${PYTHON:-python3}
-STRATEGIES=${GIN_STRATEGIES:-ordered target deferred drain}
-RUN_TIMEOUT=${GIN_RUN_TIMEOUT:-1800}
-
-GPU_SCRIPT=gpu-gin.sh RUN_NAME_WIDTH=44 GPU_ENV_FABRIC=1
-RUN_GREP='mismatch|watchdog|failed|error|refused|where each rank'
 # shellcheck source=scripts/gpu-common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh" || exit 1
+gpu_paths gin "$@"
+STRATEGIES=${GIN_STRATEGIES:-ordered target deferred drain}
+RUN_TIMEOUT=${GIN_RUN_TIMEOUT:-1800} RUN_NAME_WIDTH=44 GPU_ENV_FABRIC=1
+RUN_GREP='mismatch|watchdog|failed|error|refused|where each rank'
 
-gpu_need_built ", on a machine with nvcc and NCCL 2.28 headers" \
-  "$TEST_BIN" "$PERF_BIN" "$PLUGIN_DIR/libnccl-net-perseus.so"
-gpu_find_nccl
+gpu_need_built ", on a machine with nvcc and NCCL 2.28 headers" "$TEST_BIN" "$PERF_BIN"
+gpu_export_env
 if [ -n "$nccl_lib" ] && [ ! -e "$nccl_lib/libnccl.so.2" ]; then
   echo "gpu-gin.sh: no libnccl.so.2 in $nccl_lib (PERSEUS_NCCL_LIB)" >&2
   exit 1
 fi
-gpu_find_fabric
-gpu_export_env
 export NCCL_GIN_TYPE=2 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0
 gpu_start
 

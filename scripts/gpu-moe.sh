@@ -29,22 +29,13 @@
 # Exit status: 0 every run passed (or was skipped), 1 a run failed, 77 no GPU.
 set -uo pipefail
 
-LOGDIR=${1:-./moe-logs}
-BUILD=${2:-${PERSEUS_BUILD_DIR:-build}}
-TEST_BIN=$BUILD/test/gpu/perseus_moe_test
-PERF_BIN=$BUILD/bench/perseus_moe_perf
-PLUGIN_DIR=$BUILD/plugin
-PYTHON=${PYTHON:-python3}
-RUN_TIMEOUT=${MOE_RUN_TIMEOUT:-900}
-
-GPU_SCRIPT=gpu-moe.sh RUN_NAME_WIDTH=36 GPU_ENV_FABRIC=0 GPU_MIN=1
-RUN_GREP='mismatch|routing|outputs off|watchdog|failed|error|where each rank'
 # shellcheck source=scripts/gpu-common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh" || exit 1
+gpu_paths moe "$@"
+RUN_TIMEOUT=${MOE_RUN_TIMEOUT:-900} RUN_NAME_WIDTH=36 GPU_ENV_FABRIC=0 GPU_MIN=1
+RUN_GREP='mismatch|routing|outputs off|watchdog|failed|error|where each rank'
 
-gpu_need_built "" "$TEST_BIN" "$PLUGIN_DIR/libnccl-net-perseus.so"
-gpu_find_nccl
-gpu_find_fabric
+gpu_need_built "" "$TEST_BIN"
 gpu_export_env
 unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE # the programs choose per path (-p)
 cublas=${PERSEUS_CUBLAS_LIB:-}

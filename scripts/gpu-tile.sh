@@ -20,24 +20,15 @@
 # than 2 GPUs.
 set -uo pipefail
 
-LOGDIR=${1:-./tile-logs}
-BUILD=${2:-${PERSEUS_BUILD_DIR:-build}}
-TEST_BIN=$BUILD/test/gpu/perseus_tile_test
-PERF_BIN=$BUILD/bench/perseus_tile_perf
-PLUGIN_DIR=$BUILD/plugin
-PYTHON=${PYTHON:-python3}
-STRATEGIES=${TILE_STRATEGIES:-ordered target}
-PERF_STRATEGIES=${TILE_PERF_STRATEGIES:-ordered deferred drain}
-RUN_TIMEOUT=${TILE_RUN_TIMEOUT:-1800}
-
-GPU_SCRIPT=gpu-tile.sh RUN_NAME_WIDTH=40 GPU_ENV_FABRIC=0
-RUN_GREP='mismatch|signal|watchdog|failed|error|overlap|where each rank'
 # shellcheck source=scripts/gpu-common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh" || exit 1
+gpu_paths tile "$@"
+STRATEGIES=${TILE_STRATEGIES:-ordered target}
+PERF_STRATEGIES=${TILE_PERF_STRATEGIES:-ordered deferred drain}
+RUN_TIMEOUT=${TILE_RUN_TIMEOUT:-1800} RUN_NAME_WIDTH=40 GPU_ENV_FABRIC=0
+RUN_GREP='mismatch|signal|watchdog|failed|error|overlap|where each rank'
 
-gpu_need_built "" "$TEST_BIN" "$PERF_BIN" "$PLUGIN_DIR/libnccl-net-perseus.so"
-gpu_find_nccl
-gpu_find_fabric
+gpu_need_built "" "$TEST_BIN" "$PERF_BIN"
 gpu_export_env
 unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE # the programs choose per path (-p)
 gpu_start

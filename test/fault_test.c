@@ -1,6 +1,8 @@
 /* Fault tests: a peer killed mid-transfer or while idle, comms closed with
  * requests in flight, and malformed handles / garbage pointers handed to the
- * plugin. Loads the plugin through one ncclNetPlugin_vN table (test driver).
+ * plugin. Loads the plugin through one ncclNetPlugin_vN table (the plugin
+ * driver, harness/ps_driver.h).
+ * This file holds the scenarios and main; fault_rank.c the rank helpers.
  *
  *   perseus_fault_test -s SCENARIO [-v 8..12] [-p PLUGIN]
  *
@@ -26,232 +28,45 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "fault_rank.h"
+#include "proc.h"
 #include "ps_driver.h"
 #include "ps_wire.h"
 
-
-#define MSG_BYTES ((size_t)8 << 20) /* one streamed message */
-#define DEPTH 4                      /* messages in flight per direction */
-#define DETECT_LIMIT_S 10.0          /* a dead peer must show within this */
-#define GIVE_UP_S 15.0               /* stop waiting for an error after this */
-#define VICTIM_LIFE_S 25.0           /* a victim never killed gives up after this */
-#define STREAM_TAG 11
-
-/* A MAP_SHARED page made before the ranks fork: seen by them and the parent. */
-typedef struct {
-  atomic_int progress;   /* messages the victim received (kill_send) */
-  double detect_s;       /* kill -> first failing test() */
-  int detect_rc;         /* what test() returned */
-  int after_msgs;        /* messages the survivor completed before the kill */
-  char note[160];
-} fault_shared_t;
-
-static void nap_us(long us) {
-  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-  nanosleep(&ts, NULL);
-}
-
-/* NCCL registers every buffer before it transfers from/to it. */
-static int reg(drv_rank_t *r, void *comm, void *buf, size_t n, void **mh) {
-  return r->net.reg_mr(comm, buf, n ? n : 1, NCCL_PTR_HOST, mh) == ncclSuccess ? 0 : -1;
-}
-
-/* A pipeline of DEPTH large buffers on one comm. */
-typedef struct {
-  void *comm;
-  int is_send;
-  char *buf[DEPTH];
-  void *mh;
-  char *base;
-  void *req[DEPTH];
-  long posted, completed;
-  long slot_msg[DEPTH];
-} pipe_t;
-
-static int pipe_open(drv_rank_t *r, pipe_t *p, void *comm, int is_send) {
-  memset(p, 0, sizeof *p);
-  p->comm = comm;
-  p->is_send = is_send;
-  p->base = malloc(DEPTH * MSG_BYTES);
-  CHECK(p->base, "out of memory");
-  for (int s = 0; s < DEPTH; s++) {
-    p->buf[s] = p->base + (size_t)s * MSG_BYTES;
-    if (is_send) drv_fill(p->buf[s], MSG_BYTES, (uint64_t)s);
-  }
-  CHECK(!reg(r, comm, p->base, DEPTH * MSG_BYTES, &p->mh), "regMr");
-  return 0;
-}
-
-static void pipe_close(drv_rank_t *r, pipe_t *p) {
-  if (p->mh) r->net.dereg_mr(p->comm, p->mh);
-  free(p->base);
-  memset(p, 0, sizeof *p);
-}
-
-/* Posts message after message, each into slot k % DEPTH, while that slot is
- * free. Returns the first error of isend/irecv. */
-static ncclResult_t pipe_post(drv_rank_t *r, pipe_t *p) {
-  for (;;) {
-    int s = (int)(p->posted % DEPTH);
-    if (p->req[s]) return ncclSuccess; /* the pipeline is full */
-    ncclResult_t rc;
-    if (p->is_send) {
-      rc = r->net.isend(p->comm, p->buf[s], MSG_BYTES, STREAM_TAG, p->mh, &p->req[s]);
-    } else {
-      void *d = p->buf[s];
-      size_t sz = MSG_BYTES;
-      int tag = STREAM_TAG;
-      rc = r->net.irecv(p->comm, 1, &d, &sz, &tag, &p->mh, &p->req[s]);
-    }
-    if (rc != ncclSuccess) return rc;
-    if (!p->req[s]) return ncclSuccess; /* backpressure: later */
-    p->slot_msg[s] = p->posted++;
-  }
-}
-
-/* Tests every outstanding request once. *bad: a completed receive whose
- * bytes are wrong. Returns the first error test() reported. */
-static ncclResult_t pipe_test(drv_rank_t *r, pipe_t *p, int verify, int *bad) {
-  for (int s = 0; s < DEPTH; s++) {
-    if (!p->req[s]) continue;
-    int done = 0, size = -1;
-    ncclResult_t rc = r->net.test(p->req[s], &done, &size);
-    if (rc != ncclSuccess) return rc;
-    if (!done) continue;
-    p->req[s] = NULL;
-    p->completed++;
-    if (!p->is_send && verify) {
-      /* Same tag, ordered matching: message k was sent from slot k % DEPTH. */
-      long k = p->slot_msg[s];
-      if (size != (int)MSG_BYTES || drv_verify(p->buf[s], MSG_BYTES, (uint64_t)(k % DEPTH)) >= 0) {
-        fprintf(stderr, "rank %d: message %ld: size %d or content wrong\n", r->rank, k, size);
-        *bad = 1;
-      }
-    }
-  }
-  return ncclSuccess;
-}
-
-/* The victim streams (or drains) until it is killed. Returning at all is a
- * failure: the survivor never killed it. */
-static int victim_stream(drv_rank_t *r, fault_shared_t *fs, void *comm, int is_send) {
-  pipe_t p;
-  if (pipe_open(r, &p, comm, is_send)) return 1;
-  double end = drv_now() + VICTIM_LIFE_S;
-  int bad = 0;
-  while (drv_now() < end) {
-    ncclResult_t rc = pipe_post(r, &p);
-    CHECK(rc == ncclSuccess, "victim: post failed (rc %d) before it was killed", rc);
-    long before = p.completed;
-    rc = pipe_test(r, &p, 1, &bad);
-    CHECK(rc == ncclSuccess, "victim: test failed (rc %d) before it was killed", rc);
-    CHECK(!bad, "victim: corrupted message");
-    if (!is_send && p.completed != before) atomic_store(&fs->progress, (int)p.completed);
-  }
-  fprintf(stderr, "rank %d: victim was never killed\n", r->rank);
-  pipe_close(r, &p);
-  return 1;
-}
-
-static int kill_peer(drv_rank_t *r, int peer) {
-  pid_t pid = 0;
-  for (int i = 0; i < 1000 && (pid = drv_pid(r, peer)) <= 0; i++) nap_us(1000);
-  CHECK(pid > 0, "no pid for rank %d", peer);
-  drv_mark_killable(r, peer);
-  CHECK(kill(pid, SIGKILL) == 0, "kill(%d)", (int)pid);
-  return 0;
-}
-
-/* The survivor keeps posting and testing after the kill until test() fails. */
-static int survivor_detect(drv_rank_t *r, fault_shared_t *fs, pipe_t *p, double t_kill) {
-  int bad = 0, post_ok = 1;
-  ncclResult_t post_rc = ncclSuccess;
-  double post_err_t = 0;
-  for (;;) {
-    double now = drv_now();
-    if (now - t_kill > GIVE_UP_S) {
-      snprintf(fs->note, sizeof fs->note, "test() still succeeding %.0f s after the kill", GIVE_UP_S);
-      fs->detect_s = -1;
-      fprintf(stderr, "rank %d: %s (post error: rc %d)\n", r->rank, fs->note, post_rc);
-      return 1;
-    }
-    if (post_ok) {
-      post_rc = pipe_post(r, p);
-      if (post_rc != ncclSuccess) {
-        post_ok = 0; /* stop posting; outstanding requests must report it */
-        post_err_t = drv_now() - t_kill;
-      }
-    }
-    int outstanding = 0;
-    for (int s = 0; s < DEPTH; s++) outstanding += p->req[s] != NULL;
-    CHECK(outstanding || post_ok, "%s failed (rc %d) %.2f s after the kill with no request left "
-          "to test", p->is_send ? "isend" : "irecv", post_rc, post_err_t);
-    ncclResult_t rc = pipe_test(r, p, 0, &bad);
-    if (rc != ncclSuccess) {
-      fs->detect_s = drv_now() - t_kill;
-      fs->detect_rc = rc;
-      if (!post_ok)
-        snprintf(fs->note, sizeof fs->note, "%s failed first (rc %d at %.3f s)",
-                 p->is_send ? "isend" : "irecv", post_rc, post_err_t);
-      break;
-    }
-  }
-  CHECK(fs->detect_s <= DETECT_LIMIT_S, "dead peer detected after %.2f s (limit %.0f s)",
-        fs->detect_s, DETECT_LIMIT_S);
-  return 0;
-}
-
-/* kill_recv: survivor 0 receives from victim 1. */
-static int scenario_kill_recv(drv_rank_t *r, void *arg) {
-  fault_shared_t *fs = arg;
+/* kill_recv (is_send 0): survivor 0 receives from victim 1; kill_send
+ * (is_send 1): survivor 0 streams to victim 1. The kill comes once traffic
+ * flows: a message arrived (kill_send: the victim received one and ours are
+ * in flight), and every slot has a request posted. */
+static int kill_stream(drv_rank_t *r, fault_shared_t *fs, int is_send) {
   CHECK(r->nranks == 2, "needs 2 ranks");
-  if (r->rank == 1) return victim_stream(r, fs, r->send[0], 1);
-  pipe_t p;
-  if (pipe_open(r, &p, r->recv[1], 0)) return 1;
+  if (r->rank == 1) return fault_victim_stream(r, fs, is_send ? r->recv[0] : r->send[0], !is_send);
+  const char *post = is_send ? "isend before the kill" : "irecv before the kill";
+  fault_pipe_t p;
+  if (fault_pipe_open(r, &p, is_send ? r->send[1] : r->recv[1], is_send)) return 1;
   int bad = 0;
   double end = drv_now() + 20;
-  while (p.completed < 1) {
-    CHECK(drv_now() < end, "no message arrived in 20 s");
-    CHECK(pipe_post(r, &p) == ncclSuccess, "irecv before the kill");
-    CHECK(pipe_test(r, &p, 1, &bad) == ncclSuccess, "test before the kill");
+  while ((is_send && atomic_load(&fs->progress) < 1) || p.completed < 1) {
+    CHECK(drv_now() < end, "%s", is_send ? "victim received nothing in 20 s"
+                                         : "no message arrived in 20 s");
+    CHECK(fault_pipe_post(r, &p) == ncclSuccess, "%s", post);
+    CHECK(fault_pipe_test(r, &p, !is_send, &bad) == ncclSuccess, "test before the kill");
     CHECK(!bad, "corrupted message before the kill");
   }
-  CHECK(pipe_post(r, &p) == ncclSuccess, "irecv before the kill"); /* all slots busy */
+  CHECK(fault_pipe_post(r, &p) == ncclSuccess, "%s", post);
   fs->after_msgs = (int)p.completed;
-  if (kill_peer(r, 1)) return 1;
-  int rc = survivor_detect(r, fs, &p, drv_now());
-  pipe_close(r, &p);
+  if (fault_kill_peer(r, 1)) return 1;
+  int rc = fault_survivor_detect(r, fs, &p, drv_now());
+  fault_pipe_close(r, &p);
   return rc;
 }
 
-/* kill_send: survivor 0 streams to victim 1. */
-static int scenario_kill_send(drv_rank_t *r, void *arg) {
-  fault_shared_t *fs = arg;
-  CHECK(r->nranks == 2, "needs 2 ranks");
-  if (r->rank == 1) return victim_stream(r, fs, r->recv[0], 0);
-  pipe_t p;
-  if (pipe_open(r, &p, r->send[1], 1)) return 1;
-  int bad = 0;
-  double end = drv_now() + 20;
-  /* Kill once the victim has received a message and ours are in flight. */
-  while (atomic_load(&fs->progress) < 1 || p.completed < 1) {
-    CHECK(drv_now() < end, "victim received nothing in 20 s");
-    CHECK(pipe_post(r, &p) == ncclSuccess, "isend before the kill");
-    CHECK(pipe_test(r, &p, 0, &bad) == ncclSuccess, "test before the kill");
-  }
-  CHECK(pipe_post(r, &p) == ncclSuccess, "isend before the kill");
-  fs->after_msgs = (int)p.completed;
-  if (kill_peer(r, 1)) return 1;
-  int rc = survivor_detect(r, fs, &p, drv_now());
-  pipe_close(r, &p);
-  return rc;
-}
+static int scenario_kill_recv(drv_rank_t *r, void *arg) { return kill_stream(r, arg, 0); }
+static int scenario_kill_send(drv_rank_t *r, void *arg) { return kill_stream(r, arg, 1); }
 
 /* kill_idle_recv: a receive nothing was ever sent for; the peer idles (no
  * plugin call at all, like an NCCL proxy with nothing to do), then dies. */
@@ -262,13 +77,13 @@ static int scenario_kill_idle_recv(drv_rank_t *r, void *arg) {
   if (r->rank == 1) {
     CHECK(drv_barrier(r, 20) == 0, "barrier");
     double end = drv_now() + VICTIM_LIFE_S;
-    while (drv_now() < end) nap_us(10000);
+    while (drv_now() < end) fault_nap_us(10000);
     fprintf(stderr, "rank 1: victim was never killed\n");
     return 1;
   }
   static char buf[4096];
   void *mh = NULL, *req = NULL;
-  CHECK(!reg(r, r->recv[1], buf, sizeof buf, &mh), "regMr");
+  CHECK(!fault_reg(r, r->recv[1], buf, sizeof buf, &mh), "regMr");
   void *d = buf;
   size_t sz = sizeof buf;
   int tag = 77, done = 0;
@@ -282,9 +97,9 @@ static int scenario_kill_idle_recv(drv_rank_t *r, void *arg) {
     ncclResult_t rc = r->net.test(req, &done, NULL);
     CHECK(rc == ncclSuccess, "test() failed (rc %d) while the idle peer was alive", rc);
     CHECK(!done, "a receive nothing was sent for completed");
-    nap_us(200);
+    fault_nap_us(200);
   }
-  if (kill_peer(r, 1)) return 1;
+  if (fault_kill_peer(r, 1)) return 1;
   double t_kill = drv_now();
   for (;;) {
     ncclResult_t rc = r->net.test(req, &done, NULL);
@@ -299,7 +114,7 @@ static int scenario_kill_idle_recv(drv_rank_t *r, void *arg) {
       snprintf(fs->note, sizeof fs->note, "test() still succeeding %.0f s after the kill", GIVE_UP_S);
       CHECK(0, "%s", fs->note);
     }
-    nap_us(200);
+    fault_nap_us(200);
   }
   r->net.dereg_mr(r->recv[1], mh);
   CHECK(fs->detect_s <= DETECT_LIMIT_S, "dead peer detected after %.2f s (limit %.0f s)",
@@ -322,8 +137,8 @@ static int scenario_close_inflight(drv_rank_t *r, void *arg) {
       sb[i] = malloc(sizes[i]), rb[i] = malloc(sizes[i]);
       CHECK(sb[i] && rb[i], "out of memory");
       drv_fill(sb[i], sizes[i], (uint64_t)i);
-      CHECK(!reg(r, r->send[peer], sb[i], sizes[i], &smh[i]), "regMr send");
-      CHECK(!reg(r, r->recv[peer], rb[i], sizes[i], &rmh[i]), "regMr recv");
+      CHECK(!fault_reg(r, r->send[peer], sb[i], sizes[i], &smh[i]), "regMr send");
+      CHECK(!fault_reg(r, r->recv[peer], rb[i], sizes[i], &rmh[i]), "regMr recv");
     }
     /* Receives for tags 100..105; the peer sends tags 100..102 (matched) and
      * 200..202 (never matched: unexpected messages at the receiver). */
@@ -355,12 +170,12 @@ static int scenario_close_inflight(drv_rank_t *r, void *arg) {
     CHECK(inflight > 0, "nothing left in flight to close over");
     /* Both ranks have posted everything before either closes: a receive
      * posted after the peer closed may match an unexpected message of the
-     * dead connection, which crashes rxm (an upstream libfabric 1.17 bug, see README). */
+     * dead connection, which crashes rxm (a libfabric 1.17 bug, docs/limitations.md). */
     CHECK(drv_barrier(r, 20) == 0, "barrier before closing");
     /* As NCCL tears down: deregister, then close, requests still posted.
      * Round 0: both ranks at once. Round 1: rank 0 first, rank 1 later while
      * rank 0 is already gone. */
-    if (round == 1 && r->rank == 1) nap_us(300000);
+    if (round == 1 && r->rank == 1) fault_nap_us(300000);
     for (int i = 0; i < NS; i++) {
       CHECK(r->net.dereg_mr(r->send[peer], smh[i]) == ncclSuccess, "deregMr send");
       CHECK(r->net.dereg_mr(r->recv[peer], rmh[i]) == ncclSuccess, "deregMr recv");
@@ -380,7 +195,7 @@ static int scenario_close_inflight(drv_rank_t *r, void *arg) {
     CHECK(s && d, "out of memory");
     drv_fill(s, n, 1000 + (uint64_t)r->rank);
     memset(d, 0, n);
-    CHECK(!reg(r, r->send[peer], s, n, &sm) && !reg(r, r->recv[peer], d, n, &dm), "regMr");
+    CHECK(!fault_reg(r, r->send[peer], s, n, &sm) && !fault_reg(r, r->recv[peer], d, n, &dm), "regMr");
     size_t sz = n;
     int tag = 100, got = -1; /* tag 100 was used by the closed comms: nothing stale may match */
     void *dp = d;
@@ -605,8 +420,8 @@ int main(int argc, char **argv) {
    * into a backtrace and exit(1); keep a crash a crash, seen as a signal. */
   setenv("HFI_NO_BACKTRACE", "1", 0);
   setenv("IPATH_NO_BACKTRACE", "1", 0);
-  fault_shared_t *fs = mmap(NULL, sizeof *fs, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (fs == MAP_FAILED) {
+  fault_shared_t *fs = ps_proc_shared_map(sizeof *fs);
+  if (!fs) {
     perror("mmap");
     return 2;
   }

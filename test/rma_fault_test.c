@@ -29,11 +29,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "proc.h"
 #include "ps_driver_gin.h"
 #include "ps_gin_abi.h"
 
@@ -346,15 +346,10 @@ int main(int argc, char **argv) {
   drv_opts_t o = {.nranks = 0, .timeout_s = 30, .no_load = 1, .no_mesh = 1};
   int c;
   while ((c = getopt(argc, argv, "a:p:s:r:h")) != -1) {
-    if (c == 'a') a.abi = optarg;
-    else if (c == 'p') a.plugin = optarg;
-    else if (c == 's') a.scenario = optarg;
-    else if (c == 'r') o.nranks = atoi(optarg);
-    else {
-      fprintf(stderr, "usage: %s -s kill_target|kill_target_drain|bad_args [-a gin11|gin12|gin13|rma13|rma14] "
-              "[-r RANKS: 2..3 for kill_target*, 2 for bad_args] [-p PLUGIN]\n", argv[0]);
-      return c == 'h' ? 0 : 2;
-    }
+    if (drv_gin_opt(c, optarg, &a.abi, &a.plugin, &a.scenario, &o.nranks)) continue;
+    fprintf(stderr, "usage: %s -s kill_target|kill_target_drain|bad_args [-a gin11|gin12|gin13|rma13|rma14] "
+            "[-r RANKS: 2..3 for kill_target*, 2 for bad_args] [-p PLUGIN]\n", argv[0]);
+    return c == 'h' ? 0 : 2;
   }
   int kill = a.scenario && !strncmp(a.scenario, "kill_target", 11);
   if (!a.scenario || (strcmp(a.scenario, "bad_args") && strcmp(a.scenario, "kill_target") &&
@@ -378,8 +373,8 @@ int main(int argc, char **argv) {
   setenv("PERSEUS_PEER_TIMEOUT_MS", "2000", 0);
   a.limit_s = atof(getenv("PERSEUS_PEER_TIMEOUT_MS")) / 1000 + MARGIN_S;
   setvbuf(stdout, NULL, _IOLBF, 0);
-  shared_t *fs = mmap(NULL, sizeof *fs, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (fs == MAP_FAILED) return perror("mmap"), 2;
+  shared_t *fs = ps_proc_shared_map(sizeof *fs);
+  if (!fs) return perror("mmap"), 2;
   fs->detect_s = -1;
   o.shared_bytes = drv_gin_shared_bytes(o.nranks);
   void *arg[2] = {&a, fs};

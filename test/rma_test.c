@@ -347,11 +347,8 @@ int main(int argc, char **argv) {
   drv_opts_t o = {.nranks = 2, .timeout_s = 180, .no_load = 1, .no_mesh = 1};
   int c;
   while ((c = getopt(argc, argv, "a:p:s:r:b:G:Rh")) != -1) {
-    if (c == 'a') a.abi = optarg;
-    else if (c == 'p') a.plugin = optarg;
-    else if (c == 's') a.scenario = optarg;
-    else if (c == 'r') o.nranks = atoi(optarg);
-    else if (c == 'R') a.expect_refusal = 1;
+    if (drv_gin_opt(c, optarg, &a.abi, &a.plugin, &a.scenario, &o.nranks)) continue;
+    if (c == 'R') a.expect_refusal = 1;
     else if (c == 'b') a.batches = atoi(optarg);
     else if (c == 'G') a.gpu = optarg;
     else {

@@ -1,5 +1,5 @@
 /* EXPECT for the single-process unit tests: counts checks and failures and
- * prints each failure with its place; main() reports the totals. */
+ * prints each failure with its place; main() ends with unit_report(). */
 #ifndef PS_UNIT_CHECK_H
 #define PS_UNIT_CHECK_H
 
@@ -17,5 +17,13 @@ static int failures, checks;
       fputc('\n', stdout);                                              \
     }                                                                   \
   } while (0)
+
+/* The totals line "<name>: N checks, M failed: ok|FAIL"; returns main()'s
+ * exit status. */
+static inline int unit_report(const char *name)
+{
+  printf("%s: %d checks, %d failed: %s\n", name, checks, failures, failures ? "FAIL" : "ok");
+  return failures ? 1 : 0;
+}
 
 #endif

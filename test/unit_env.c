@@ -61,6 +61,25 @@ static void test_int(void) {
   unsetenv("PS_TEST_INT");
 }
 
+/* Every value of bad is refused with ncclInvalidArgument (fn sets var to it
+ * and reads it with default def), and refusing `warned` writes a warning
+ * that names the variable and the value; returns that warning. */
+static const char *expect_refused(ncclResult_t (*fn)(const char *, int, int *), const char *var,
+                                  const char *const *bad, int def, const char *warned) {
+  int v = -1;
+  for (int i = 0; bad[i]; i++) {
+    ncclResult_t rc = fn(bad[i], def, &v);
+    EXPECT(rc == ncclInvalidArgument, "%s='%s': rc %d, expected ncclInvalidArgument", var, bad[i], rc);
+  }
+  capture_begin();
+  ncclResult_t rc = fn(warned, def, &v);
+  const char *log = capture_end();
+  EXPECT(rc == ncclInvalidArgument, "'%s' accepted", warned);
+  EXPECT(strstr(log, var) && strstr(log, warned),
+         "the warning does not name the variable and value: '%s'", log);
+  return log;
+}
+
 /* --- ps_env_bool --- */
 static ncclResult_t env_bool(const char *value, int def, int *out) {
   if (value) setenv("PS_TEST_BOOL", value, 1);
@@ -84,16 +103,7 @@ static void test_bool(void) {
     EXPECT(env_bool(no[i], 1, &v) == ncclSuccess && v == 0, "'%s' gave %d", no[i], v);
   }
   static const char *const bad[] = {"2", "-1", "maybe", "tru", "yess", "1 ", " 0", "o", "10", NULL};
-  for (int i = 0; bad[i]; i++) {
-    ncclResult_t rc = env_bool(bad[i], 1, &v);
-    EXPECT(rc == ncclInvalidArgument, "PS_TEST_BOOL='%s': rc %d, expected ncclInvalidArgument", bad[i], rc);
-  }
-  capture_begin();
-  ncclResult_t rc = env_bool("maybe", 1, &v);
-  const char *log = capture_end();
-  EXPECT(rc == ncclInvalidArgument, "'maybe' accepted");
-  EXPECT(strstr(log, "PS_TEST_BOOL") && strstr(log, "maybe"),
-         "the warning does not name the variable and value: '%s'", log);
+  expect_refused(env_bool, "PS_TEST_BOOL", bad, 1, "maybe");
   unsetenv("PS_TEST_BOOL");
 }
 
@@ -113,16 +123,7 @@ static void test_enum(void) {
   EXPECT(env_enum("BETA", 2, &v) == ncclSuccess && v == 1, "'BETA' gave %d", v);
   EXPECT(env_enum("Gamma", 0, &v) == ncclSuccess && v == 2, "'Gamma' gave %d", v);
   static const char *const bad[] = {"delta", "alph", "alphaa", "1", "beta ", NULL};
-  for (int i = 0; bad[i]; i++) {
-    ncclResult_t rc = env_enum(bad[i], 0, &v);
-    EXPECT(rc == ncclInvalidArgument, "PS_TEST_ENUM='%s': rc %d, expected ncclInvalidArgument", bad[i], rc);
-  }
-  capture_begin();
-  ncclResult_t rc = env_enum("delta", 0, &v);
-  const char *log = capture_end();
-  EXPECT(rc == ncclInvalidArgument, "'delta' accepted");
-  EXPECT(strstr(log, "PS_TEST_ENUM") && strstr(log, "delta"),
-         "the warning does not name the variable and value: '%s'", log);
+  const char *log = expect_refused(env_enum, "PS_TEST_ENUM", bad, 0, "delta");
   EXPECT(strstr(log, "alpha") && strstr(log, "beta") && strstr(log, "gamma"),
          "the warning does not list the choices: '%s'", log);
   unsetenv("PS_TEST_ENUM");
@@ -215,6 +216,5 @@ int main(void) {
   test_bool();
   test_enum();
   test_config();
-  printf("unit_env: %d checks, %d failed: %s\n", checks, failures, failures ? "FAIL" : "ok");
-  return failures ? 1 : 0;
+  return unit_report("unit_env");
 }

@@ -172,6 +172,5 @@ int main(void) {
   test_extremes();
   test_timeout_env();
   test_fault_text();
-  printf("unit_moe_create: %d checks, %d failed: %s\n", checks, failures, failures ? "FAIL" : "ok");
-  return failures ? 1 : 0;
+  return unit_report("unit_moe_create");
 }

@@ -552,6 +552,5 @@ int main(void) {
   test_routing();
   test_compare();
   test_rand();
-  printf("unit_moe_ref: %d checks, %d failed: %s\n", checks, failures, failures ? "FAIL" : "ok");
-  return failures ? 1 : 0;
+  return unit_report("unit_moe_ref");
 }

@@ -208,6 +208,5 @@ int main(void) {
   test_handle_rejects();
   test_ctrl_roundtrip();
   test_ctrl_rejects();
-  printf("unit_wire: %d checks, %d failed: %s\n", checks, failures, failures ? "FAIL" : "ok");
-  return failures ? 1 : 0;
+  return unit_report("unit_wire");
 }

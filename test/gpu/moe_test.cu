@@ -20,6 +20,7 @@
 #include <inttypes.h>
 #include <math.h>
 
+#include "opts.h"
 #include "tile_comm.cuh"
 #include "perseus/moe.h"
 
@@ -321,55 +322,33 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-  mt_cfg c;
-  memset(&c, 0, sizeof(c));
-  c.path = TT_LSA, c.iters = 10, c.layers = 2, c.alive = 2, c.watchdog_s = 120, c.seed = gp_clock_seed();
-  c.mc.hidden = 256, c.mc.ffn = 128, c.mc.experts = 16, c.mc.topk = 4, c.mc.max_tokens = 64;
-  c.mc.renormalize = 1;
-  int opt, bad = 0;
-  while (!bad && (opt = getopt(argc, argv, "p:g:n:l:a:H:F:E:k:T:B:S:r:G:s:w:f:h")) != -1) {
-    switch (opt) {
-    case 'p':
-      if (!strcmp(optarg, "lsa")) c.path = TT_LSA;
-      else if (!strcmp(optarg, "gin")) c.path = TT_GIN;
-      else bad = 1;
-      break;
-    case 'g': bad = gp_parse_int(optarg, 1, GP_MAX_RANKS, &c.ngpus); break;
-    case 'n': bad = gp_parse_int(optarg, 1, 1 << 20, &c.iters); break;
-    case 'l': bad = gp_parse_int(optarg, 1, 1 << 20, &c.layers); break;
-    case 'a': bad = gp_parse_int(optarg, 1, MT_MAX_ALIVE, &c.alive); break;
-    case 'H': bad = gp_parse_int(optarg, 1, 1 << 16, &c.mc.hidden); break;
-    case 'F': bad = gp_parse_int(optarg, 1, 1 << 16, &c.mc.ffn); break;
-    case 'E': bad = gp_parse_int(optarg, 1, 4096, &c.mc.experts); break;
-    case 'k': bad = gp_parse_int(optarg, 1, 64, &c.mc.topk); break;
-    case 'T': bad = gp_parse_int(optarg, 1, 1 << 20, &c.mc.max_tokens); break;
-    case 'B': bad = gp_parse_int(optarg, 0, 1 << 20, &c.mc.batch); break;
-    case 'S': bad = gp_parse_int(optarg, 0, 1, &c.mc.gin_per_expert); break;
-    case 'r': bad = gp_parse_int(optarg, 0, 1, &c.mc.renormalize); break;
-    case 'G': bad = gp_parse_int(optarg, 0, 1, &c.graph); break;
-    case 's': bad = gp_parse_seed(optarg, &c.seed); break;
-    case 'w': bad = gp_parse_int(optarg, 1, 24 * 3600, &c.watchdog_s); break;
-    case 'f':
-      bad = 1;
-      for (int i = 0; i <= MT_FAULT_ALL; i++)
-        if (!strcmp(optarg, mt_fault_names[i])) c.faults = i, bad = 0;
-      break;
-    case 'h': usage(stdout); return 0;
-    default: usage(stderr); return 1;
-    }
-    if (bad) fprintf(stderr, "perseus_moe_test: bad value for -%c: '%s'\n", opt, optarg);
-  }
-  if (bad || optind < argc) {
-    if (!bad) fprintf(stderr, "perseus_moe_test: unexpected argument '%s'\n", argv[optind]);
-    return 1;
-  }
+  static mt_cfg c;
+  static const char *const paths[] = {"lsa", "gin"};
+  static const int path_values[] = {TT_LSA, TT_GIN};
+  const ps_opt_t opts[] = {
+    PS_OPT_NAME('p', &c.path, "lsa", paths, path_values, 2),
+    PS_OPT_INT('g', &c.ngpus, NULL, 1, GP_MAX_RANKS), /* 0: all visible */
+    PS_OPT_INT('n', &c.iters, "10", 1, 1 << 20),
+    PS_OPT_INT('l', &c.layers, "2", 1, 1 << 20),
+    PS_OPT_INT('a', &c.alive, "2", 1, MT_MAX_ALIVE),
+    PS_OPT_INT('H', &c.mc.hidden, "256", 1, 1 << 16),
+    PS_OPT_INT('F', &c.mc.ffn, "128", 1, 1 << 16),
+    PS_OPT_INT('E', &c.mc.experts, "16", 1, 4096),
+    PS_OPT_INT('k', &c.mc.topk, "4", 1, 64),
+    PS_OPT_INT('T', &c.mc.max_tokens, "64", 1, 1 << 20),
+    PS_OPT_INT('B', &c.mc.batch, "0", 0, 1 << 20),
+    PS_OPT_INT('S', &c.mc.gin_per_expert, "0", 0, 1),
+    PS_OPT_INT('r', &c.mc.renormalize, "1", 0, 1),
+    PS_OPT_INT('G', &c.graph, "0", 0, 1),
+    PS_OPT_SEED('s', &c.seed, NULL), /* from the clock */
+    PS_OPT_INT('w', &c.watchdog_s, "120", 1, 24 * 3600),
+    PS_OPT_NAME('f', &c.faults, "none", mt_fault_names, NULL, MT_FAULT_ALL + 1),
+  };
+  ps_opts_parse(argc, argv, "perseus_moe_test", opts, PS_OPTS_N(opts), usage, 1);
   if (c.layers > c.iters) c.layers = c.iters; /* a layer runs a forward at least */
-  setvbuf(stdout, NULL, _IOLBF, 0);
   if (gp_init("perseus_moe_test")) return 1;
-  tt_set_env(c.path, stdout);
-  int rc = gc_probe_gpus_min(1, 1, &c.ngpus, c.watchdog_s);
+  int rc = tt_start(c.path, 1, 1, &c.ngpus, c.watchdog_s, 1);
   if (rc >= 0) return rc;
-  if ((rc = tt_check_hosts(c.path, 1, "perseus_moe_test")) >= 0) return rc;
   /* the config is refused here, before any rank starts, naming the value */
   if (perseus_moe_check_config(&c.mc, c.ngpus)) {
     fprintf(stderr, "perseus_moe_test: %s\n", perseus_moe_last_error());
@@ -381,13 +360,10 @@ int main(int argc, char **argv)
          c.mc.topk, c.mc.max_tokens, c.mc.batch,
          c.mc.gin_per_expert ? "destination and expert" : "destination", c.mc.renormalize, c.graph,
          mt_fault_names[c.faults]);
-  int codes[GP_MAX_RANKS];
-  double t0 = gp_now();
-  int failed = gp_run(c.ngpus, 0, mt_child, &c, c.watchdog_s, "moe test", NULL, NULL, codes);
-  long long mism = 0;
-  for (int r = 0; r < c.ngpus; r++) mism += gp_sh->slot[r].mismatches;
+  long long mism;
+  double secs;
+  int failed = gp_run_test(c.ngpus, mt_child, &c, c.watchdog_s, "moe test", &mism, &secs);
   printf("# %s: path %s, %d ranks, %lld mismatches, %.1f s (seed %#" PRIx64 ")\n",
-         failed || mism ? "FAILED" : "PASSED", tt_path_names[c.path], c.ngpus, mism,
-         gp_now() - t0, c.seed);
-  return failed || mism ? 1 : 0;
+         failed ? "FAILED" : "PASSED", tt_path_names[c.path], c.ngpus, mism, secs, c.seed);
+  return failed ? 1 : 0;
 }

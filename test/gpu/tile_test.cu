@@ -31,6 +31,7 @@
 #include <inttypes.h>
 #include <time.h>
 
+#include "opts.h"
 #include "tile_comm.cuh"
 
 #define VERIFY_BLOCKS 4 /* consumer blocks per source */
@@ -301,54 +302,33 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-  tt_cfg c;
-  memset(&c, 0, sizeof(c));
-  c.path = TT_GIN, c.iters = 100, c.tmax = 64, c.cmax = 8, c.watchdog_s = 120;
-  c.emax = 256 << 10;
-  c.seed = gp_clock_seed();
-  int opt, bad = 0;
-  while (!bad && (opt = getopt(argc, argv, "p:g:n:t:e:B:c:s:w:h")) != -1) {
-    switch (opt) {
-    case 'p':
-      if (!strcmp(optarg, "lsa")) c.path = TT_LSA;
-      else if (!strcmp(optarg, "gin")) c.path = TT_GIN;
-      else if (!strcmp(optarg, "tma")) c.path = TT_TMA;
-      else bad = 1;
-      break;
-    case 'g': bad = gp_parse_int(optarg, 2, GP_MAX_RANKS, &c.ngpus); break;
-    case 'n': bad = gp_parse_int(optarg, 1, 1 << 24, &c.iters); break;
-    case 't': bad = gp_parse_int(optarg, 1, 1024, &c.tmax); break;
-    case 'e': bad = gp_parse_size(optarg, &c.emax) || c.emax == 0 || c.emax > (64u << 20); break;
-    case 'B': bad = gp_parse_int(optarg, 1, 4096, &c.bfixed); break;
-    case 'c': bad = gp_parse_int(optarg, 1, 1024, &c.cmax); break;
-    case 's': bad = gp_parse_seed(optarg, &c.seed); break;
-    case 'w': bad = gp_parse_int(optarg, 1, 24 * 3600, &c.watchdog_s); break;
-    case 'h': usage(stdout); return 0;
-    default: usage(stderr); return 1;
-    }
-    if (bad) fprintf(stderr, "perseus_tile_test: bad value for -%c: '%s'\n", opt, optarg);
-  }
-  if (bad || optind < argc) {
-    if (!bad) fprintf(stderr, "perseus_tile_test: unexpected argument '%s'\n", argv[optind]);
-    return 1;
-  }
-  setvbuf(stdout, NULL, _IOLBF, 0);
+  static tt_cfg c;
+  static const char *const paths[] = {"lsa", "gin", "tma"};
+  static const int path_values[] = {TT_LSA, TT_GIN, TT_TMA};
+  const ps_opt_t opts[] = {
+    PS_OPT_NAME('p', &c.path, "gin", paths, path_values, 3),
+    PS_OPT_INT('g', &c.ngpus, NULL, 2, GP_MAX_RANKS), /* 0: all visible */
+    PS_OPT_INT('n', &c.iters, "100", 1, 1 << 24),
+    PS_OPT_INT('t', &c.tmax, "64", 1, 1024),
+    PS_OPT_SIZE('e', &c.emax, "256K", 1, 64u << 20),
+    PS_OPT_INT('B', &c.bfixed, NULL, 1, 4096), /* 0: random per rank and iteration */
+    PS_OPT_INT('c', &c.cmax, "8", 1, 1024),
+    PS_OPT_SEED('s', &c.seed, NULL), /* from the clock */
+    PS_OPT_INT('w', &c.watchdog_s, "120", 1, 24 * 3600),
+  };
+  ps_opts_parse(argc, argv, "perseus_tile_test", opts, PS_OPTS_N(opts), usage, 1);
   if (gp_init("perseus_tile_test")) return 1;
   printf("# perseus_tile_test: path %s, seed %#" PRIx64 ", %d iterations, 1..%d tiles of "
          "1..%zu B per pair, batch %s, 1..%d producer CTAs\n", tt_path_names[c.path], c.seed,
          c.iters, c.tmax, c.emax, c.bfixed ? "fixed" : "1..16", c.cmax);
   if (c.bfixed) printf("# batch: %d tiles per signal\n", c.bfixed);
-  tt_set_env(c.path, stdout); /* before any process touches CUDA or NCCL */
-  int rc = gc_probe_gpus(1, &c.ngpus, c.watchdog_s);
+  int rc = tt_start(c.path, 1, 2, &c.ngpus, c.watchdog_s, 0); /* before any CUDA or NCCL */
   if (rc >= 0) return rc;
-  if ((rc = tt_check_hosts(c.path, 0, "perseus_tile_test")) >= 0) return rc;
-  int codes[GP_MAX_RANKS];
-  double t0 = gp_now();
-  int failed = gp_run(c.ngpus, 0, test_child, &c, c.watchdog_s, "tile test", NULL, NULL, codes);
-  long long mismatches = 0;
-  for (int r = 0; r < c.ngpus; r++) mismatches += gp_sh->slot[r].mismatches;
+  long long mismatches;
+  double secs;
+  int failed = gp_run_test(c.ngpus, test_child, &c, c.watchdog_s, "tile test", &mismatches, &secs);
   printf("# %s: path %s, %d ranks, mismatches + count errors %lld, %.1f s (seed %#" PRIx64
-         ")\n", failed || mismatches ? "FAILED" : "PASSED", tt_path_names[c.path], c.ngpus,
-         mismatches, gp_now() - t0, c.seed);
-  return failed || mismatches ? 1 : 0;
+         ")\n", failed ? "FAILED" : "PASSED", tt_path_names[c.path], c.ngpus, mismatches, secs,
+         c.seed);
+  return failed ? 1 : 0;
 }
