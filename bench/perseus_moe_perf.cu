@@ -1,6 +1,6 @@
 /* perseus_moe_perf: perseus' fused MoE layer (one persistent kernel per
  * forward, include/perseus/moe.h) against the bulk-synchronous layer a user
- * writes today (moe/moe_baseline.cu: cuBLAS gate, NCCL all-to-all with a
+ * writes today (moe/moe_baseline*.cu: cuBLAS gate, NCCL all-to-all with a
  * host sync for the counts, cuBLAS expert GEMMs, all-to-all back, combine),
  * same shapes, same GPUs, same weights and inputs, in one run. Two baseline
  * variants run: "exact" (GEMM1 per expert with an fp32 output, GEMM2
