@@ -379,6 +379,8 @@ static void print_opstats(ps_rma_comm_t *c, int p) {
   static const char *const iv_name[PS_IV_N] = {"queued", "copy", "post call", "wire",
                                                 "signal wait", "report lag", "total"};
   const ps_rma_opstats_t *o = &c->opstats[p];
+  static const char *const held_name[PS_HELD_N] = {"provider", "inflight bound", "send slot",
+                                                    "unfilled", "copy", "credit"};
   uint64_t held = 0;
   for (int i = 0; i < PS_HELD_N; i++) held += o->held[i];
   if (!o->iv[PS_IV_TOTAL].n && !held) return;
@@ -388,14 +390,14 @@ static void print_opstats(ps_rma_comm_t *c, int p) {
     len += print_interval(line + len, sizeof line - (size_t)len, iv_name[i], &o->iv[i]);
   fprintf(stderr, "perseus stats: rank %d -> %d times of %llu ops (us p50/p90/p99/max):%s\n",
           c->rank, p, (unsigned long long)o->iv[PS_IV_TOTAL].n, line);
-  const uint64_t *h = o->held;
-  fprintf(stderr, "perseus stats: rank %d -> %d held back: provider %llu, inflight bound %llu, "
-          "send slot %llu, unfilled %llu, copy %llu, credit %llu; depth at post p50 %llu max %llu\n",
-          c->rank, p, (unsigned long long)h[PS_HELD_PROVIDER],
-          (unsigned long long)h[PS_HELD_INFLIGHT], (unsigned long long)h[PS_HELD_SLOT],
-          (unsigned long long)h[PS_HELD_UNFILLED], (unsigned long long)h[PS_HELD_COPY],
-          (unsigned long long)h[PS_HELD_CREDIT],
-          (unsigned long long)ps_hist_small_pct(&o->depth, 50), (unsigned long long)o->depth.max);
+  len = 0;
+  for (int i = 0; i < PS_HELD_N && len < (int)sizeof line; i++)
+    len += snprintf(line + len, sizeof line - (size_t)len, "%s %s %llu/%llu", i ? "," : "",
+                    held_name[i], (unsigned long long)o->held[i],
+                    (unsigned long long)o->held_passes[i]);
+  fprintf(stderr, "perseus stats: rank %d -> %d held back (stops/passes):%s; depth at post p50 %llu "
+          "max %llu\n", c->rank, p, line, (unsigned long long)ps_hist_small_pct(&o->depth, 50),
+          (unsigned long long)o->depth.max);
 }
 
 /* PERSEUS_STATS=1: what each peer cost, when the comm closes. Written to

@@ -183,7 +183,10 @@ enum {
   PS_IV_TOTAL,   /* call -> test() reported it done */
   PS_IV_N
 };
-/* Why a pass over the peer's queues stopped with something still queued. */
+/* Why a pass over the peer's queues stopped with something still queued.
+ * Counted twice: every pass that stopped (grows with how often progress
+ * polls), and stops: runs of such passes for one reason with nothing posted
+ * to the peer in between. */
 enum {
   PS_HELD_PROVIDER, /* the provider refused (-FI_EAGAIN after its retries) */
   PS_HELD_INFLIGHT, /* PERSEUS_RMA_INFLIGHT operations posted */
@@ -195,7 +198,8 @@ enum {
 };
 typedef struct {
   ps_hist_t iv[PS_IV_N];  /* ns */
-  uint64_t held[PS_HELD_N];
+  uint64_t held[PS_HELD_N], held_passes[PS_HELD_N];
+  int stuck;              /* 1 + the reason the last pass stopped for; 0 after a post */
   ps_hist_small_t depth;  /* operations posted and not completed, at each post */
 } ps_rma_opstats_t;
 
@@ -386,7 +390,10 @@ static inline uint64_t ps_rma_post_begins(const ps_rma_peer_t *p) {
 void ps_rma_note_post(ps_rma_peer_t *p, uint64_t t0, int posted, uint64_t *first);
 /* PERSEUS_STATS: a pass over p's queues stopped for `why` (PS_HELD_*). */
 static inline void ps_rma_note_held(ps_rma_peer_t *p, int why) {
-  if (p->ops) p->ops->held[why]++;
+  ps_rma_opstats_t *o = p->ops;
+  if (!o) return;
+  o->held_passes[why]++;
+  if (o->stuck != why + 1) o->held[why]++, o->stuck = why + 1;
 }
 
 #endif

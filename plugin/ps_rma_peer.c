@@ -26,7 +26,10 @@ ps_rma_region_t *ps_rma_region(ps_rma_comm_t *c, void *mh) {
 void ps_rma_op_started(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   if (!p->outstanding++) p->active_ns = c->now_ns;
   if (p->outstanding > p->st.inflight_max) p->st.inflight_max = p->outstanding;
-  if (p->ops) ps_hist_small_add(&p->ops->depth, p->outstanding);
+  if (p->ops) {
+    ps_hist_small_add(&p->ops->depth, p->outstanding);
+    p->ops->stuck = 0;
+  }
 }
 /* An idle peer gets work: its liveness clock starts now. */
 void ps_rma_wake(ps_rma_peer_t *p) {
@@ -68,7 +71,7 @@ void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr)
 void ps_rma_note_post(ps_rma_peer_t *p, uint64_t t0, int posted, uint64_t *first) {
   uint64_t now = ps_now_ns();
   ps_hist_add(&p->ops->iv[PS_IV_POST], now - t0);
-  if (!posted) p->ops->held[PS_HELD_PROVIDER]++;
+  if (!posted) ps_rma_note_held(p, PS_HELD_PROVIDER);
   else if (!*first) *first = now;
 }
 
