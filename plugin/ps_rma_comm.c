@@ -378,9 +378,9 @@ static int print_interval(char *out, size_t n, const char *name, const ps_hist_t
 static void print_opstats(ps_rma_comm_t *c, int p) {
   static const char *const iv_name[PS_IV_N] = {"queued", "copy", "post call", "wire",
                                                 "signal wait", "report lag", "total"};
-  const ps_rma_opstats_t *o = &c->opstats[p];
   static const char *const held_name[PS_HELD_N] = {"provider", "inflight bound", "send slot",
                                                     "unfilled", "copy", "credit"};
+  const ps_rma_opstats_t *o = &c->opstats[p];
   uint64_t held = 0;
   for (int i = 0; i < PS_HELD_N; i++) held += o->held[i];
   if (!o->iv[PS_IV_TOTAL].n && !held) return;

@@ -66,7 +66,7 @@ typedef struct {
 enum { PS_STAGE_NONE = 0, PS_STAGE_QUEUED, PS_STAGE_POSTED, PS_STAGE_DONE };
 
 /* PERSEUS_STATS: when a request reached each step (ps_now_ns), 0 where it
- * did not (or stats are off: then nothing here is written). */
+ * did not. Stats off: never written, cleared or read. */
 typedef struct {
   uint64_t call;       /* NCCL called iput/iget/iputSignal */
   uint64_t copy_start; /* staged, GPU source: its first chunk's copy out of the GPU issued */
@@ -102,10 +102,10 @@ typedef struct ps_rma_req {
   uint64_t dst_off;
   uint64_t stage_first;     /* staged-write sequence of its first chunk (dst_staged) */
   ps_op_t data_op, sig_op;
-  ps_rma_stamps_t ts;
   ps_rma_comm_t *comm;
   struct ps_rma_req *next;      /* free list / the peer's data queue */
   struct ps_rma_req *next_sig;  /* the peer's signal queue */
+  ps_rma_stamps_t ts;           /* last: set (and cleared) only when PERSEUS_STATS is on */
 } ps_rma_req_t;
 
 typedef struct ps_rma_req_chunk {
@@ -377,23 +377,30 @@ void ps_rma_wake(ps_rma_peer_t *p);
 /* 1 (and the comm failed) when err says the operation failed. */
 int ps_rma_op_failed(ps_rma_req_t *r, int err, const char *what, const char *errstr);
 void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr);
-/* PERSEUS_STATS: test() reported r done: its intervals go into its peer's
- * histograms (the caller checks c->opstats). */
-void ps_rma_note_reported(ps_rma_comm_t *c, const ps_rma_req_t *r);
-/* PERSEUS_STATS: when a post call to the provider begins; 0 when off. */
+
+/* --- floor 8, ps_rma_peer.c: PERSEUS_STATS. With stats off (c->opstats and
+ * every p->ops NULL) each step costs a test and a branch: the work is out of
+ * line and cold, so the compiler keeps it off the path. --- */
+#define PS_COLD __attribute__((cold))
+/* NCCL's call: r's stamps start (the caller checks c->opstats). */
+void ps_rma_note_call(ps_rma_req_t *r) PS_COLD;
+/* ps_now_ns() for a stamp (the caller checks p->ops). */
+uint64_t ps_rma_stats_now(void) PS_COLD;
+/* When a post call to the provider begins; 0 when off. */
 static inline uint64_t ps_rma_post_begins(const ps_rma_peer_t *p) {
-  return p->ops ? ps_now_ns() : 0;
+  return p->ops ? ps_rma_stats_now() : 0;
 }
-/* PERSEUS_STATS (the caller checks p->ops): the post call that began at t0
- * returned. Taken: *first, a request's stamp, is set unless it was already;
- * refused: counted as held back by the provider. */
-void ps_rma_note_post(ps_rma_peer_t *p, uint64_t t0, int posted, uint64_t *first);
-/* PERSEUS_STATS: a pass over p's queues stopped for `why` (PS_HELD_*). */
+/* The post call that began at t0 returned (the caller checks p->ops).
+ * Taken: *first, a request's stamp, is set unless it was already; refused:
+ * counted as held back by the provider. */
+void ps_rma_note_post(ps_rma_peer_t *p, uint64_t t0, int posted, uint64_t *first) PS_COLD;
+/* A pass over p's queues stopped for `why` (PS_HELD_*). */
+void ps_rma_note_stop(ps_rma_peer_t *p, int why) PS_COLD;
 static inline void ps_rma_note_held(ps_rma_peer_t *p, int why) {
-  ps_rma_opstats_t *o = p->ops;
-  if (!o) return;
-  o->held_passes[why]++;
-  if (o->stuck != why + 1) o->held[why]++, o->stuck = why + 1;
+  if (p->ops) ps_rma_note_stop(p, why);
 }
+/* test() reported r done: its intervals go into its peer's histograms (the
+ * caller checks c->opstats). */
+void ps_rma_note_reported(ps_rma_comm_t *c, const ps_rma_req_t *r) PS_COLD;
 
 #endif

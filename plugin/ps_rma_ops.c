@@ -58,7 +58,7 @@ static ncclResult_t req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out)
   ps_rma_req_t *r = c->free_reqs;
   c->free_reqs = r->next;
   void *desc = r->chunk_desc;
-  memset(r, 0, sizeof *r);
+  memset(r, 0, offsetof(ps_rma_req_t, ts)); /* start() clears ts when stats are on */
   r->magic = PS_RMA_REQ_MAGIC;
   r->chunk_desc = desc;
   r->comm = c;
@@ -224,7 +224,7 @@ static ncclResult_t start(ps_rma_comm_t *c, uint32_t rank, ps_rma_req_t **out) {
     return ncclInvalidArgument;
   }
   PS_CHECK(req_get(c, rank, out));
-  if (c->opstats) (*out)->ts.call = ps_now_ns();
+  if (c->opstats) ps_rma_note_call(*out);
   return ncclSuccess;
 }
 

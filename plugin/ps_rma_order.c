@@ -70,9 +70,9 @@ static void sig_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, c
   ps_rma_req_t *r = op->owner;
   (void)e;
   ps_rma_peer_t *p = &r->comm->peers[r->peer];
+  if (p->ops) r->ts.sig_done = ps_rma_stats_now(); /* first: r, err, errstr are kept anyway */
   ps_rma_op_finished(r->comm, p);
   r->sig_stage = PS_STAGE_DONE;
-  if (p->ops) r->ts.sig_done = ps_now_ns();
   ps_rma_op_failed(r, err, "signal", errstr);
 }
 

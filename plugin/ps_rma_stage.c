@@ -197,7 +197,7 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
     size_t n = chunk_len(st, r, i);
     const char *from = r->src + (size_t)i * st->chunk;
     if (r->src_gpu && n) {
-      if (!i && p->ops) r->ts.copy_start = ps_now_ns();
+      if (!i && p->ops) r->ts.copy_start = ps_rma_stats_now();
       if (ps_cuda_d2h(st->cu, PS_CUDA_OUT_STREAM, s->hdr + 1, from, n) != ncclSuccess ||
           ps_cuda_event_record(st->cu, PS_CUDA_OUT_STREAM, &s->ev) != ncclSuccess) {
         ps_rma_fail(c, ncclSystemError, "copying a put to rank %u out of the GPU failed", r->peer);
@@ -269,7 +269,7 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
       }
       ps_cuda_event_release(st->cu, s->ev);
       s->ev = NULL;
-      if (p->ops && s->chunk == r->nchunks - 1) r->ts.copy_done = ps_now_ns();
+      if (p->ops && s->chunk == r->nchunks - 1) r->ts.copy_done = ps_rma_stats_now();
     }
     size_t off = (size_t)s->chunk * st->chunk, n = chunk_len(st, r, s->chunk);
     uint64_t seq = r->seq + s->chunk, sseq = r->stage_first + s->chunk;
