@@ -121,7 +121,9 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   c->addr = calloc((size_t)nranks, sizeof *c->addr);
   c->peers = calloc((size_t)nranks, sizeof *c->peers);
   c->timeout_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
-  ncclResult_t rc = (c->addr && c->peers) ? ncclSuccess : ncclSystemError;
+  if (ps_fabric_config()->stats) c->opstats = calloc((size_t)nranks, sizeof *c->opstats);
+  ncclResult_t rc = (c->addr && c->peers && (c->opstats || !ps_fabric_config()->stats))
+                        ? ncclSuccess : ncclSystemError;
   if (rc == ncclSuccess) rc = ps_order_choose(c->ep.dev, &c->ordering);
   if (rc == ncclSuccess) rc = ps_rma_model_open(c);
   int64_t inflight = ps_fabric_config()->rma_inflight; /* -1: unset, the provider's default */
@@ -131,6 +133,7 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
     rc = ps_handle_decode(handles[p], NCCL_NET_HANDLE_MAXSIZE, ps_fabric_wire_hash(), &h);
     if (rc == ncclSuccess) rc = ps_ep_insert(&c->ep, h.addr, &c->addr[p]);
     ps_rma_peer_t *pp = &c->peers[p];
+    pp->ops = c->opstats ? &c->opstats[p] : NULL;
     pp->next_seq = pp->posted_below = pp->done.below = pp->arrived.below = 1;
     pp->stage_queued = pp->stage_sent = pp->stage_freed = 1;
     pp->stage_in.below = pp->stage_done.below = pp->credit_sent = 1;
@@ -175,7 +178,7 @@ ncclResult_t ps_rma_close_coll(void *coll) {
   ps_rma_model_close(c);
   ps_rma_free_reqs(c);
   if (c->sig_slots_mr) fi_close(&c->sig_slots_mr->fid);
-  free(c->regions), free(c->addr), free(c->peers);
+  free(c->regions), free(c->addr), free(c->peers), free(c->opstats);
   c->magic = 0;
   pthread_mutex_destroy(&c->lock);
   free(c);
@@ -355,6 +358,48 @@ static ncclResult_t dereg_sym_body(void *coll, void *mh) {
 
 ps_ordering_t ps_rma_ordering(void *coll) { return ((ps_rma_comm_t *)coll)->ordering; }
 
+/* A duration in microseconds, short: one decimal below 10 us. */
+static void fmt_us(char *out, size_t n, uint64_t ns) {
+  snprintf(out, n, ns < 9950 ? "%.1f" : "%.0f", (double)ns / 1e3);
+}
+
+/* " queued 3/8/20/41 mean 4", or " copy -" when no operation took that step. */
+static int print_interval(char *out, size_t n, const char *name, const ps_hist_t *h) {
+  if (!h->n) return snprintf(out, n, " %s -", name);
+  char v[5][24];
+  fmt_us(v[0], sizeof v[0], ps_hist_pct(h, 50)), fmt_us(v[1], sizeof v[1], ps_hist_pct(h, 90));
+  fmt_us(v[2], sizeof v[2], ps_hist_pct(h, 99)), fmt_us(v[3], sizeof v[3], h->max);
+  fmt_us(v[4], sizeof v[4], h->sum / h->n);
+  return snprintf(out, n, " %s %s/%s/%s/%s mean %s", name, v[0], v[1], v[2], v[3], v[4]);
+}
+
+/* The per-operation lines: where the time of the operations to peer p went
+ * and why posting to it stopped. */
+static void print_opstats(ps_rma_comm_t *c, int p) {
+  static const char *const iv_name[PS_IV_N] = {"queued", "copy", "post call", "wire",
+                                                "signal wait", "report lag", "total"};
+  static const char *const held_name[PS_HELD_N] = {"provider", "inflight bound", "send slot",
+                                                    "unfilled", "copy", "credit"};
+  const ps_rma_opstats_t *o = &c->opstats[p];
+  uint64_t held = 0;
+  for (int i = 0; i < PS_HELD_N; i++) held += o->held[i];
+  if (!o->iv[PS_IV_TOTAL].n && !held) return;
+  char line[1024];
+  int len = 0;
+  for (int i = 0; i < PS_IV_N && len < (int)sizeof line; i++)
+    len += print_interval(line + len, sizeof line - (size_t)len, iv_name[i], &o->iv[i]);
+  fprintf(stderr, "perseus stats: rank %d -> %d times of %llu ops (us p50/p90/p99/max):%s\n",
+          c->rank, p, (unsigned long long)o->iv[PS_IV_TOTAL].n, line);
+  len = 0;
+  for (int i = 0; i < PS_HELD_N && len < (int)sizeof line; i++)
+    len += snprintf(line + len, sizeof line - (size_t)len, "%s %s %llu/%llu", i ? "," : "",
+                    held_name[i], (unsigned long long)o->held[i],
+                    (unsigned long long)o->held_passes[i]);
+  fprintf(stderr, "perseus stats: rank %d -> %d held back (stops/passes):%s; depth at post p50 %llu "
+          "max %llu\n", c->rank, p, line, (unsigned long long)ps_hist_small_pct(&o->depth, 50),
+          (unsigned long long)o->depth.max);
+}
+
 /* PERSEUS_STATS=1: what each peer cost, when the comm closes. Written to
  * stderr, not the logger: the user asked for it whatever NCCL_DEBUG says. */
 static void print_stats(ps_rma_comm_t *c) {
@@ -369,6 +414,7 @@ static void print_stats(ps_rma_comm_t *c) {
             (unsigned long long)s->fences_posted, (unsigned long long)s->fences_avoided,
             (double)s->blocked_ns / 1e6, (unsigned long long)s->inflight_max,
             (unsigned long long)c->peers[p].arrived.below - 1);
+    if (c->opstats) print_opstats(c, p);
   }
 }
 

@@ -16,16 +16,18 @@
  *                       handed to the endpoint (or to a test plugin's model
  *                       NIC, ps_model_nic.h)
  *   8 ps_rma_peer.c     failing the comm, region lookup, per-peer accounting
- * Below the engine: ps_ep.c, ps_seqwin.c, ps_clock.c, ps_log.c. */
+ * Below the engine: ps_ep.c, ps_seqwin.c, ps_hist.c, ps_clock.c, ps_log.c. */
 #ifndef PS_RMA_INT_H
 #define PS_RMA_INT_H
 
 #include <rdma/fi_atomic.h>
 #include <rdma/fi_rma.h>
 
+#include "ps_clock.h"
 #include "ps_cuda.h"
 #include "ps_ep.h"
 #include "ps_gin_abi.h"
+#include "ps_hist.h"
 #include "ps_model_nic.h"
 #include "ps_rma.h"
 #include "ps_seqwin.h"
@@ -63,6 +65,17 @@ typedef struct {
 
 enum { PS_STAGE_NONE = 0, PS_STAGE_QUEUED, PS_STAGE_POSTED, PS_STAGE_DONE };
 
+/* PERSEUS_STATS: when a request reached each step (ps_now_ns), 0 where it
+ * did not. Stats off: never written, cleared or read. */
+typedef struct {
+  uint64_t call;       /* NCCL called iput/iget/iputSignal */
+  uint64_t copy_start; /* staged, GPU source: its first chunk's copy out of the GPU issued */
+  uint64_t copy_done;  /* ... its last chunk's copy seen finished (the copies run in order) */
+  uint64_t posted;     /* its data (first chunk) taken: the provider's post call returned */
+  uint64_t data_done;  /* its data (last chunk) completed */
+  uint64_t sig_posted, sig_done;
+} ps_rma_stamps_t;
+
 typedef struct ps_rma_req {
   uint32_t magic;
   uint8_t is_get;
@@ -92,6 +105,7 @@ typedef struct ps_rma_req {
   ps_rma_comm_t *comm;
   struct ps_rma_req *next;      /* free list / the peer's data queue */
   struct ps_rma_req *next_sig;  /* the peer's signal queue */
+  ps_rma_stamps_t ts;           /* last: set (and cleared) only when PERSEUS_STATS is on */
 } ps_rma_req_t;
 
 typedef struct ps_rma_req_chunk {
@@ -157,6 +171,38 @@ typedef struct {
   int rr;                     /* where the round-robin of free send slots starts */
 } ps_stage_t;
 
+/* PERSEUS_STATS, per peer: where its operations' time went (from the
+ * stamps, when test() reports each done) and why posting to it stopped. */
+enum {
+  PS_IV_QUEUED,  /* call -> its data handed over (the provider's post call returned) */
+  PS_IV_COPY,    /* staged, GPU source: first chunk's copy issued -> last chunk's seen done */
+  PS_IV_POST,    /* per post call (data, chunk or signal, taken or refused): inside the provider */
+  PS_IV_WIRE,    /* data handed over -> its (last chunk's) completion */
+  PS_IV_SIGWAIT, /* call -> its signal handed over */
+  PS_IV_LAG,     /* its last completion -> test() reported it done */
+  PS_IV_TOTAL,   /* call -> test() reported it done */
+  PS_IV_N
+};
+/* Why a pass over the peer's queues stopped with something still queued.
+ * Counted twice: every pass that stopped (grows with how often progress
+ * polls), and stops: runs of such passes for one reason with nothing posted
+ * to the peer in between. */
+enum {
+  PS_HELD_PROVIDER, /* the provider refused (-FI_EAGAIN after its retries) */
+  PS_HELD_INFLIGHT, /* PERSEUS_RMA_INFLIGHT operations posted */
+  PS_HELD_SLOT,     /* staged: the next chunk has no send slot, none is free */
+  PS_HELD_UNFILLED, /* staged: ... a slot is free, the next fill pass takes it */
+  PS_HELD_COPY,     /* staged: the chunk's copy out of the GPU is not finished */
+  PS_HELD_CREDIT,   /* staged: the peer has not freed the receive slot it needs */
+  PS_HELD_N
+};
+typedef struct {
+  ps_hist_t iv[PS_IV_N];  /* ns */
+  uint64_t held[PS_HELD_N], held_passes[PS_HELD_N];
+  int stuck;              /* 1 + the reason the last pass stopped for; 0 after a post */
+  ps_hist_small_t depth;  /* operations posted and not completed, at each post */
+} ps_rma_opstats_t;
+
 /* A signal that arrived before the writes it covers (target strategy). */
 typedef struct {
   ps_sig_msg_t msg;
@@ -172,6 +218,7 @@ typedef struct {
   uint64_t outstanding;  /* posted operations not completed yet */
   uint64_t active_ns;    /* last completion (or start of activity) while outstanding > 0 */
   ps_rma_peer_stats_t st;
+  ps_rma_opstats_t *ops;  /* PERSEUS_STATS, else NULL */
   /* target side: what this peer sent us. Its writes carry their sequence
    * number (remote CQ data) and arrive in any order on an unordered NIC. */
   ps_seqwin_t arrived;    /* its writes that arrived: every seq < arrived.below */
@@ -220,6 +267,7 @@ struct ps_rma_comm {
   uint64_t next_check_ns;
   uint64_t timeout_ns;  /* PERSEUS_PEER_TIMEOUT_MS */
   uint64_t max_posted;  /* per peer, posted and not completed (PERSEUS_RMA_INFLIGHT); 0 = no bound */
+  ps_rma_opstats_t *opstats; /* PERSEUS_STATS (read at connect): per peer; NULL when off */
   ncclResult_t error;
   char error_msg[256];
 };
@@ -329,5 +377,30 @@ void ps_rma_wake(ps_rma_peer_t *p);
 /* 1 (and the comm failed) when err says the operation failed. */
 int ps_rma_op_failed(ps_rma_req_t *r, int err, const char *what, const char *errstr);
 void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr);
+
+/* --- floor 8, ps_rma_peer.c: PERSEUS_STATS. With stats off (c->opstats and
+ * every p->ops NULL) each step costs a test and a branch: the work is out of
+ * line and cold, so the compiler keeps it off the path. --- */
+#define PS_COLD __attribute__((cold))
+/* NCCL's call: r's stamps start (the caller checks c->opstats). */
+void ps_rma_note_call(ps_rma_req_t *r) PS_COLD;
+/* ps_now_ns() for a stamp (the caller checks p->ops). */
+uint64_t ps_rma_stats_now(void) PS_COLD;
+/* When a post call to the provider begins; 0 when off. */
+static inline uint64_t ps_rma_post_begins(const ps_rma_peer_t *p) {
+  return p->ops ? ps_rma_stats_now() : 0;
+}
+/* The post call that began at t0 returned (the caller checks p->ops).
+ * Taken: *first, a request's stamp, is set unless it was already; refused:
+ * counted as held back by the provider. */
+void ps_rma_note_post(ps_rma_peer_t *p, uint64_t t0, int posted, uint64_t *first) PS_COLD;
+/* A pass over p's queues stopped for `why` (PS_HELD_*). */
+void ps_rma_note_stop(ps_rma_peer_t *p, int why) PS_COLD;
+static inline void ps_rma_note_held(ps_rma_peer_t *p, int why) {
+  if (p->ops) ps_rma_note_stop(p, why);
+}
+/* test() reported r done: its intervals go into its peer's histograms (the
+ * caller checks c->opstats). */
+void ps_rma_note_reported(ps_rma_comm_t *c, const ps_rma_req_t *r) PS_COLD;
 
 #endif

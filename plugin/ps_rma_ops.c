@@ -58,7 +58,7 @@ static ncclResult_t req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out)
   ps_rma_req_t *r = c->free_reqs;
   c->free_reqs = r->next;
   void *desc = r->chunk_desc;
-  memset(r, 0, sizeof *r);
+  memset(r, 0, offsetof(ps_rma_req_t, ts)); /* start() clears ts when stats are on */
   r->magic = PS_RMA_REQ_MAGIC;
   r->chunk_desc = desc;
   r->comm = c;
@@ -99,13 +99,18 @@ static int post_ready_sigs(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   int posted;
   while (p->sq_head && !c->error && ps_order_sig_ready(c, p, p->sq_head)) {
     ps_rma_req_t *r = p->sq_head;
-    if (ps_rma_peer_full(c, p)) return 1;
+    if (ps_rma_peer_full(c, p)) {
+      ps_rma_note_held(p, PS_HELD_INFLIGHT);
+      return 1;
+    }
+    uint64_t t0 = ps_rma_post_begins(p);
     ncclResult_t rc = ps_order_post_sig(c, r, &posted);
     if (rc != ncclSuccess) {
       r->status = rc;
       ps_rma_fail(c, rc, "signal to rank %u could not be posted", r->peer);
       return -1;
     }
+    if (p->ops) ps_rma_note_post(p, t0, posted, &r->ts.sig_posted);
     if (!posted) return 1;
     r->sig_stage = PS_STAGE_POSTED;
     ps_rma_op_started(c, p);
@@ -141,13 +146,18 @@ static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
         break;
       }
     } else {
-      if (ps_rma_peer_full(c, p)) goto refused;
+      if (ps_rma_peer_full(c, p)) {
+        ps_rma_note_held(p, PS_HELD_INFLIGHT);
+        goto refused;
+      }
+      uint64_t t0 = ps_rma_post_begins(p);
       ncclResult_t rc = post_data(c, r, &posted);
       if (rc != ncclSuccess) {
         r->status = rc;
         ps_rma_fail(c, rc, "%s to rank %u could not be posted", r->is_get ? "get" : "put", r->peer);
         return;
       }
+      if (p->ops) ps_rma_note_post(p, t0, posted, &r->ts.posted);
       if (!posted) goto refused;
       ps_rma_op_started(c, p);
       if (!r->is_get) p->posted_below = r->seq + 1;
@@ -213,7 +223,9 @@ static ncclResult_t start(ps_rma_comm_t *c, uint32_t rank, ps_rma_req_t **out) {
     PS_WARN("one-sided operation to rank %u, but the comm has %d ranks", rank, c->nranks);
     return ncclInvalidArgument;
   }
-  return req_get(c, rank, out);
+  PS_CHECK(req_get(c, rank, out));
+  if (c->opstats) ps_rma_note_call(*out);
+  return ncclSuccess;
 }
 
 /* A put (local -> rank) or a get (rank -> local) with no signal. */
@@ -351,6 +363,7 @@ static ncclResult_t test_body(void *coll, void *request, int *done) {
       (r->sig_stage && r->sig_stage != PS_STAGE_DONE))
     return ncclSuccess;
   *done = 1;
+  if (c->opstats) ps_rma_note_reported(c, r);
   req_put(c, r);
   return ncclSuccess;
 }

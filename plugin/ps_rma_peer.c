@@ -23,9 +23,16 @@ ps_rma_region_t *ps_rma_region(ps_rma_comm_t *c, void *mh) {
   return (r && r->magic == PS_RMA_REG_MAGIC && r->comm == c) ? r : NULL;
 }
 
+/* PERSEUS_STATS: one more operation posted to p */
+static void PS_COLD __attribute__((noinline)) note_started(ps_rma_peer_t *p) {
+  ps_hist_small_add(&p->ops->depth, p->outstanding);
+  p->ops->stuck = 0;
+}
+
 void ps_rma_op_started(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   if (!p->outstanding++) p->active_ns = c->now_ns;
   if (p->outstanding > p->st.inflight_max) p->st.inflight_max = p->outstanding;
+  if (p->ops) note_started(p);
 }
 /* An idle peer gets work: its liveness clock starts now. */
 void ps_rma_wake(ps_rma_peer_t *p) {
@@ -52,11 +59,49 @@ void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr)
   ps_rma_peer_t *p = &c->peers[r->peer];
   ps_rma_op_finished(c, p);
   if (++r->done_chunks == r->nchunks) r->data_stage = PS_STAGE_DONE;
-  if (ps_rma_op_failed(r, err, r->is_get ? "get" : "put", errstr) || r->is_get) return;
-  /* Completions come in any order; done.below only moves over a gap-free run. */
-  if (ps_seqwin_mark(&p->done, seq, UINT64_MAX)) {
-    ps_rma_fail(c, ncclSystemError, "no memory to track puts to rank %u", r->peer);
-    return;
+  if (!ps_rma_op_failed(r, err, r->is_get ? "get" : "put", errstr) && !r->is_get) {
+    /* Completions come in any order; done.below only moves over a gap-free run. */
+    if (ps_seqwin_mark(&p->done, seq, UINT64_MAX))
+      ps_rma_fail(c, ncclSystemError, "no memory to track puts to rank %u", r->peer);
+    else if (p->sq_head)
+      c->backlog = 1; /* a deferred signal may be free to go */
   }
-  if (p->sq_head) c->backlog = 1; /* a deferred signal may be free to go */
+  /* last, where only r and p are live: nothing more to keep across a call */
+  if (p->ops && r->data_stage == PS_STAGE_DONE) r->ts.data_done = ps_rma_stats_now();
+}
+
+/* --- PERSEUS_STATS --- */
+
+void ps_rma_note_call(ps_rma_req_t *r) { r->ts = (ps_rma_stamps_t){.call = ps_now_ns()}; }
+
+uint64_t ps_rma_stats_now(void) { return ps_now_ns(); }
+
+void ps_rma_note_stop(ps_rma_peer_t *p, int why) {
+  ps_rma_opstats_t *o = p->ops;
+  o->held_passes[why]++;
+  if (o->stuck != why + 1) o->held[why]++, o->stuck = why + 1;
+}
+
+void ps_rma_note_post(ps_rma_peer_t *p, uint64_t t0, int posted, uint64_t *first) {
+  uint64_t now = ps_now_ns();
+  ps_hist_add(&p->ops->iv[PS_IV_POST], now - t0);
+  if (!posted) ps_rma_note_stop(p, PS_HELD_PROVIDER);
+  else if (!*first) *first = now;
+}
+
+/* From step a to step b, where the request went through both. */
+static void add_span(ps_hist_t *h, uint64_t a, uint64_t b) {
+  if (a && b) ps_hist_add(h, b > a ? b - a : 0);
+}
+
+void ps_rma_note_reported(ps_rma_comm_t *c, const ps_rma_req_t *r) {
+  ps_rma_opstats_t *o = c->peers[r->peer].ops;
+  const ps_rma_stamps_t *t = &r->ts;
+  uint64_t now = ps_now_ns(), last = t->data_done > t->sig_done ? t->data_done : t->sig_done;
+  add_span(&o->iv[PS_IV_QUEUED], t->call, t->posted);
+  add_span(&o->iv[PS_IV_COPY], t->copy_start, t->copy_done);
+  add_span(&o->iv[PS_IV_WIRE], t->posted, t->data_done);
+  add_span(&o->iv[PS_IV_SIGWAIT], t->call, t->sig_posted);
+  add_span(&o->iv[PS_IV_LAG], last, now);
+  add_span(&o->iv[PS_IV_TOTAL], t->call, now);
 }

@@ -197,6 +197,7 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
     size_t n = chunk_len(st, r, i);
     const char *from = r->src + (size_t)i * st->chunk;
     if (r->src_gpu && n) {
+      if (!i && p->ops) r->ts.copy_start = ps_rma_stats_now();
       if (ps_cuda_d2h(st->cu, PS_CUDA_OUT_STREAM, s->hdr + 1, from, n) != ncclSuccess ||
           ps_cuda_event_record(st->cu, PS_CUDA_OUT_STREAM, &s->ev) != ncclSuccess) {
         ps_rma_fail(c, ncclSystemError, "copying a put to rank %u out of the GPU failed", r->peer);
@@ -250,15 +251,25 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
   ps_stage_t *st = c->stage;
   *all = 0, *refused = 0;
   while (r->posted_chunks < r->nchunks) {
-    if (ps_rma_peer_full(c, p)) return ncclSuccess; /* waits for a completion */
+    if (ps_rma_peer_full(c, p)) { /* waits for a completion */
+      ps_rma_note_held(p, PS_HELD_INFLIGHT);
+      return ncclSuccess;
+    }
     ps_stage_slot_t *s = p->prep_head;
-    if (!s || s->req != r) return ncclSuccess; /* waits for a send slot */
+    if (!s || s->req != r) { /* waits for a send slot */
+      ps_rma_note_held(p, st->free_slots ? PS_HELD_UNFILLED : PS_HELD_SLOT);
+      return ncclSuccess;
+    }
     if (s->ev) {
       int done = ps_cuda_event_done(st->cu, s->ev);
       if (done < 0) return ncclSystemError;
-      if (!done) return ncclSuccess; /* still copying out of the GPU */
+      if (!done) { /* still copying out of the GPU */
+        ps_rma_note_held(p, PS_HELD_COPY);
+        return ncclSuccess;
+      }
       ps_cuda_event_release(st->cu, s->ev);
       s->ev = NULL;
+      if (p->ops && s->chunk == r->nchunks - 1) r->ts.copy_done = ps_rma_stats_now();
     }
     size_t off = (size_t)s->chunk * st->chunk, n = chunk_len(st, r, s->chunk);
     uint64_t seq = r->seq + s->chunk, sseq = r->stage_first + s->chunk;
@@ -269,7 +280,10 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
                            .rma_iov = &rma, .rma_iov_count = 1, .context = &s->op};
     uint32_t slot = 0;
     if (r->dst_staged) {
-      if (sseq >= p->stage_freed + st->per_peer) return ncclSuccess; /* no credit yet */
+      if (sseq >= p->stage_freed + st->per_peer) { /* no credit yet */
+        ps_rma_note_held(p, PS_HELD_CREDIT);
+        return ncclSuccess;
+      }
       slot = (uint32_t)(sseq % st->per_peer);
       *s->hdr = (ps_stage_hdr_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
                                  .src_rank = (uint32_t)c->rank, .region_id = r->dst_region,
@@ -284,8 +298,10 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
     }
     s->op = (ps_op_t){.cb = chunk_done, .owner = s};
     int posted = 0;
+    uint64_t t0 = ps_rma_post_begins(p);
     PS_CHECK(r->dst_staged ? ps_rma_post_staged(c, r->peer, &m, slot, &posted)
                            : ps_rma_post_put(c, r->peer, &m, seq, &posted));
+    if (p->ops) ps_rma_note_post(p, t0, posted, &r->ts.posted);
     if (!posted) {
       *refused = 1;
       return ncclSuccess;

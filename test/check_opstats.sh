@@ -1,0 +1,102 @@
+#!/bin/sh
+# check_opstats.sh [--staged] COMMAND [ARGS...]: runs COMMAND with
+# PERSEUS_STATS=1 (its stderr also passed through) and checks the
+# per-operation stats lines the one-sided engine prints when a comm closes:
+#   - COMMAND exits 0 and prints at least one "times of N ops" line;
+#   - every peer whose first line counts puts has a times line and a held-back
+#     line, with N > 0 and queued, wire and total timed;
+#   - every timed interval reads p50 <= p90 <= p99 <= max and mean <= max;
+#     no interval of an operation is longer than its total (max against max);
+#   - the depth at post reads p50 <= max, and its max is the first line's
+#     "max in flight" (both are the most operations posted to the peer);
+#   - with --staged (GPU source windows through staging, e.g. rma_test -G dsg):
+#     some peer has copies out of the GPU timed and a post held back for a
+#     send slot, a copy or a credit.
+staged=0
+if [ "$1" = --staged ]; then staged=1; shift; fi
+log=$(mktemp) || exit 1
+trap 'rm -f "$log"' EXIT
+PERSEUS_STATS=1 "$@" 2>"$log"
+rc=$?
+cat "$log" >&2
+if [ "$rc" -ne 0 ]; then
+  echo "check_opstats.sh: $1 exited with $rc" >&2
+  exit 1
+fi
+awk -v staged="$staged" '
+function fail(msg) { print "check_opstats.sh: " msg >"/dev/stderr"; bad = 1 }
+# The value of interval `name` on this line: "-" (not timed) or its four
+# numbers and mean in v[1..5]; "" when the line lacks it.
+function interval(line, name, v,   s, n) {
+  if (!match(line, " " name " (-|[0-9.]+/[0-9.]+/[0-9.]+/[0-9.]+ mean [0-9.]+)")) return ""
+  s = substr(line, RSTART + length(name) + 2, RLENGTH - length(name) - 2)
+  if (s == "-") return "-"
+  sub(/ mean /, "/", s)
+  n = split(s, v, "/")
+  return n == 5 ? "timed" : ""
+}
+/^perseus stats: rank [0-9]+ -> [0-9]+ \(/ {
+  key = $4 "->" $6
+  for (i = 1; i <= NF; i++) {
+    if ($i == "puts") puts[key] = $(i + 1)
+    if ($i == "in" && $(i + 1) == "flight") inflight[key] = $(i + 2) + 0
+  }
+}
+/^perseus stats: rank [0-9]+ -> [0-9]+ times of / {
+  key = $4 "->" $6
+  times[key] = 1
+  nops = $9
+  if (nops + 0 <= 0) fail(key ": times of " nops " ops")
+  tmax = -1
+  if (interval($0, "total", tv) == "timed") tmax = tv[4] + 0
+  for (k = 1; k <= 7; k++) {
+    nm = k == 1 ? "queued" : k == 2 ? "copy" : k == 3 ? "post call" : k == 4 ? "wire" : \
+         k == 5 ? "signal wait" : k == 6 ? "report lag" : "total"
+    what = interval($0, nm, v)
+    if (what == "") { fail(key ": no \"" nm "\" interval in: " $0); continue }
+    if (what == "-") {
+      if (nm == "queued" || nm == "wire" || nm == "total") fail(key ": " nm " not timed")
+      continue
+    }
+    if (!(v[1] + 0 <= v[2] + 0 && v[2] + 0 <= v[3] + 0 && v[3] + 0 <= v[4] + 0))
+      fail(key ": " nm " p50/p90/p99/max out of order: " v[1] "/" v[2] "/" v[3] "/" v[4])
+    if (v[5] + 0 > v[4] + 0) fail(key ": " nm " mean " v[5] " over its max " v[4])
+    if (nm != "post call" && v[4] + 0 > tmax)
+      fail(key ": " nm " max " v[4] " over the total max " tmax)
+    if (nm == "copy") copies++
+  }
+}
+/^perseus stats: rank [0-9]+ -> [0-9]+ held back \(stops\/passes\): / {
+  key = $4 "->" $6
+  held[key] = 1
+  line = $0
+  gsub(/,|;/, "", line)
+  n = split(line, f, " ")
+  for (i = 1; i <= n; i++) {
+    if (f[i] == "provider" || f[i] == "bound" || f[i] == "slot" || f[i] == "unfilled" ||
+        f[i] == "copy" || f[i] == "credit") {
+      if (split(f[i + 1], sp, "/") != 2 || sp[1] + 0 > sp[2] + 0 || (sp[1] + 0 == 0) != (sp[2] + 0 == 0))
+        fail(key ": held back for " f[i] " " f[i + 1] ": not stops/passes with stops <= passes")
+      if (f[i] != "provider" && f[i] != "bound") waits += sp[1]
+    }
+    if (f[i] == "p50") p50 = f[i + 1]
+    if (f[i] == "max") dmax = f[i + 1]
+  }
+  if (!(p50 + 0 <= dmax + 0 && dmax + 0 >= 1)) fail(key ": depth at post p50 " p50 " max " dmax)
+  depth[key] = dmax
+}
+END {
+  for (key in puts) {
+    if (puts[key] + 0 == 0) continue
+    npeers++
+    if (!(key in times)) fail(key ": " puts[key] " puts but no times line")
+    if (!(key in held)) fail(key ": " puts[key] " puts but no held-back line")
+    else if (depth[key] + 0 != inflight[key] + 0)
+      fail(key ": depth at post max " depth[key] " but max in flight " inflight[key])
+  }
+  if (!npeers) fail("no peer with puts: is PERSEUS_STATS read?")
+  if (staged && !copies) fail("staged, but no copy out of the GPU was timed")
+  if (staged && !waits) fail("staged, but nothing was held back for a send slot, a copy or a credit")
+  if (!bad) print "check_opstats.sh: stats lines of " npeers " peers consistent" >"/dev/stderr"
+  exit bad
+}' "$log"
