@@ -21,7 +21,8 @@
 typedef struct {
   int sw, nproc, *timed_out;
   double deadline, done_at;
-  int told; /* tick said why the set stops */
+  int told;    /* tick said why the set stops */
+  int stopped; /* the set is being stopped */
   char what[64];
 } coll_set_t;
 
@@ -39,6 +40,7 @@ static int ended(void *arg, int r, pid_t pid, int code, int signaled)
 {
   coll_set_t *set = arg;
   if (!code) return 0;
+  if (set->stopped) return 1; /* the rest, killed after the first failure: said already */
   char who[48];
   if (set->sw >= 0) snprintf(who, sizeof(who), "rank %d (pid %d)", r, (int)pid);
   else snprintf(who, sizeof(who), "pid %d", (int)pid);
@@ -87,6 +89,7 @@ static int tick(void *arg, double now, const pid_t *pids, int n)
 static void stopping(void *arg, const pid_t *pids, int n)
 {
   coll_set_t *set = arg;
+  set->stopped = 1;
   int alive = 0;
   for (int i = 0; i < n; i++) alive += pids[i] > 0;
   if (alive > 0 && !set->told)

@@ -133,6 +133,7 @@ typedef struct {
   int spids[GP_MAX_RANKS];     /* pids for messages (the reaper clears its own) */
   int watchdog[GP_MAX_RANKS];  /* stopped by the watchdog */
   int described;               /* where each rank was has been said */
+  int stopped;                 /* the set is being stopped */
 } gp_set_t;
 
 static int gp_child(int r, void *arg)
@@ -147,6 +148,7 @@ static int gp_ended(void *arg, int r, pid_t pid, int code, int signaled)
 {
   gp_set_t *set = arg;
   if (code == 0) return 0;
+  if (set->stopped) return 1; /* the rest, killed after the first failure: said already */
   if (signaled)
     fprintf(stderr, "%s: %s: %s %d (pid %d) killed by signal %d (%s)\n", gp_prog, set->what,
             set->probe ? "GPU probe" : "rank", r, (int)pid, code - 128, strsignal(code - 128));
@@ -186,6 +188,7 @@ static int gp_tick(void *arg, double now, const pid_t *pids, int n)
 static void gp_stopping(void *arg, const pid_t *pids, int n)
 {
   gp_set_t *set = arg;
+  set->stopped = 1;
   int alive = 0;
   for (int i = 0; i < n; i++) alive += pids[i] > 0;
   if (!set->described && alive > 0) {

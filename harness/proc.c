@@ -117,7 +117,8 @@ int ps_proc_reap(const ps_proc_set_t *s, pid_t *pids, int n, int *codes) {
         break;
       }
     }
-    struct timespec ts = {0, (long)(s->poll_s * 1e9)};
+    double poll = s->poll_s > 0 ? s->poll_s : 0.02;
+    struct timespec ts = {(time_t)poll, (long)((poll - (double)(time_t)poll) * 1e9)};
     nanosleep(&ts, NULL);
   }
   return failed ? -1 : 0;
