@@ -31,6 +31,11 @@ def num(s):
     return float(s) if s not in (None, "") else None
 
 
+def column_values(rows, key):
+    """The distinct values of a column, in the order they first appear."""
+    return list(dict.fromkeys(r[key] for r in rows))
+
+
 def save(fig, imgdir, name):
     path = os.path.join(imgdir, name)
     fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -86,10 +91,7 @@ def plot_put_signal_batch(plt, datadir, imgdir):
 
 def plot_moe(plt, datadir, imgdir):
     rows = read_csv(os.path.join(datadir, "moe_fused_vs_baseline.csv"))
-    configs = []
-    for r in rows:
-        if r["config"] not in configs:
-            configs.append(r["config"])
+    configs = column_values(rows, "config")
     presets = ["Qwen-like", "GPT-OSS-like", "DeepSeek-like"]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
     width = 0.8 / len(configs)
@@ -135,10 +137,7 @@ def plot_moe(plt, datadir, imgdir):
 
 def plot_coll(plt, datadir, imgdir):
     rows = read_csv(os.path.join(datadir, "coll_perf_2xh200.csv"))
-    colls = []
-    for r in rows:
-        if r["collective"] not in colls:
-            colls.append(r["collective"])
+    colls = column_values(rows, "collective")
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for c, m in zip(colls, "osx^D"):
         rs = [r for r in rows if r["collective"] == c]
