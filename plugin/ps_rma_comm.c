@@ -11,6 +11,7 @@
 #include "ps_rma_int.h"
 
 static void print_stats(ps_rma_comm_t *c);
+static void close_comm(ps_rma_comm_t *c, int report);
 static void dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r);
 
 /* Process-wide totals (perseus_rma_process_stats): live comms are summed
@@ -146,7 +147,7 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   if (rc == ncclSuccess) rc = ps_rma_post_sig_slots(c);
   if (rc == ncclSuccess) rc = live_add(c);
   if (rc != ncclSuccess) {
-    ps_rma_close_coll(c);
+    close_comm(c, 0); /* never handed out: nothing to report */
     return rc;
   }
   char bound[24] = "no bound";
@@ -160,7 +161,13 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
 ncclResult_t ps_rma_close_coll(void *coll) {
   ps_rma_comm_t *c = coll;
   if (!c || c->magic != PS_RMA_MAGIC) return ncclInvalidArgument;
-  if (ps_fabric_config()->stats && c->peers) print_stats(c);
+  close_comm(c, 1);
+  return ncclSuccess;
+}
+
+/* report: PERSEUS_STATS for a comm that connected */
+static void close_comm(ps_rma_comm_t *c, int report) {
+  if (report && ps_fabric_config()->stats) print_stats(c);
   live_remove(c);
   for (int p = 0; c->lanes && p < c->nranks; p++) /* lanes first: they use ep's CQ and AV */
     if (c->lanes[p]) fi_close(&c->lanes[p]->fid);
@@ -182,7 +189,6 @@ ncclResult_t ps_rma_close_coll(void *coll) {
   c->magic = 0;
   pthread_mutex_destroy(&c->lock);
   free(c);
-  return ncclSuccess;
 }
 
 /* Blocking allgather of one region's {addr, size, key}: each rank sends its
