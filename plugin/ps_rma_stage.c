@@ -246,10 +246,25 @@ static void chunk_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err,
   ps_rma_put_done(r, seq, err, errstr);
 }
 
+/* PERSEUS_STATS: when the copies out of the GPU of p's prepared chunks
+ * finished, seen before each is next in line to post, so that a put's copy
+ * time leaves out its wait behind earlier puts. Copies finish in the order
+ * they were issued: the first one still running ends the look. */
+static void PS_COLD note_copies(ps_stage_t *st, ps_rma_peer_t *p) {
+  for (ps_stage_slot_t *s = p->prep_head; s; s = s->next) {
+    ps_rma_req_t *r = s->req;
+    int last = s->chunk == r->nchunks - 1;
+    if (!s->ev || (last && r->ts.copy_done)) continue;
+    if (ps_cuda_event_done(st->cu, s->ev) != 1) return;
+    if (last) r->ts.copy_done = ps_rma_stats_now();
+  }
+}
+
 ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, int *all,
                            int *refused) {
   ps_stage_t *st = c->stage;
   *all = 0, *refused = 0;
+  if (p->ops) note_copies(st, p);
   while (r->posted_chunks < r->nchunks) {
     if (ps_rma_peer_full(c, p)) { /* waits for a completion */
       ps_rma_note_held(p, PS_HELD_INFLIGHT);
@@ -269,7 +284,8 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
       }
       ps_cuda_event_release(st->cu, s->ev);
       s->ev = NULL;
-      if (p->ops && s->chunk == r->nchunks - 1) r->ts.copy_done = ps_rma_stats_now();
+      if (p->ops && s->chunk == r->nchunks - 1 && !r->ts.copy_done)
+        r->ts.copy_done = ps_rma_stats_now();
     }
     size_t off = (size_t)s->chunk * st->chunk, n = chunk_len(st, r, s->chunk);
     uint64_t seq = r->seq + s->chunk, sseq = r->stage_first + s->chunk;
