@@ -4,10 +4,12 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ps_clock.h"
 #include "ps_log.h"
 
 /* Our own spelling of the few driver types and values used, so no cuda.h is
@@ -17,7 +19,26 @@ typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef struct ps_cu_ctx_st *CUcontext;
 typedef struct ps_cu_stream_st *CUstream;
-typedef struct ps_cu_event_st *CUevent;
+typedef unsigned long long cu_u64;
+typedef struct {
+  int type, id; /* CUmemLocationType, ordinal */
+} cu_location_t;
+typedef struct {
+  int src_access_order; /* CUmemcpySrcAccessOrder */
+  cu_location_t src_hint, dst_hint;
+  unsigned int flags;
+} cu_copy_attr_t; /* CUmemcpyAttributes */
+typedef union {
+  int operation;
+  struct {
+    int operation;
+    CUdeviceptr address;
+    cu_u64 value64;
+    unsigned int flags;
+    CUdeviceptr alias;
+  } write_value;
+  cu_u64 pad[6];
+} cu_memop_t; /* CUstreamBatchMemOpParams */
 
 enum {
   CUDA_SUCCESS = 0,
@@ -26,8 +47,12 @@ enum {
   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
   CU_MEMORYTYPE_DEVICE = 2,
   CU_STREAM_NON_BLOCKING = 1,
-  CU_EVENT_DISABLE_TIMING = 2,
   CU_MEMHOSTALLOC_PORTABLE = 1,
+  CU_MEMHOSTALLOC_DEVICEMAP = 2,
+  CU_STREAM_MEM_OP_WRITE_VALUE_64 = 5,
+  CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1,
+  CU_MEM_LOCATION_TYPE_DEVICE = 1,
+  CU_MEM_LOCATION_TYPE_HOST = 2,
   /* with its memory barrier: earlier writes of the stream are visible first */
   CU_STREAM_WRITE_VALUE_DEFAULT = 0,
 };
@@ -49,32 +74,50 @@ static struct {
   CUresult (*stream_create)(CUstream *, unsigned int);
   CUresult (*stream_synchronize)(CUstream);
   CUresult (*stream_destroy)(CUstream);
-  CUresult (*memcpy_htod_async)(CUdeviceptr, const void *, size_t, CUstream);
-  CUresult (*memcpy_dtoh_async)(void *, CUdeviceptr, size_t, CUstream);
-  CUresult (*stream_write_value64)(CUstream, CUdeviceptr, uint64_t, unsigned int);
-  CUresult (*event_create)(CUevent *, unsigned int);
-  CUresult (*event_record)(CUevent, CUstream);
-  CUresult (*event_query)(CUevent);
-  CUresult (*event_destroy)(CUevent);
+  CUresult (*stream_query)(CUstream);
+  CUresult (*host_get_device_pointer)(CUdeviceptr *, void *, unsigned int);
+  CUresult (*memcpy_async)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  CUresult (*batch_memop)(CUstream, unsigned int, cu_memop_t *, unsigned int);
+  /* optional (CUDA 12.8+): 13.0's signature, or 12.8's with failIdx */
+  CUresult (*copy_batch_v2)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, cu_copy_attr_t *,
+                            size_t *, size_t, CUstream);
+  CUresult (*copy_batch_v1)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, cu_copy_attr_t *,
+                            size_t *, size_t, size_t *, CUstream);
 } cu;
 
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
 static int cu_ndev;       /* devices cuInit found; 0 when the driver is unusable */
 static char cu_why[256];  /* why it is unusable */
 
-struct ps_cuda_event {
-  CUevent ev;
-  struct ps_cuda_event *next;     /* free list */
-  struct ps_cuda_event *all_next; /* every event of the device, for close */
-};
+#define PS_CUDA_HELD 64 /* operations a stream holds before handing them over */
+
+/* An operation not yet handed to the driver. */
+typedef struct {
+  int kind; /* HELD_D2H, HELD_H2D, HELD_WRITE */
+  CUdeviceptr dst, src;
+  size_t n;
+  uint64_t value;
+} held_t;
+enum { HELD_D2H, HELD_H2D, HELD_WRITE };
+
+typedef struct {
+  CUstream st;
+  volatile uint64_t *reached; /* pinned: the last mark the stream reached */
+  CUdeviceptr reached_dev;
+  uint64_t marks;             /* marks enqueued */
+  int unmarked;               /* operations handed over since the last mark */
+  held_t held[PS_CUDA_HELD];
+  uint32_t nheld;
+  uint64_t next_query_ns;     /* a waiting ps_cuda_passed asks the driver then */
+  int failed;                 /* a hand-over failed: its operations' tickets never pass */
+} stream_t;
 
 struct ps_cuda_dev {
   int ordinal;
   CUdevice dev;
   CUcontext ctx;
-  CUstream stream[PS_CUDA_NSTREAMS];
-  pthread_mutex_t lock; /* the event pool */
-  ps_cuda_event_t *free_ev, *all_ev;
+  stream_t s[PS_CUDA_NSTREAMS];
+  uint64_t *marks_mem; /* pinned, one cache line per stream */
 };
 
 static const char *cu_err(CUresult rc) {
@@ -115,16 +158,18 @@ static void cu_load(void) {
       cu_sym(lib, "cuStreamCreate", &cu.stream_create) ||
       cu_sym(lib, "cuStreamSynchronize", &cu.stream_synchronize) ||
       cu_sym(lib, "cuStreamDestroy_v2", &cu.stream_destroy) ||
-      cu_sym(lib, "cuMemcpyHtoDAsync_v2", &cu.memcpy_htod_async) ||
-      cu_sym(lib, "cuMemcpyDtoHAsync_v2", &cu.memcpy_dtoh_async) ||
-      cu_sym(lib, "cuStreamWriteValue64_v2", &cu.stream_write_value64) ||
-      cu_sym(lib, "cuEventCreate", &cu.event_create) || cu_sym(lib, "cuEventRecord", &cu.event_record) ||
-      cu_sym(lib, "cuEventQuery", &cu.event_query) || cu_sym(lib, "cuEventDestroy_v2", &cu.event_destroy)) {
+      cu_sym(lib, "cuStreamQuery", &cu.stream_query) ||
+      cu_sym(lib, "cuMemHostGetDevicePointer_v2", &cu.host_get_device_pointer) ||
+      cu_sym(lib, "cuMemcpyAsync", &cu.memcpy_async) ||
+      cu_sym(lib, "cuStreamBatchMemOp_v2", &cu.batch_memop)) {
     memset(&cu, 0, sizeof cu);
     dlclose(lib);
     PS_INFO(NCCL_INIT, "CUDA staging unavailable: %s", cu_why);
     return;
   }
+  void *p = dlsym(lib, "cuMemcpyBatchAsync_v2");
+  if (p) memcpy(&cu.copy_batch_v2, &p, sizeof p);
+  else if ((p = dlsym(lib, "cuMemcpyBatchAsync"))) memcpy(&cu.copy_batch_v1, &p, sizeof p);
   /* From here on the library stays loaded for the life of the process: the
    * driver may have started threads that still run its code. */
   CUresult rc = cu.init(0);
@@ -159,12 +204,12 @@ static void ctx_pop(const char *op) {
   if (rc != CUDA_SUCCESS) PS_WARN("%s: cuCtxPopCurrent_v2 failed: %s", op, cu_err(rc));
 }
 
-static ncclResult_t stream_of(ps_cuda_dev_t *d, int s, const char *op, CUstream *out) {
+static ncclResult_t stream_of(ps_cuda_dev_t *d, int s, const char *op, stream_t **out) {
   if (!d || s < 0 || s >= PS_CUDA_NSTREAMS) {
     PS_WARN("%s: bad device %p or stream %d", op, (void *)d, s);
     return ncclInvalidArgument;
   }
-  *out = d->stream[s];
+  *out = &d->s[s];
   return ncclSuccess;
 }
 
@@ -172,34 +217,57 @@ static CUdeviceptr dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
 
 /* Drains the streams first: the caller frees the host buffers they copy into
  * right after close. */
+static ncclResult_t hand_over(ps_cuda_dev_t *d, stream_t *x, int mark);
+
 static void dev_destroy(ps_cuda_dev_t *d, int have_ctx) {
   if (d->ctx && ctx_push(d, "ps_cuda_close") == ncclSuccess) {
     for (int s = 0; s < PS_CUDA_NSTREAMS; s++) {
-      if (!d->stream[s]) continue;
-      CUresult rc = cu.stream_synchronize(d->stream[s]);
+      if (!d->s[s].st) continue;
+      if (d->s[s].nheld) (void)hand_over(d, &d->s[s], 0); /* as the fake runs them */
+      CUresult rc = cu.stream_synchronize(d->s[s].st);
       if (rc != CUDA_SUCCESS) PS_WARN("cuStreamSynchronize (GPU %d) failed: %s", d->ordinal, cu_err(rc));
-      rc = cu.stream_destroy(d->stream[s]);
+      rc = cu.stream_destroy(d->s[s].st);
       if (rc != CUDA_SUCCESS) PS_WARN("cuStreamDestroy_v2 (GPU %d) failed: %s", d->ordinal, cu_err(rc));
     }
-    for (ps_cuda_event_t *e = d->all_ev, *n; e; e = n) {
-      n = e->all_next;
-      CUresult rc = cu.event_destroy(e->ev);
-      if (rc != CUDA_SUCCESS) PS_WARN("cuEventDestroy_v2 (GPU %d) failed: %s", d->ordinal, cu_err(rc));
-      free(e);
+    if (d->marks_mem) {
+      CUresult rc = cu.mem_free_host(d->marks_mem);
+      if (rc != CUDA_SUCCESS) PS_WARN("cuMemFreeHost (GPU %d) failed: %s", d->ordinal, cu_err(rc));
     }
-    d->all_ev = NULL;
     ctx_pop("ps_cuda_close");
-  }
-  for (ps_cuda_event_t *e = d->all_ev, *n; e; e = n) { /* only when the push failed */
-    n = e->all_next;
-    free(e);
   }
   if (have_ctx) {
     CUresult rc = cu.primary_ctx_release(d->dev);
     if (rc != CUDA_SUCCESS) PS_WARN("cuDevicePrimaryCtxRelease_v2 (GPU %d) failed: %s", d->ordinal, cu_err(rc));
   }
-  pthread_mutex_destroy(&d->lock);
   free(d);
+}
+
+/* Streams, and the pinned words their marks land in (mapped for the GPU). */
+static ncclResult_t make_streams(ps_cuda_dev_t *d) {
+  CUresult rc = cu.mem_host_alloc((void **)&d->marks_mem, PS_CUDA_NSTREAMS * 64,
+                                  CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+  if (rc != CUDA_SUCCESS) {
+    PS_WARN("cuMemHostAlloc (GPU %d, mapped) failed: %s", d->ordinal, cu_err(rc));
+    d->marks_mem = NULL;
+    return ncclUnhandledCudaError;
+  }
+  memset(d->marks_mem, 0, PS_CUDA_NSTREAMS * 64);
+  for (int s = 0; s < PS_CUDA_NSTREAMS; s++) {
+    stream_t *x = &d->s[s];
+    x->reached = d->marks_mem + s * 8;
+    if ((rc = cu.host_get_device_pointer(&x->reached_dev, (void *)x->reached, 0)) != CUDA_SUCCESS) {
+      PS_WARN("cuMemHostGetDevicePointer_v2 (GPU %d) failed: %s", d->ordinal, cu_err(rc));
+      return ncclUnhandledCudaError;
+    }
+    /* Non-blocking: legacy stream 0 work (NCCL's own or the user's) must
+     * never hold up a staging copy. */
+    if ((rc = cu.stream_create(&x->st, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
+      PS_WARN("cuStreamCreate (GPU %d) failed: %s", d->ordinal, cu_err(rc));
+      x->st = NULL;
+      return ncclUnhandledCudaError;
+    }
+  }
+  return ncclSuccess;
 }
 
 ncclResult_t ps_cuda_open(const void *dev_ptr, ps_cuda_dev_t **out) {
@@ -235,11 +303,6 @@ ncclResult_t ps_cuda_open(const void *dev_ptr, ps_cuda_dev_t **out) {
     PS_WARN("ps_cuda_open: out of memory");
     return ncclSystemError;
   }
-  if (pthread_mutex_init(&d->lock, NULL)) {
-    PS_WARN("ps_cuda_open: pthread_mutex_init failed");
-    free(d);
-    return ncclSystemError;
-  }
   d->ordinal = ordinal;
   if ((rc = cu.device_get(&d->dev, ordinal)) != CUDA_SUCCESS) {
     PS_WARN("cuDeviceGet(%d) failed: %s", ordinal, cu_err(rc));
@@ -258,15 +321,7 @@ ncclResult_t ps_cuda_open(const void *dev_ptr, ps_cuda_dev_t **out) {
     dev_destroy(d, 1);
     return r;
   }
-  for (int s = 0; s < PS_CUDA_NSTREAMS && r == ncclSuccess; s++) {
-    /* Non-blocking: legacy stream 0 work (NCCL's own or the user's) must
-     * never hold up a staging copy. */
-    if ((rc = cu.stream_create(&d->stream[s], CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
-      PS_WARN("cuStreamCreate (GPU %d) failed: %s", ordinal, cu_err(rc));
-      d->stream[s] = NULL;
-      r = ncclUnhandledCudaError;
-    }
-  }
+  r = make_streams(d);
   ctx_pop("ps_cuda_open");
   if (r != ncclSuccess) {
     dev_destroy(d, 1);
@@ -331,114 +386,182 @@ void ps_cuda_host_free(ps_cuda_dev_t *d, void *p) {
   if (rc != CUDA_SUCCESS) PS_WARN("cuMemFreeHost(%p) failed: %s", p, cu_err(rc));
 }
 
-ncclResult_t ps_cuda_d2h(ps_cuda_dev_t *d, int s, void *host_dst, const void *dev_src, size_t n) {
-  CUstream st;
-  PS_CHECK(stream_of(d, s, "ps_cuda_d2h", &st));
-  PS_CHECK(ctx_push(d, "ps_cuda_d2h"));
-  CUresult rc = cu.memcpy_dtoh_async(host_dst, dptr(dev_src), n, st);
-  ctx_pop("ps_cuda_d2h");
-  if (rc == CUDA_SUCCESS) return ncclSuccess;
-  PS_WARN("cuMemcpyDtoHAsync_v2 of %zu bytes %p -> %p (GPU %d) failed: %s", n, dev_src, host_dst, d->ordinal,
-          cu_err(rc));
-  return ncclUnhandledCudaError;
+/* --- held operations, handed to the driver in runs --- */
+
+static void copy_attr(int kind, int ordinal, cu_copy_attr_t *a) {
+  cu_location_t dev = {CU_MEM_LOCATION_TYPE_DEVICE, ordinal}, host = {CU_MEM_LOCATION_TYPE_HOST, 0};
+  *a = (cu_copy_attr_t){.src_access_order = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+                        .src_hint = kind == HELD_D2H ? dev : host,
+                        .dst_hint = kind == HELD_D2H ? host : dev};
 }
 
-ncclResult_t ps_cuda_h2d(ps_cuda_dev_t *d, int s, void *dev_dst, const void *host_src, size_t n) {
-  CUstream st;
-  PS_CHECK(stream_of(d, s, "ps_cuda_h2d", &st));
-  PS_CHECK(ctx_push(d, "ps_cuda_h2d"));
-  CUresult rc = cu.memcpy_htod_async(dptr(dev_dst), host_src, n, st);
-  ctx_pop("ps_cuda_h2d");
-  if (rc == CUDA_SUCCESS) return ncclSuccess;
-  PS_WARN("cuMemcpyHtoDAsync_v2 of %zu bytes %p -> %p (GPU %d) failed: %s", n, host_src, dev_dst, d->ordinal,
-          cu_err(rc));
-  return ncclUnhandledCudaError;
+/* Copies h[0..n) (one direction) in one driver call where it can batch. */
+static CUresult hand_copies(ps_cuda_dev_t *d, stream_t *x, const held_t *h, uint32_t n) {
+  if (n > 1 && (cu.copy_batch_v2 || cu.copy_batch_v1)) {
+    CUdeviceptr dst[PS_CUDA_HELD], src[PS_CUDA_HELD];
+    size_t len[PS_CUDA_HELD], first = 0, fail = 0;
+    cu_copy_attr_t attr;
+    copy_attr(h[0].kind, d->ordinal, &attr);
+    for (uint32_t i = 0; i < n; i++) dst[i] = h[i].dst, src[i] = h[i].src, len[i] = h[i].n;
+    return cu.copy_batch_v2 ? cu.copy_batch_v2(dst, src, len, n, &attr, &first, 1, x->st)
+                            : cu.copy_batch_v1(dst, src, len, n, &attr, &first, 1, &fail, x->st);
+  }
+  CUresult rc = CUDA_SUCCESS;
+  for (uint32_t i = 0; i < n && rc == CUDA_SUCCESS; i++) rc = cu.memcpy_async(h[i].dst, h[i].src, h[i].n, x->st);
+  return rc;
 }
 
-ncclResult_t ps_cuda_write64(ps_cuda_dev_t *d, int s, void *dev_dst, uint64_t value) {
-  CUstream st;
-  PS_CHECK(stream_of(d, s, "ps_cuda_write64", &st));
+/* Writes h[0..n), and the stream's next mark when `mark`, in one call. */
+static CUresult hand_writes(stream_t *x, const held_t *h, uint32_t n, int mark) {
+  cu_memop_t op[PS_CUDA_HELD + 1];
+  for (uint32_t i = 0; i < n; i++) {
+    memset(&op[i], 0, sizeof op[i]);
+    op[i].write_value.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+    op[i].write_value.address = h[i].dst;
+    op[i].write_value.value64 = h[i].value;
+    op[i].write_value.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  }
+  if (mark) {
+    memset(&op[n], 0, sizeof op[n]);
+    op[n].write_value.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+    op[n].write_value.address = x->reached_dev;
+    op[n].write_value.value64 = x->marks + 1;
+    op[n].write_value.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  }
+  return cu.batch_memop(x->st, n + (mark ? 1u : 0u), op, 0);
+}
+
+/* Hands stream x's held operations over, in runs of one kind, and its mark
+ * when `mark` (and anything was handed over since the last). Called with d's
+ * context current. */
+static ncclResult_t hand_over(ps_cuda_dev_t *d, stream_t *x, int mark) {
+  uint32_t i = 0;
+  mark = mark && (x->unmarked || x->nheld);
+  while (i < x->nheld || mark) {
+    uint32_t j = i;
+    while (j < x->nheld && x->held[j].kind == x->held[i].kind) j++;
+    const char *what = "cuStreamBatchMemOp_v2";
+    int marking = 0;
+    CUresult rc;
+    if (i < x->nheld && x->held[i].kind != HELD_WRITE) {
+      what = cu.copy_batch_v2 || cu.copy_batch_v1 ? "cuMemcpyBatchAsync" : "cuMemcpyAsync";
+      rc = hand_copies(d, x, &x->held[i], j - i);
+    } else {
+      marking = mark && j == x->nheld;
+      rc = hand_writes(x, &x->held[i], j - i, marking);
+    }
+    if (rc != CUDA_SUCCESS) {
+      PS_WARN("%s (GPU %d, %u operations) failed: %s", what, d->ordinal, j - i, cu_err(rc));
+      x->nheld = 0;
+      x->failed = 1;
+      return ncclUnhandledCudaError;
+    }
+    if (j > i) x->unmarked = 1;
+    if (marking) x->marks++, x->unmarked = 0, mark = 0;
+    i = j;
+  }
+  x->nheld = 0;
+  return ncclSuccess;
+}
+
+static int overlaps(CUdeviceptr a, size_t an, CUdeviceptr b, size_t bn) {
+  return a < b + bn && b < a + an;
+}
+
+/* Holds op on stream s; hands the held ones over first where op could not
+ * join them (another kind of copy, an overlap, no room). */
+static ncclResult_t hold(ps_cuda_dev_t *d, int s, const held_t *op, const char *what,
+                         uint64_t *ticket) {
+  stream_t *x;
+  PS_CHECK(stream_of(d, s, what, &x));
+  if (!ticket) {
+    PS_WARN("%s: NULL ticket", what);
+    return ncclInvalidArgument;
+  }
+  int flush = x->nheld == PS_CUDA_HELD;
+  if (op->kind != HELD_WRITE && x->nheld && x->held[x->nheld - 1].kind == op->kind) {
+    for (uint32_t i = x->nheld; i-- > 0 && x->held[i].kind == op->kind && !flush;)
+      flush = overlaps(op->dst, op->n, x->held[i].dst, x->held[i].n) ||
+              overlaps(op->dst, op->n, x->held[i].src, x->held[i].n) ||
+              overlaps(op->src, op->n, x->held[i].dst, x->held[i].n);
+  }
+  if (flush) {
+    PS_CHECK(ctx_push(d, what));
+    ncclResult_t r = hand_over(d, x, 0);
+    ctx_pop(what);
+    PS_CHECK(r);
+  }
+  x->held[x->nheld++] = *op;
+  *ticket = x->marks + 1;
+  return ncclSuccess;
+}
+
+ncclResult_t ps_cuda_d2h(ps_cuda_dev_t *d, int s, void *host_dst, const void *dev_src, size_t n,
+                         uint64_t *ticket) {
+  held_t op = {.kind = HELD_D2H, .dst = dptr(host_dst), .src = dptr(dev_src), .n = n};
+  return hold(d, s, &op, "ps_cuda_d2h", ticket);
+}
+
+ncclResult_t ps_cuda_h2d(ps_cuda_dev_t *d, int s, void *dev_dst, const void *host_src, size_t n,
+                         uint64_t *ticket) {
+  held_t op = {.kind = HELD_H2D, .dst = dptr(dev_dst), .src = dptr(host_src), .n = n};
+  return hold(d, s, &op, "ps_cuda_h2d", ticket);
+}
+
+ncclResult_t ps_cuda_write64(ps_cuda_dev_t *d, int s, void *dev_dst, uint64_t value,
+                             uint64_t *ticket) {
   if ((uintptr_t)dev_dst % 8) {
     PS_WARN("ps_cuda_write64: %p is not 8-byte aligned", dev_dst);
     return ncclInvalidArgument;
   }
-  PS_CHECK(ctx_push(d, "ps_cuda_write64"));
-  CUresult rc = cu.stream_write_value64(st, dptr(dev_dst), value, CU_STREAM_WRITE_VALUE_DEFAULT);
-  ctx_pop("ps_cuda_write64");
-  if (rc == CUDA_SUCCESS) return ncclSuccess;
-  PS_WARN("cuStreamWriteValue64_v2 to %p (GPU %d) failed: %s", dev_dst, d->ordinal, cu_err(rc));
-  return ncclUnhandledCudaError;
+  held_t op = {.kind = HELD_WRITE, .dst = dptr(dev_dst), .value = value, .n = 8};
+  return hold(d, s, &op, "ps_cuda_write64", ticket);
 }
 
-/* Called with d's context current. */
-static ncclResult_t event_get(ps_cuda_dev_t *d, ps_cuda_event_t **out) {
-  pthread_mutex_lock(&d->lock);
-  ps_cuda_event_t *e = d->free_ev;
-  if (e) d->free_ev = e->next;
-  pthread_mutex_unlock(&d->lock);
-  if (!e) {
-    if (!(e = calloc(1, sizeof *e))) {
-      PS_WARN("ps_cuda_event_record: out of memory");
-      return ncclSystemError;
-    }
-    /* no timing: cheaper to record and query */
-    CUresult rc = cu.event_create(&e->ev, CU_EVENT_DISABLE_TIMING);
-    if (rc != CUDA_SUCCESS) {
-      PS_WARN("cuEventCreate (GPU %d) failed: %s", d->ordinal, cu_err(rc));
-      free(e);
-      return ncclUnhandledCudaError;
-    }
-    pthread_mutex_lock(&d->lock);
-    e->all_next = d->all_ev;
-    d->all_ev = e;
-    pthread_mutex_unlock(&d->lock);
-  }
-  *out = e;
-  return ncclSuccess;
-}
-
-void ps_cuda_event_release(ps_cuda_dev_t *d, ps_cuda_event_t *ev) {
-  if (!d || !ev) return;
-  pthread_mutex_lock(&d->lock);
-  ev->next = d->free_ev;
-  d->free_ev = ev;
-  pthread_mutex_unlock(&d->lock);
-}
-
-ncclResult_t ps_cuda_event_record(ps_cuda_dev_t *d, int s, ps_cuda_event_t **out) {
-  CUstream st;
-  PS_CHECK(stream_of(d, s, "ps_cuda_event_record", &st));
-  if (!out) {
-    PS_WARN("ps_cuda_event_record: NULL out");
+ncclResult_t ps_cuda_flush(ps_cuda_dev_t *d) {
+  if (!d) {
+    PS_WARN("ps_cuda_flush: NULL device");
     return ncclInvalidArgument;
   }
-  *out = NULL;
-  PS_CHECK(ctx_push(d, "ps_cuda_event_record"));
-  ps_cuda_event_t *e = NULL;
-  ncclResult_t r = event_get(d, &e);
-  if (r == ncclSuccess) {
-    CUresult rc = cu.event_record(e->ev, st);
-    if (rc != CUDA_SUCCESS) {
-      PS_WARN("cuEventRecord (GPU %d, stream %d) failed: %s", d->ordinal, s, cu_err(rc));
-      ps_cuda_event_release(d, e);
-      r = ncclUnhandledCudaError;
-    }
-  }
-  ctx_pop("ps_cuda_event_record");
-  if (r == ncclSuccess) *out = e;
+  int any = 0;
+  for (int s = 0; s < PS_CUDA_NSTREAMS; s++) any |= d->s[s].nheld || d->s[s].unmarked;
+  if (!any) return ncclSuccess;
+  PS_CHECK(ctx_push(d, "ps_cuda_flush"));
+  ncclResult_t r = ncclSuccess;
+  for (int s = 0; s < PS_CUDA_NSTREAMS && r == ncclSuccess; s++) r = hand_over(d, &d->s[s], 1);
+  ctx_pop("ps_cuda_flush");
   return r;
 }
 
-int ps_cuda_event_done(ps_cuda_dev_t *d, ps_cuda_event_t *ev) {
-  if (!d || !ev) {
-    PS_WARN("ps_cuda_event_done: NULL %s", d ? "event" : "device");
+int ps_cuda_passed(ps_cuda_dev_t *d, int s, uint64_t ticket) {
+  stream_t *x;
+  if (stream_of(d, s, "ps_cuda_passed", &x) != ncclSuccess || x->failed) return -1;
+  if (__atomic_load_n(x->reached, __ATOMIC_ACQUIRE) >= ticket) return 1;
+  if (ticket > x->marks) return 0; /* its mark is not on the stream yet */
+  uint64_t now = ps_now_ns();
+  if (now < x->next_query_ns) return 0;
+  x->next_query_ns = now + 1000000;
+  if (ctx_push(d, "ps_cuda_passed") != ncclSuccess) return -1;
+  CUresult rc = cu.stream_query(x->st);
+  ctx_pop("ps_cuda_passed");
+  if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_NOT_READY) {
+    PS_WARN("cuStreamQuery (GPU %d, stream %d) failed: %s", d->ordinal, s, cu_err(rc));
     return -1;
   }
-  if (ctx_push(d, "ps_cuda_event_done") != ncclSuccess) return -1;
-  CUresult rc = cu.event_query(ev->ev);
-  ctx_pop("ps_cuda_event_done");
-  if (rc == CUDA_SUCCESS) return 1;
-  if (rc == CUDA_ERROR_NOT_READY) return 0;
-  PS_WARN("cuEventQuery (GPU %d) failed: %s", d->ordinal, cu_err(rc));
-  return -1;
+  return __atomic_load_n(x->reached, __ATOMIC_ACQUIRE) >= ticket;
+}
+
+ncclResult_t ps_cuda_quiesce(ps_cuda_dev_t *d, uint64_t timeout_ns) {
+  PS_CHECK(ps_cuda_flush(d));
+  uint64_t deadline = ps_now_ns() + timeout_ns;
+  for (int s = 0; s < PS_CUDA_NSTREAMS; s++) {
+    int r;
+    while ((r = ps_cuda_passed(d, s, d->s[s].marks)) == 0 && ps_now_ns() < deadline) sched_yield();
+    if (r != 1) {
+      PS_WARN("GPU stream %d still busy after %llu ms%s", s,
+              (unsigned long long)(timeout_ns / 1000000), r < 0 ? " (it failed)" : "");
+      return ncclUnhandledCudaError;
+    }
+  }
+  return ncclSuccess;
 }

@@ -8,7 +8,7 @@
  * Test builds compiled with -DPS_FAKE_CUDA link ps_cuda_fake.c instead of
  * ps_cuda.c: "device memory" is host memory and every stream is a worker
  * thread that runs its operations in order after random delays, so a caller
- * that does not wait for an event before relying on an operation is caught. */
+ * that does not wait for an operation's mark before relying on it is caught. */
 #ifndef PS_CUDA_H
 #define PS_CUDA_H
 
@@ -21,7 +21,6 @@
  * primary context and PS_CUDA_NSTREAMS streams. Every call below makes the context
  * current for its own duration and restores the caller's afterwards. */
 typedef struct ps_cuda_dev ps_cuda_dev_t;
-typedef struct ps_cuda_event ps_cuda_event_t;
 
 enum {
   PS_CUDA_COPY_STREAM = 0, /* payload copies and signal writes, in order */
@@ -47,16 +46,37 @@ int ps_cuda_owns(ps_cuda_dev_t *d, const void *ptr, size_t size);
 ncclResult_t ps_cuda_host_alloc(ps_cuda_dev_t *d, size_t size, void **out);
 void ps_cuda_host_free(ps_cuda_dev_t *d, void *p);
 
-/* Enqueue on stream `s` (PS_CUDA_*_STREAM). */
-ncclResult_t ps_cuda_d2h(ps_cuda_dev_t *d, int s, void *host_dst, const void *dev_src, size_t n);
-ncclResult_t ps_cuda_h2d(ps_cuda_dev_t *d, int s, void *dev_dst, const void *host_src, size_t n);
-ncclResult_t ps_cuda_write64(ps_cuda_dev_t *d, int s, void *dev_dst, uint64_t value);
+/* Enqueue on stream `s` (PS_CUDA_*_STREAM), in call order. Copies may be
+ * held and handed to the driver together (one cuMemcpyBatchAsync where the
+ * driver has it) at the stream's next write or flush; copies handed over
+ * together run in any order among themselves, so a copy that overlaps a held
+ * one (either side) hands the held ones over first. *ticket: the mark after
+ * which the operation has finished (ps_cuda_passed); the mark itself goes on
+ * the stream at the next ps_cuda_flush. */
+ncclResult_t ps_cuda_d2h(ps_cuda_dev_t *d, int s, void *host_dst, const void *dev_src, size_t n,
+                         uint64_t *ticket);
+ncclResult_t ps_cuda_h2d(ps_cuda_dev_t *d, int s, void *dev_dst, const void *host_src, size_t n,
+                         uint64_t *ticket);
+/* An 8-byte write of `value` to GPU memory, after everything enqueued on s
+ * before it is visible (a stream memory operation with its barrier). */
+ncclResult_t ps_cuda_write64(ps_cuda_dev_t *d, int s, void *dev_dst, uint64_t value,
+                             uint64_t *ticket);
 
-/* Events come from a pool in d and go back with ps_cuda_event_release. */
-ncclResult_t ps_cuda_event_record(ps_cuda_dev_t *d, int s, ps_cuda_event_t **out);
-/* 1: everything enqueued before the record has finished; 0: not yet;
- * -1: the stream failed (logged). Never blocks. */
-int ps_cuda_event_done(ps_cuda_dev_t *d, ps_cuda_event_t *ev);
-void ps_cuda_event_release(ps_cuda_dev_t *d, ps_cuda_event_t *ev);
+/* Hands every held operation to the driver and, on each stream with
+ * operations since its last mark, enqueues the mark their tickets name: the
+ * stream writes the mark's number into pinned host memory once everything
+ * before it finished. Call it at the end of every pass that enqueued work;
+ * until then no ticket of that work can pass. */
+ncclResult_t ps_cuda_flush(ps_cuda_dev_t *d);
+/* 1: the mark `ticket` of stream s was reached, so the operations it covers
+ * finished and their bytes are visible to the CPU; 0: not yet (or not
+ * flushed); -1: the stream failed (logged). Reads pinned host memory: no
+ * driver call, except that while it waits it asks the driver for the
+ * stream's status at most once a millisecond, to see a failure. */
+int ps_cuda_passed(ps_cuda_dev_t *d, int s, uint64_t ticket);
+/* Flushes and waits, up to timeout_ns, until every stream reached its last
+ * mark: nothing enqueued so far still touches memory. Logs and fails on a
+ * stream failure or the timeout. */
+ncclResult_t ps_cuda_quiesce(ps_cuda_dev_t *d, uint64_t timeout_ns);
 
 #endif

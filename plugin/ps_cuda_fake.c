@@ -2,8 +2,9 @@
  * memory" is host memory and each stream is a worker thread that runs its
  * operations strictly in order, each after a random delay of up to
  * PS_FAKE_CUDA_MAX_DELAY_US (default 500) microseconds. A caller that uses a
- * copy's bytes before the event recorded after it says done sees stale data
- * most of the time instead of almost never. */
+ * copy's bytes before the mark after it was reached sees stale data most of
+ * the time instead of almost never. Operations go to the worker at once
+ * (nothing is held), but a mark only at ps_cuda_flush, as on a GPU. */
 #ifndef PS_FAKE_CUDA
 #error "ps_cuda_fake.c is the test build's CUDA; compile it with -DPS_FAKE_CUDA"
 #endif
@@ -13,18 +14,20 @@
 #endif
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "ps_clock.h"
 #include "ps_cuda.h"
 #include "ps_log.h"
 
 #define PS_FAKE_DEFAULT_DELAY_US 500ul
 #define PS_FAKE_MAX_DELAY_US 10000000ul /* 10 s: beyond that it is a typo */
 
-enum { OP_COPY, OP_WRITE64, OP_EVENT };
+enum { OP_COPY, OP_WRITE64, OP_MARK };
 
 typedef struct ps_fake_op {
   struct ps_fake_op *next;
@@ -32,8 +35,7 @@ typedef struct ps_fake_op {
   void *dst;
   const void *src;
   size_t n;
-  uint64_t value; /* OP_WRITE64's value, OP_EVENT's record generation */
-  ps_cuda_event_t *ev;
+  uint64_t value; /* OP_WRITE64's value, OP_MARK's number */
 } ps_fake_op_t;
 
 typedef struct {
@@ -44,21 +46,14 @@ typedef struct {
   int stop;
   uint64_t rng;
   unsigned long max_delay_us;
+  uint64_t reached;  /* the last mark the worker ran (atomic) */
+  uint64_t marks;    /* caller side: marks enqueued */
+  int unmarked;      /* caller side: operations since the last mark */
 } ps_fake_stream_t;
-
-/* Records are numbered so a release and re-record while an older record is
- * still queued cannot be marked done by that older one. */
-struct ps_cuda_event {
-  struct ps_cuda_event *next, *all_next;
-  uint64_t gen;      /* latest record; caller side only */
-  uint64_t done_gen; /* highest record its stream has reached (atomic) */
-};
 
 struct ps_cuda_dev {
   ps_fake_stream_t s[PS_CUDA_NSTREAMS];
   int started; /* worker threads running */
-  pthread_mutex_t lock; /* the event pool */
-  ps_cuda_event_t *free_ev, *all_ev;
 };
 
 int ps_cuda_available(void) { return 1; }
@@ -87,13 +82,9 @@ static void run_op(const ps_fake_op_t *op) {
     /* release: the bytes of every earlier copy are visible before the value */
     __atomic_store_n((uint64_t *)op->dst, op->value, __ATOMIC_RELEASE);
     break;
-  case OP_EVENT: {
-    uint64_t cur = __atomic_load_n(&op->ev->done_gen, __ATOMIC_RELAXED);
-    while (cur < op->value && !__atomic_compare_exchange_n(&op->ev->done_gen, &cur, op->value, 0,
-                                                           __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
-    }
+  case OP_MARK: /* release: every earlier operation's bytes are visible first */
+    __atomic_store_n((uint64_t *)op->dst, op->value, __ATOMIC_RELEASE);
     break;
-  }
   }
 }
 
@@ -144,11 +135,6 @@ static void dev_free(ps_cuda_dev_t *d) {
     pthread_cond_destroy(&d->s[i].cond);
     pthread_mutex_destroy(&d->s[i].lock);
   }
-  for (ps_cuda_event_t *e = d->all_ev, *n; e; e = n) {
-    n = e->all_next;
-    free(e);
-  }
-  pthread_mutex_destroy(&d->lock);
   free(d);
 }
 
@@ -164,7 +150,6 @@ ncclResult_t ps_cuda_open(const void *dev_ptr, ps_cuda_dev_t **out) {
     return ncclSystemError;
   }
   unsigned long max_us = delay_from_env();
-  pthread_mutex_init(&d->lock, NULL);
   for (int i = 0; i < PS_CUDA_NSTREAMS; i++) {
     ps_fake_stream_t *st = &d->s[i];
     pthread_mutex_init(&st->lock, NULL);
@@ -247,69 +232,76 @@ static ncclResult_t enqueue(ps_cuda_dev_t *d, int s, const char *what, const ps_
   return ncclSuccess;
 }
 
-ncclResult_t ps_cuda_d2h(ps_cuda_dev_t *d, int s, void *host_dst, const void *dev_src, size_t n) {
+static ncclResult_t enqueue_op(ps_cuda_dev_t *d, int s, const char *what, const ps_fake_op_t *tmpl,
+                               uint64_t *ticket) {
+  if (!ticket) {
+    PS_WARN("%s: NULL ticket", what);
+    return ncclInvalidArgument;
+  }
+  PS_CHECK(enqueue(d, s, what, tmpl));
+  d->s[s].unmarked = 1;
+  *ticket = d->s[s].marks + 1;
+  return ncclSuccess;
+}
+
+ncclResult_t ps_cuda_d2h(ps_cuda_dev_t *d, int s, void *host_dst, const void *dev_src, size_t n,
+                         uint64_t *ticket) {
   ps_fake_op_t op = {.kind = OP_COPY, .dst = host_dst, .src = dev_src, .n = n};
-  return enqueue(d, s, "ps_cuda_d2h", &op);
+  return enqueue_op(d, s, "ps_cuda_d2h", &op, ticket);
 }
 
-ncclResult_t ps_cuda_h2d(ps_cuda_dev_t *d, int s, void *dev_dst, const void *host_src, size_t n) {
+ncclResult_t ps_cuda_h2d(ps_cuda_dev_t *d, int s, void *dev_dst, const void *host_src, size_t n,
+                         uint64_t *ticket) {
   ps_fake_op_t op = {.kind = OP_COPY, .dst = dev_dst, .src = host_src, .n = n};
-  return enqueue(d, s, "ps_cuda_h2d", &op);
+  return enqueue_op(d, s, "ps_cuda_h2d", &op, ticket);
 }
 
-ncclResult_t ps_cuda_write64(ps_cuda_dev_t *d, int s, void *dev_dst, uint64_t value) {
+ncclResult_t ps_cuda_write64(ps_cuda_dev_t *d, int s, void *dev_dst, uint64_t value,
+                             uint64_t *ticket) {
   if ((uintptr_t)dev_dst % 8) {
     PS_WARN("ps_cuda_write64: %p is not 8-byte aligned", dev_dst);
     return ncclInvalidArgument;
   }
   ps_fake_op_t op = {.kind = OP_WRITE64, .dst = dev_dst, .value = value};
-  return enqueue(d, s, "ps_cuda_write64", &op);
+  return enqueue_op(d, s, "ps_cuda_write64", &op, ticket);
 }
 
-void ps_cuda_event_release(ps_cuda_dev_t *d, ps_cuda_event_t *ev) {
-  if (!d || !ev) return;
-  pthread_mutex_lock(&d->lock);
-  ev->next = d->free_ev;
-  d->free_ev = ev;
-  pthread_mutex_unlock(&d->lock);
-}
-
-ncclResult_t ps_cuda_event_record(ps_cuda_dev_t *d, int s, ps_cuda_event_t **out) {
-  if (!d || !out) {
-    PS_WARN("ps_cuda_event_record: NULL %s", d ? "out" : "device");
+ncclResult_t ps_cuda_flush(ps_cuda_dev_t *d) {
+  if (!d) {
+    PS_WARN("ps_cuda_flush: NULL device");
     return ncclInvalidArgument;
   }
-  *out = NULL;
-  pthread_mutex_lock(&d->lock);
-  ps_cuda_event_t *e = d->free_ev;
-  if (e) d->free_ev = e->next;
-  pthread_mutex_unlock(&d->lock);
-  if (!e) {
-    if (!(e = calloc(1, sizeof *e))) {
-      PS_WARN("ps_cuda_event_record (fake): out of memory");
-      return ncclSystemError;
-    }
-    pthread_mutex_lock(&d->lock);
-    e->all_next = d->all_ev;
-    d->all_ev = e;
-    pthread_mutex_unlock(&d->lock);
+  for (int s = 0; s < PS_CUDA_NSTREAMS; s++) {
+    ps_fake_stream_t *st = &d->s[s];
+    if (!st->unmarked) continue;
+    ps_fake_op_t op = {.kind = OP_MARK, .dst = &st->reached, .value = st->marks + 1};
+    PS_CHECK(enqueue(d, s, "ps_cuda_flush", &op));
+    st->marks++;
+    st->unmarked = 0;
   }
-  ps_fake_op_t op = {.kind = OP_EVENT, .ev = e, .value = e->gen + 1};
-  ncclResult_t r = enqueue(d, s, "ps_cuda_event_record", &op);
-  if (r != ncclSuccess) {
-    ps_cuda_event_release(d, e);
-    return r;
-  }
-  e->gen++;
-  *out = e;
   return ncclSuccess;
 }
 
-int ps_cuda_event_done(ps_cuda_dev_t *d, ps_cuda_event_t *ev) {
-  if (!d || !ev) {
-    PS_WARN("ps_cuda_event_done: NULL %s", d ? "event" : "device");
+int ps_cuda_passed(ps_cuda_dev_t *d, int s, uint64_t ticket) {
+  if (!d || s < 0 || s >= PS_CUDA_NSTREAMS) {
+    PS_WARN("ps_cuda_passed: bad device %p or stream %d", (void *)d, s);
     return -1;
   }
   /* acquire: pairs with the worker's release, so the bytes are visible */
-  return __atomic_load_n(&ev->done_gen, __ATOMIC_ACQUIRE) >= ev->gen;
+  return __atomic_load_n(&d->s[s].reached, __ATOMIC_ACQUIRE) >= ticket;
+}
+
+ncclResult_t ps_cuda_quiesce(ps_cuda_dev_t *d, uint64_t timeout_ns) {
+  PS_CHECK(ps_cuda_flush(d));
+  uint64_t deadline = ps_now_ns() + timeout_ns;
+  for (int s = 0; s < PS_CUDA_NSTREAMS; s++) {
+    int r;
+    while ((r = ps_cuda_passed(d, s, d->s[s].marks)) == 0 && ps_now_ns() < deadline) sched_yield();
+    if (r != 1) {
+      PS_WARN("GPU stream %d still busy after %llu ms%s", s,
+              (unsigned long long)(timeout_ns / 1000000), r < 0 ? " (it failed)" : "");
+      return ncclUnhandledCudaError;
+    }
+  }
+  return ncclSuccess;
 }

@@ -101,6 +101,7 @@ typedef struct ps_rma_req {
   uint32_t dst_region;      /* destination window id, and offset in it */
   uint64_t dst_off;
   uint64_t stage_first;     /* staged-write sequence of its first chunk (dst_staged) */
+  uint64_t tested_pass;     /* the progress pass in which test() last saw it not done */
   ps_op_t data_op, sig_op;
   ps_rma_comm_t *comm;
   struct ps_rma_req *next;      /* free list / the peer's data queue */
@@ -117,7 +118,7 @@ typedef struct ps_rma_req_chunk {
 /* A send slot: a staged chunk's header and payload in pinned memory. */
 typedef struct ps_stage_slot {
   ps_stage_hdr_t *hdr;        /* the payload follows it */
-  ps_cuda_event_t *ev;        /* its copy out of the GPU, until done */
+  uint64_t ticket;            /* its copy out of the GPU (out stream's mark), 0 once done */
   struct ps_rma_req *req;
   uint32_t chunk;
   ps_op_t op;
@@ -126,7 +127,7 @@ typedef struct ps_stage_slot {
 
 /* A receive slot's copy into the GPU, in flight on the copy stream. */
 typedef struct {
-  ps_cuda_event_t *ev;
+  uint64_t ticket;
   uint32_t src;
   uint64_t stage_seq;
 } ps_stage_copy_t;
@@ -140,7 +141,7 @@ typedef struct {
   char *addr;
   uint64_t accum, last;
   uint64_t *cell;             /* pinned: where the read lands */
-  ps_cuda_event_t *ev;
+  uint64_t ticket;            /* the read's (read stream) or our last write's (copy stream) mark */
   int writing;
 } ps_stage_word_t;
 
@@ -264,6 +265,7 @@ struct ps_rma_comm {
   ps_model_t *model;     /* a test plugin's model NIC; NULL in the shipped plugin */
   int backlog;          /* something is queued: progress must try to post it */
   uint64_t now_ns;      /* clock of the current progress pass */
+  uint64_t passes;      /* progress passes run (from 1) */
   uint64_t next_check_ns;
   uint64_t timeout_ns;  /* PERSEUS_PEER_TIMEOUT_MS */
   uint64_t max_posted;  /* per peer, posted and not completed (PERSEUS_RMA_INFLIGHT); 0 = no bound */
@@ -328,6 +330,9 @@ void ps_stage_free(ps_rma_comm_t *c);
 void ps_stage_prepare(ps_rma_comm_t *c, ps_rma_peer_t *p);
 void ps_stage_fill(ps_rma_comm_t *c);
 void ps_stage_dump(ps_rma_comm_t *c); /* INFO: where staging stands, for a stall report */
+/* End of a pass: what the pass enqueued goes to the GPU, with the marks
+ * its tickets name (fails the comm when the driver refuses). */
+void ps_stage_flush(ps_rma_comm_t *c);
 /* Posts what it can of r's chunks; *all = 1 once every chunk is posted. */
 ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, int *all,
                            int *refused);

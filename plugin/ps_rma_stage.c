@@ -4,8 +4,9 @@
  * A put with GPU memory on either side moves in chunks of at most
  * PERSEUS_STAGING_CHUNK bytes through send slots in pinned host memory.
  * prepare() fills a slot for a queued chunk: a copy out of the GPU on the
- * copy engine (out stream, tracked by an event; the proxy never waits on
- * it) or a memcpy from host memory. post() sends a filled slot once its copy
+ * copy engine (out stream, tracked by its mark; the proxy never waits on
+ * it) or a memcpy from host memory. Copies a pass enqueues reach the GPU
+ * together at the end of the pass (ps_stage_flush). post() sends a filled slot once its copy
  * is done: straight into a host window, or, when the destination is GPU
  * memory, header + payload into one of the target's receive slots, with
  * remote CQ data naming the slot. The target copies it into the window
@@ -20,7 +21,6 @@
 #include <string.h>
 #include <strings.h>
 
-#include "ps_clock.h"
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
@@ -140,27 +140,11 @@ ncclResult_t ps_stage_attach_rx(ps_rma_comm_t *c, ps_rma_region_t *rx) {
   return ncclSuccess;
 }
 
-/* Waits (bounded) for the copy engines to stop touching pinned memory we
- * are about to free, then releases everything. */
-static void quiesce(ps_stage_t *st, ps_cuda_event_t **ev) {
-  if (!*ev) return;
-  uint64_t deadline = ps_now_ns() + 10ULL * 1000000000ULL;
-  while (ps_cuda_event_done(st->cu, *ev) == 0 && ps_now_ns() < deadline) continue;
-  ps_cuda_event_release(st->cu, *ev);
-  *ev = NULL;
-}
-
 void ps_stage_free(ps_rma_comm_t *c) {
   ps_stage_t *st = c->stage;
   if (!st) return;
-  if (st->cu) {
-    for (uint32_t i = 0; st->slots && i < st->nsend; i++) quiesce(st, &st->slots[i].ev);
-    for (uint32_t i = 0; i < st->ncopies; i++) {
-      uint32_t k = (st->copy_head + i) % (uint32_t)((size_t)c->nranks * st->per_peer);
-      quiesce(st, &st->copies[k].ev);
-    }
-    for (uint32_t i = 0; i < st->nwords; i++) quiesce(st, &st->words[i].ev);
-  }
+  /* the copy engines must stop touching the pinned memory freed below */
+  if (st->cu) (void)ps_cuda_quiesce(st->cu, 10ULL * 1000000000ULL);
   /* st->rx belongs to the comm's region list, which frees it */
   if (st->send_mr) fi_close(&st->send_mr->fid);
   if (st->credit_mr) fi_close(&st->credit_mr->fid);
@@ -198,8 +182,7 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
     const char *from = r->src + (size_t)i * st->chunk;
     if (r->src_gpu && n) {
       if (!i && p->ops) r->ts.copy_start = ps_rma_stats_now();
-      if (ps_cuda_d2h(st->cu, PS_CUDA_OUT_STREAM, s->hdr + 1, from, n) != ncclSuccess ||
-          ps_cuda_event_record(st->cu, PS_CUDA_OUT_STREAM, &s->ev) != ncclSuccess) {
+      if (ps_cuda_d2h(st->cu, PS_CUDA_OUT_STREAM, s->hdr + 1, from, n, &s->ticket) != ncclSuccess) {
         ps_rma_fail(c, ncclSystemError, "copying a put to rank %u out of the GPU failed", r->peer);
         return filled;
       }
@@ -254,8 +237,8 @@ static void PS_COLD note_copies(ps_stage_t *st, ps_rma_peer_t *p) {
   for (ps_stage_slot_t *s = p->prep_head; s; s = s->next) {
     ps_rma_req_t *r = s->req;
     int last = s->chunk == r->nchunks - 1;
-    if (!s->ev || (last && r->ts.copy_done)) continue;
-    if (ps_cuda_event_done(st->cu, s->ev) != 1) return;
+    if (!s->ticket || (last && r->ts.copy_done)) continue;
+    if (ps_cuda_passed(st->cu, PS_CUDA_OUT_STREAM, s->ticket) != 1) return;
     if (last) r->ts.copy_done = ps_rma_stats_now();
   }
 }
@@ -275,15 +258,14 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
       ps_rma_note_held(p, st->free_slots ? PS_HELD_UNFILLED : PS_HELD_SLOT);
       return ncclSuccess;
     }
-    if (s->ev) {
-      int done = ps_cuda_event_done(st->cu, s->ev);
+    if (s->ticket) {
+      int done = ps_cuda_passed(st->cu, PS_CUDA_OUT_STREAM, s->ticket);
       if (done < 0) return ncclSystemError;
       if (!done) { /* still copying out of the GPU */
         ps_rma_note_held(p, PS_HELD_COPY);
         return ncclSuccess;
       }
-      ps_cuda_event_release(st->cu, s->ev);
-      s->ev = NULL;
+      s->ticket = 0;
       if (p->ops && s->chunk == r->nchunks - 1 && !r->ts.copy_done)
         r->ts.copy_done = ps_rma_stats_now();
     }
@@ -345,6 +327,11 @@ void ps_stage_credit(ps_rma_comm_t *c, uint32_t src, uint64_t freed_below) {
   p->stage_freed = freed_below;
   p->active_ns = c->now_ns;
   c->backlog = 1;
+}
+
+void ps_stage_flush(ps_rma_comm_t *c) {
+  if (c->stage && !c->error && ps_cuda_flush(c->stage->cu) != ncclSuccess)
+    ps_rma_fail(c, ncclSystemError, "handing staging copies and signal writes to the GPU failed");
 }
 
 void ps_stage_dump(ps_rma_comm_t *c) {

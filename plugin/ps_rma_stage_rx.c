@@ -48,9 +48,8 @@ int ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *se
   }
   ps_stage_copy_t *k = &st->copies[(st->copy_head + st->ncopies) % ring_size(c)];
   *k = (ps_stage_copy_t){.src = src, .stage_seq = h.stage_seq};
-  if ((h.len && ps_cuda_h2d(st->cu, PS_CUDA_COPY_STREAM, r->base + h.offset, buf + sizeof h,
-                            h.len) != ncclSuccess) ||
-      ps_cuda_event_record(st->cu, PS_CUDA_COPY_STREAM, &k->ev) != ncclSuccess) {
+  if (h.len && ps_cuda_h2d(st->cu, PS_CUDA_COPY_STREAM, r->base + h.offset, buf + sizeof h, h.len,
+                           &k->ticket) != ncclSuccess) {
     ps_rma_fail(c, ncclSystemError, "copying a staged write from rank %u into the GPU failed", src);
     return 0;
   }
@@ -64,14 +63,12 @@ int ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *se
 static void poll_copies(ps_rma_comm_t *c, ps_stage_t *st) {
   while (st->ncopies && !c->error) {
     ps_stage_copy_t *k = &st->copies[st->copy_head];
-    int done = ps_cuda_event_done(st->cu, k->ev);
+    int done = ps_cuda_passed(st->cu, PS_CUDA_COPY_STREAM, k->ticket);
     if (done < 0) {
       ps_rma_fail(c, ncclSystemError, "copying a staged write from rank %u into the GPU failed", k->src);
       return;
     }
     if (!done) return;
-    ps_cuda_event_release(st->cu, k->ev);
-    k->ev = NULL;
     if (ps_seqwin_mark(&c->peers[k->src].stage_done, k->stage_seq, st->per_peer)) {
       ps_rma_fail(c, ncclSystemError, "no memory to track staged writes of rank %u", k->src);
       return;
@@ -85,19 +82,19 @@ static void poll_copies(ps_rma_comm_t *c, ps_stage_t *st) {
 static void retire_word(ps_stage_t *st, uint32_t i) {
   ps_stage_word_t *w = &st->words[i];
   uint64_t *cell = w->cell;
-  if (w->ev) ps_cuda_event_release(st->cu, w->ev);
   st->words[i] = st->words[--st->nwords];
   st->free_cells[PS_STAGE_MAX_WORDS - st->nwords - 1] = cell; /* push */
   st->changed = 1;
 }
 
-/* A signal word's event: its value was read (write value + adds now), or
+/* A signal word's mark: its value was read (write value + adds now), or
  * our last write landed with no add in flight (forget the word: the GPU may
  * reset it, and the next add reads afresh). */
 static void poll_words(ps_rma_comm_t *c, ps_stage_t *st) {
   for (uint32_t i = 0; i < st->nwords && !c->error;) {
     ps_stage_word_t *w = &st->words[i];
-    int done = ps_cuda_event_done(st->cu, w->ev);
+    int done = ps_cuda_passed(st->cu, w->writing ? PS_CUDA_COPY_STREAM : PS_CUDA_READ_STREAM,
+                              w->ticket);
     if (done < 0) {
       ps_rma_fail(c, ncclSystemError, "a signal update in GPU memory failed");
       return;
@@ -106,14 +103,11 @@ static void poll_words(ps_rma_comm_t *c, ps_stage_t *st) {
       i++;
       continue;
     }
-    ps_cuda_event_release(st->cu, w->ev);
-    w->ev = NULL;
     if (!w->writing) {
       w->last = __atomic_load_n(w->cell, __ATOMIC_ACQUIRE) + w->accum;
       w->accum = 0;
       w->writing = 1;
-      if (ps_cuda_write64(st->cu, PS_CUDA_COPY_STREAM, w->addr, w->last) != ncclSuccess ||
-          ps_cuda_event_record(st->cu, PS_CUDA_COPY_STREAM, &w->ev) != ncclSuccess) {
+      if (ps_cuda_write64(st->cu, PS_CUDA_COPY_STREAM, w->addr, w->last, &w->ticket) != ncclSuccess) {
         ps_rma_fail(c, ncclSystemError, "a signal update in GPU memory failed");
         return;
       }
@@ -136,7 +130,7 @@ int ps_stage_signal(ps_rma_comm_t *c, char *addr, uint64_t add) {
     /* Our last write landed: the GPU may have seen it and reset the word
      * since, so this add starts afresh with a read. Still in flight: the
      * GPU cannot have passed a wait on it, so nothing was reset; add on top. */
-    int landed = ps_cuda_event_done(st->cu, w->ev);
+    int landed = ps_cuda_passed(st->cu, PS_CUDA_COPY_STREAM, w->ticket);
     if (landed < 0) {
       ps_rma_fail(c, ncclSystemError, "a signal update in GPU memory failed");
       return 0;
@@ -145,15 +139,11 @@ int ps_stage_signal(ps_rma_comm_t *c, char *addr, uint64_t add) {
       retire_word(st, i);
       break;
     }
-    ps_cuda_event_t *ev;
     w->last += add;
-    if (ps_cuda_write64(st->cu, PS_CUDA_COPY_STREAM, addr, w->last) != ncclSuccess ||
-        ps_cuda_event_record(st->cu, PS_CUDA_COPY_STREAM, &ev) != ncclSuccess) {
+    if (ps_cuda_write64(st->cu, PS_CUDA_COPY_STREAM, addr, w->last, &w->ticket) != ncclSuccess) {
       ps_rma_fail(c, ncclSystemError, "a signal update in GPU memory failed");
       return 0;
     }
-    ps_cuda_event_release(st->cu, w->ev);
-    w->ev = ev;
     return 0;
   }
   if (st->nwords == PS_STAGE_MAX_WORDS) return 1; /* held until a word retires */
@@ -161,8 +151,8 @@ int ps_stage_signal(ps_rma_comm_t *c, char *addr, uint64_t add) {
   /* the top of the free-cell stack; taken for good once nwords grows */
   *w = (ps_stage_word_t){.addr = addr, .accum = add,
                          .cell = st->free_cells[PS_STAGE_MAX_WORDS - st->nwords - 1]};
-  if (ps_cuda_d2h(st->cu, PS_CUDA_READ_STREAM, w->cell, addr, sizeof *w->cell) != ncclSuccess ||
-      ps_cuda_event_record(st->cu, PS_CUDA_READ_STREAM, &w->ev) != ncclSuccess) {
+  if (ps_cuda_d2h(st->cu, PS_CUDA_READ_STREAM, w->cell, addr, sizeof *w->cell, &w->ticket) !=
+      ncclSuccess) {
     ps_rma_fail(c, ncclSystemError, "reading a signal in GPU memory failed");
     return 0;
   }
@@ -232,6 +222,7 @@ void ps_stage_quiesce(ps_rma_comm_t *c) {
   ps_stage_t *st = c->stage;
   uint64_t deadline = ps_now_ns() + 10ULL * 1000000000ULL;
   while (st && (st->ncopies || st->nwords) && !c->error && ps_now_ns() < deadline) {
+    ps_stage_flush(c);
     poll_copies(c, st);
     poll_words(c, st);
   }

@@ -1,7 +1,12 @@
 /* GPU test of the real ps_cuda.c, linked directly: ownership checks, copies
- * both ways, write64 ordered after the copy before it, events that are done
- * only after their work, pools that do not grow, and every call from a
- * thread with no (or another) context current. Exits 77 without a GPU. */
+ * both ways, write64 ordered after the copy before it; marks that pass only
+ * after ps_cuda_flush and their work, a busy stream's not at once while an
+ * idle one's does, and close waits for flushed work; 200 small copies
+ * flushed together (the batch path) all landing, and copies that depend on
+ * each other before a flush (overlapping ones, a read of what a write
+ * before it wrote) in call order; tickets one up per mark and no growth
+ * over 10000 cycles; bad arguments refused; every call from a thread with no
+ * (or another) context current. Exits 77 without a GPU. */
 #ifndef _GNU_SOURCE /* meson passes it; a bare -std=c11 compile needs POSIX */
 #define _POSIX_C_SOURCE 200809L
 #endif
@@ -102,30 +107,32 @@ static uint64_t rnd(void) {
 
 static void *at(CUdeviceptr p, size_t off) { return (void *)(uintptr_t)(p + off); }
 
-/* Polls for up to 20 s: event_done's last answer. */
-static int wait_done(ps_cuda_dev_t *d, ps_cuda_event_t *ev) {
+enum { COPY = PS_CUDA_COPY_STREAM, READ = PS_CUDA_READ_STREAM, OUT = PS_CUDA_OUT_STREAM };
+
+/* Polls for up to 20 s: ps_cuda_passed's last answer. */
+static int wait_passed(ps_cuda_dev_t *d, int s, uint64_t t) {
   int r = 0;
   struct timespec ts = {0, 10000};
-  for (long i = 0; i < 2000000 && (r = ps_cuda_event_done(d, ev)) == 0; i++) nanosleep(&ts, NULL);
+  for (long i = 0; i < 2000000 && (r = ps_cuda_passed(d, s, t)) == 0; i++) nanosleep(&ts, NULL);
   return r;
 }
 
-/* Enqueues an event on s, waits for it, releases it: 1 when it completed. */
-static int sync_stream(ps_cuda_dev_t *d, int s) {
-  ps_cuda_event_t *ev = NULL;
-  if (ps_cuda_event_record(d, s, &ev) != ncclSuccess) return 0;
-  int r = wait_done(d, ev);
-  ps_cuda_event_release(d, ev);
-  return r == 1;
+/* Flushes and waits for ticket t of stream s: 1 when it passed. */
+static int settle(ps_cuda_dev_t *d, int s, uint64_t t) {
+  return ps_cuda_flush(d) == ncclSuccess && wait_passed(d, s, t) == 1;
+}
+
+static void *pin(ps_cuda_dev_t *d, size_t n, const char *what) {
+  void *p = NULL;
+  EXPECT(ps_cuda_host_alloc(d, n, &p) == ncclSuccess && p, "%s: host_alloc of %zu bytes failed",
+         what, n);
+  return p;
 }
 
 /* h2d then d2h of random sizes and offsets, through pinned buffers. */
 static void round_trips(ps_cuda_dev_t *d, CUdeviceptr dev, size_t dev_bytes, int iters, const char *what) {
-  unsigned char *src = NULL, *dst = NULL;
-  EXPECT(ps_cuda_host_alloc(d, DATA_BYTES, (void **)&src) == ncclSuccess &&
-         ps_cuda_host_alloc(d, DATA_BYTES, (void **)&dst) == ncclSuccess, "%s: host_alloc failed", what);
-  if (!src || !dst) goto out;
-  int bad = 0;
+  unsigned char *src = pin(d, DATA_BYTES, what), *dst = pin(d, DATA_BYTES, what);
+  int bad = !src || !dst;
   for (int it = 0; it < iters && !bad; it++) {
     size_t n = (size_t)1 << (rnd() % 23); /* log-uniform 1 B .. 4 MiB */
     n = n + rnd() % n;
@@ -134,88 +141,145 @@ static void round_trips(ps_cuda_dev_t *d, CUdeviceptr dev, size_t dev_bytes, int
     for (size_t i = 0; i < n; i++) src[i] = (unsigned char)rnd();
     memset(dst, 0, n);
     int s = (int)(rnd() % PS_CUDA_NSTREAMS);
-    if (ps_cuda_h2d(d, PS_CUDA_COPY_STREAM, at(dev, off), src, n) != ncclSuccess || !sync_stream(d, PS_CUDA_COPY_STREAM) ||
-        ps_cuda_d2h(d, s, dst, at(dev, off), n) != ncclSuccess || !sync_stream(d, s) || memcmp(src, dst, n)) {
+    uint64_t t = 0;
+    if (ps_cuda_h2d(d, COPY, at(dev, off), src, n, &t) != ncclSuccess || !settle(d, COPY, t) ||
+        ps_cuda_d2h(d, s, dst, at(dev, off), n, &t) != ncclSuccess || !settle(d, s, t) ||
+        memcmp(src, dst, n)) {
       bad = 1;
       EXPECT(0, "%s: round trip %d of %zu bytes at offset %zu differs or failed", what, it, n, off);
     }
   }
   EXPECT(!bad, "%s: %d round trips", what, iters);
-out:
   ps_cuda_host_free(d, src);
   ps_cuda_host_free(d, dst);
 }
 
 /* A 4 MiB copy then write64(flag, k) on the copy stream, while the read
- * stream keeps reading the flag and then the copy's last bytes: whenever it
- * sees k the bytes must be round k's. */
+ * stream keeps reading the flag and, once it is k, the copy's last bytes:
+ * they must be round k's. */
 static void write64_ordering(ps_cuda_dev_t *d, CUdeviceptr dev) {
-  unsigned char *src = NULL, *tail = NULL;
-  uint64_t *flag = NULL;
-  if (ps_cuda_host_alloc(d, DATA_BYTES, (void **)&src) != ncclSuccess ||
-      ps_cuda_host_alloc(d, 64, (void **)&tail) != ncclSuccess ||
-      ps_cuda_host_alloc(d, 8, (void **)&flag) != ncclSuccess) {
-    EXPECT(0, "write64: host_alloc failed");
-    goto out;
-  }
+  unsigned char *src = pin(d, DATA_BYTES, "write64"), *tail = pin(d, 64, "write64");
+  uint64_t *flag = pin(d, 8, "write64"), tc = 0, tr = 0;
   void *dflag = at(dev, DEV_BYTES - 8);
-  EXPECT(ps_cuda_write64(d, PS_CUDA_COPY_STREAM, dflag, 0) == ncclSuccess && sync_stream(d, PS_CUDA_COPY_STREAM),
-         "write64 of 0 failed");
-  int seen = 0, wrong = 0, errors = 0;
-  for (unsigned k = 1; k <= 20; k++) {
+  int seen = 0, wrong = 0, errors = !src || !tail || !flag;
+  errors = errors || ps_cuda_write64(d, COPY, dflag, 0, &tc) != ncclSuccess || !settle(d, COPY, tc);
+  for (unsigned k = 1; k <= 20 && !errors; k++) {
     memset(src, (int)k, DATA_BYTES);
-    ps_cuda_event_t *ev = NULL;
-    errors += ps_cuda_h2d(d, PS_CUDA_COPY_STREAM, at(dev, 0), src, DATA_BYTES) != ncclSuccess;
-    errors += ps_cuda_write64(d, PS_CUDA_COPY_STREAM, dflag, k) != ncclSuccess;
-    errors += ps_cuda_event_record(d, PS_CUDA_COPY_STREAM, &ev) != ncclSuccess;
+    errors += ps_cuda_h2d(d, COPY, at(dev, 0), src, DATA_BYTES, &tc) != ncclSuccess;
+    errors += ps_cuda_write64(d, COPY, dflag, k, &tc) != ncclSuccess;
+    errors += ps_cuda_flush(d) != ncclSuccess;
     for (int done = 0, polls = 0; !errors && polls < 100000; polls++) {
-      errors += ps_cuda_d2h(d, PS_CUDA_READ_STREAM, flag, dflag, 8) != ncclSuccess;
-      errors += ps_cuda_d2h(d, PS_CUDA_READ_STREAM, tail, at(dev, DATA_BYTES - 64), 64) != ncclSuccess;
-      errors += !sync_stream(d, PS_CUDA_READ_STREAM);
+      /* The tail is read only after the flag's read passed: two reads
+       * handed over together may run in either order. */
+      errors += ps_cuda_d2h(d, READ, flag, dflag, 8, &tr) != ncclSuccess || !settle(d, READ, tr);
       if (*flag == k) {
         seen++;
+        errors += ps_cuda_d2h(d, READ, tail, at(dev, DATA_BYTES - 64), 64, &tr) != ncclSuccess ||
+                  !settle(d, READ, tr);
         for (int i = 0; i < 64; i++) wrong += tail[i] != (unsigned char)k;
         break;
       }
       if (done) break; /* the copy stream finished but the flag never came */
-      done = ps_cuda_event_done(d, ev) == 1;
+      done = ps_cuda_passed(d, COPY, tc) == 1;
     }
-    errors += !ev || wait_done(d, ev) != 1; /* src is reused next round */
-    ps_cuda_event_release(d, ev);
+    errors += wait_passed(d, COPY, tc) != 1; /* src is reused next round */
   }
   EXPECT(errors == 0, "write64: %d calls failed", errors);
   EXPECT(seen == 20, "write64: the flag was read back in %d of 20 rounds", seen);
   EXPECT(wrong == 0, "write64: %d bytes of the copy not there when the flag after it was", wrong);
-out:
   ps_cuda_host_free(d, src);
   ps_cuda_host_free(d, tail);
   ps_cuda_host_free(d, flag);
 }
 
-/* 128 copies of 4 MiB take milliseconds; enqueueing them, microseconds. */
-static void events_after_work(ps_cuda_dev_t *d, CUdeviceptr dev) {
-  unsigned char *src = NULL, *back = NULL;
-  if (ps_cuda_host_alloc(d, DATA_BYTES, (void **)&src) != ncclSuccess ||
-      ps_cuda_host_alloc(d, 64, (void **)&back) != ncclSuccess) {
-    EXPECT(0, "events: host_alloc failed");
-    goto out;
-  }
+/* 128 copies of 4 MiB take milliseconds; enqueueing them, microseconds: the
+ * mark after them does not pass at once, an idle stream's mark does not wait
+ * for it, and close (of a second handle) waits for them all, the last one's
+ * bytes (0xA5, the rest 0x5A) included: its caller frees their source next. */
+static void marks_and_close(ps_cuda_dev_t *d, CUdeviceptr dev) {
+  unsigned char *src = pin(d, 2 * DATA_BYTES, "marks"), *back = pin(d, 64, "marks");
+  ps_cuda_dev_t *c = NULL;
+  uint64_t tc = 0, tr = 0;
+  int errors = !src || !back || ps_cuda_open(at(dev, 0), &c) != ncclSuccess;
+  if (errors) goto out;
   memset(src, 0x5A, DATA_BYTES);
-  int errors = 0;
-  for (int i = 0; i < 128; i++) errors += ps_cuda_h2d(d, PS_CUDA_COPY_STREAM, at(dev, 0), src, DATA_BYTES) != ncclSuccess;
-  ps_cuda_event_t *ev = NULL;
-  errors += ps_cuda_event_record(d, PS_CUDA_COPY_STREAM, &ev) != ncclSuccess;
-  EXPECT(errors == 0, "events: %d enqueues failed", errors);
-  if (ev) {
-    EXPECT(ps_cuda_event_done(d, ev) == 0, "event done right after 512 MiB of copies were enqueued");
-    EXPECT(wait_done(d, ev) == 1, "event after 512 MiB of copies never done");
-    ps_cuda_event_release(d, ev);
-  }
-  EXPECT(ps_cuda_d2h(d, PS_CUDA_READ_STREAM, back, at(dev, DATA_BYTES - 64), 64) == ncclSuccess &&
-         sync_stream(d, PS_CUDA_READ_STREAM) && back[0] == 0x5A && back[63] == 0x5A, "copied bytes not there");
-  EXPECT(sync_stream(d, PS_CUDA_READ_STREAM), "event on an idle stream not done");
+  memset(src + DATA_BYTES, 0xA5, DATA_BYTES);
+  for (size_t i = 0; i < 128; i++)
+    errors += ps_cuda_h2d(c, COPY, at(dev, 0), src + (i == 127) * DATA_BYTES, DATA_BYTES, &tc) !=
+              ncclSuccess;
+  errors += ps_cuda_flush(c) != ncclSuccess;
+  EXPECT(ps_cuda_passed(c, COPY, tc) == 0,
+         "mark passed right after 512 MiB of copies were flushed");
+  errors += ps_cuda_d2h(c, READ, back, at(dev, DEV_BYTES - 64), 64, &tr) != ncclSuccess;
+  EXPECT(settle(c, READ, tr) && ps_cuda_passed(c, COPY, tc) == 0,
+         "64 bytes on an idle stream did not pass before 512 MiB on the copy stream");
+  ps_cuda_close(c);
+  c = NULL;
+  memset(back, 0, 64);
+  errors += ps_cuda_d2h(d, READ, back, at(dev, DATA_BYTES - 64), 64, &tr) != ncclSuccess ||
+            !settle(d, READ, tr);
 out:
+  EXPECT(errors == 0 && back[0] == 0xA5 && back[63] == 0xA5,
+         "marks: %d calls failed or close returned before the last copy (%#x)", errors,
+         back ? back[0] : 0);
+  ps_cuda_close(c);
   ps_cuda_host_free(d, src);
+  ps_cuda_host_free(d, back);
+}
+
+/* 200 small copies each way and one flush (held, handed over in batches);
+ * then copies that depend on each other before one flush, which must keep
+ * call order: h2d copies that overlap, d2h copies of what they wrote, and
+ * d2h copies that overlap. */
+static void batches_and_order(ps_cuda_dev_t *d, CUdeviceptr dev) {
+  enum { NB = 200, B = 4096, R = 16, H = B / 2 };
+  unsigned char *pat = pin(d, NB * B, "batches"), *back = pin(d, NB * B, "batches");
+  uint64_t t = 0, t0 = 0;
+  if (!pat || !back) goto out;
+  for (size_t i = 0; i < NB * B; i++) pat[i] = (unsigned char)rnd();
+  for (int d2h = 0; d2h < 2; d2h++) { /* h2d to the blocks, then d2h back from them */
+    int s = d2h ? OUT : COPY, errors = 0, other = 0;
+    memset(back, 0, NB * B);
+    for (int i = 0; i < NB; i++) { /* 7 is prime to NB: every block once, out of order */
+      size_t j = (size_t)(i * 7 % NB) * B;
+      errors += (d2h ? ps_cuda_d2h(d, s, back + j, at(dev, j), B, &t)
+                     : ps_cuda_h2d(d, s, at(dev, j), pat + j, B, &t)) != ncclSuccess;
+      if (!i) t0 = t;
+      other += t != t0;
+    }
+    errors += !settle(d, s, t);
+    if (!d2h)
+      errors +=
+          ps_cuda_d2h(d, READ, back, at(dev, 0), NB * B, &t) != ncclSuccess || !settle(d, READ, t);
+    EXPECT(errors == 0 && other == 0 && !memcmp(back, pat, NB * B),
+           "%d x %d B %s, one flush: %d failures, %d tickets not the first's, or bytes differ", NB,
+           B, d2h ? "d2h" : "h2d", errors, other);
+  }
+
+  /* A big copy, then copies that each overlap it and the one before by
+   * half: the later one's bytes must win. Each way: h2d to the device, then
+   * d2h of every half to one host place (over a big d2h), where the last
+   * must win. */
+  size_t y = DEV_BYTES / 2, big = NB * B, rest = big - (R + 2) * H;
+  unsigned char *one = back + big - H;
+  int errors = 0;
+  memset(back, 0, big);
+  errors += ps_cuda_h2d(d, COPY, at(dev, y), pat, big, &t) != ncclSuccess;
+  for (int k = 0; k < R; k++)
+    errors += ps_cuda_h2d(d, COPY, at(dev, y + k * H), pat + k * B, B, &t) != ncclSuccess;
+  errors += ps_cuda_d2h(d, COPY, back, at(dev, 0), big, &t) != ncclSuccess;
+  for (int k = 0; k <= R; k++)
+    errors += ps_cuda_d2h(d, COPY, one, at(dev, y + k * H), H, &t) != ncclSuccess;
+  errors +=
+      ps_cuda_d2h(d, COPY, back, at(dev, y), (R + 1) * H, &t) != ncclSuccess || !settle(d, COPY, t);
+  int wrong = memcmp(back + R * H, pat + (R - 1) * B + H, H) != 0;
+  for (int m = 0; m < R; m++) wrong += memcmp(back + m * H, pat + m * B, H) != 0;
+  wrong += memcmp(one, pat + (R - 1) * B + H, H) != 0;
+  wrong += memcmp(back + (R + 1) * H, pat + (R + 1) * H, rest) != 0;
+  EXPECT(errors == 0 && wrong == 0,
+         "overlapping copies: %d failures, %d of %d parts out of call order", errors, wrong, R + 3);
+out:
+  ps_cuda_host_free(d, pat);
   ps_cuda_host_free(d, back);
 }
 
@@ -229,42 +293,46 @@ static long vm_kib(void) {
   return kib;
 }
 
-/* The event pool stays at the events held at once; host_alloc/free cycles
- * leave the address space as it was. */
-static void no_growth(ps_cuda_dev_t *d) {
-  enum { HOLD = 4 };
-  ps_cuda_event_t *held[HOLD] = {0}, *seen[64];
-  int nseen = 0, errors = 0;
-  for (int i = 0; i < 10000; i++) {
-    ps_cuda_event_t **slot = &held[i % HOLD];
-    if (*slot) {
-      errors += wait_done(d, *slot) != 1;
-      ps_cuda_event_release(d, *slot);
-      *slot = NULL;
-    }
-    errors += ps_cuda_event_record(d, i % PS_CUDA_NSTREAMS, slot) != ncclSuccess;
-    int known = 0;
-    for (int j = 0; j < nseen; j++) known |= seen[j] == *slot;
-    if (!known && nseen < 64) seen[nseen++] = *slot;
-  }
-  for (int i = 0; i < HOLD; i++) ps_cuda_event_release(d, held[i]);
-  EXPECT(errors == 0, "event cycles: %d failures", errors);
-  EXPECT(nseen <= HOLD + 1, "10000 record/release cycles holding %d made %d distinct events", HOLD, nseen);
-
-  void *p = NULL;
-  for (int i = 0; i < 10; i++) { /* warm the driver's own pools */
-    errors += ps_cuda_host_alloc(d, MIB, &p) != ncclSuccess;
-    ps_cuda_host_free(d, p);
-  }
-  long before = vm_kib();
-  for (int i = 0; i < 1000; i++) {
-    p = NULL;
-    errors += ps_cuda_host_alloc(d, MIB, &p) != ncclSuccess;
-    ps_cuda_host_free(d, p);
+/* Enqueue/flush/wait cycles, each a batch of two reads then a write with the
+ * mark: tickets go up by one per mark on their own stream and the address
+ * space stays as it was; host_alloc/free cycles leave it as it was too. */
+static void no_growth(ps_cuda_dev_t *d, CUdeviceptr dev) {
+  uint64_t *buf = pin(d, 64, "cycles"), last[PS_CUDA_NSTREAMS] = {0}, t = 0;
+  size_t base = DEV_BYTES - 4096;
+  long before = 0;
+  int errors = !buf, skipped = 0;
+  for (int i = 0; i < 10300 && buf; i++) {
+    if (i == 300) before = vm_kib(); /* after warming the driver's own pools */
+    int s = i % PS_CUDA_NSTREAMS;
+    errors += ps_cuda_d2h(d, s, &buf[0], at(dev, base), 8, &t) != ncclSuccess;
+    errors += ps_cuda_d2h(d, s, &buf[1], at(dev, base + 8), 8, &t) != ncclSuccess;
+    errors +=
+        ps_cuda_write64(d, s, at(dev, base + 64 + 8 * (size_t)s), (uint64_t)i, &t) != ncclSuccess;
+    errors += !settle(d, s, t);
+    skipped += last[s] && t != last[s] + 1;
+    last[s] = t;
   }
   long grew = vm_kib() - before;
-  EXPECT(errors == 0, "host_alloc cycles: %d failures", errors);
-  EXPECT(before > 0 && grew < 128 * 1024, "1000 host_alloc/free cycles of 1 MiB grew VmSize by %ld KiB", grew);
+  errors += !buf || ps_cuda_d2h(d, READ, &buf[2], at(dev, base + 64), 24, &t) != ncclSuccess ||
+            !settle(d, READ, t);
+  EXPECT(errors == 0 && skipped == 0, "mark cycles: %d failures, %d tickets not one past the last",
+         errors, skipped);
+  EXPECT(buf && buf[2] == 10299 && buf[3] == 10297 && buf[4] == 10298,
+         "a stream's last write64 is not there");
+  EXPECT(before > 0 && grew < 64 * 1024, "10000 enqueue/flush/wait cycles grew VmSize by %ld KiB",
+         grew);
+  ps_cuda_host_free(d, buf);
+
+  void *p = NULL;
+  errors = 0;
+  for (int i = 0; i < 1010; i++, p = NULL) {
+    if (i == 10) before = vm_kib(); /* after warming the driver's own pools */
+    errors += ps_cuda_host_alloc(d, MIB, &p) != ncclSuccess;
+    ps_cuda_host_free(d, p);
+  }
+  grew = vm_kib() - before;
+  EXPECT(errors == 0 && before > 0 && grew < 128 * 1024,
+         "1000 host_alloc/free cycles of 1 MiB: %d failures, VmSize grew by %ld KiB", errors, grew);
 }
 
 typedef struct {
@@ -351,8 +419,25 @@ int main(void) {
   EXPECT(ps_cuda_owns(d, host, 4096) == 0, "owns() true for malloc memory");
   EXPECT(ps_cuda_host_alloc(d, 4096, &pinned) == ncclSuccess && ps_cuda_owns(d, pinned, 4096) == 0,
          "owns() true for pinned host memory");
-  EXPECT(ps_cuda_write64(d, PS_CUDA_COPY_STREAM, at(dev, 4), 1) != ncclSuccess, "unaligned write64 accepted");
-  EXPECT(ps_cuda_h2d(d, PS_CUDA_NSTREAMS, at(dev, 0), pinned, 8) != ncclSuccess, "stream %d accepted", PS_CUDA_NSTREAMS);
+  uint64_t t = 0;
+  EXPECT(ps_cuda_write64(d, COPY, at(dev, 4), 1, &t) != ncclSuccess, "unaligned write64 accepted");
+  EXPECT(ps_cuda_h2d(d, PS_CUDA_NSTREAMS, at(dev, 0), pinned, 8, &t) != ncclSuccess &&
+             ps_cuda_d2h(d, -1, pinned, at(dev, 0), 8, &t) != ncclSuccess &&
+             ps_cuda_flush(NULL) != ncclSuccess,
+         "a bad stream or device accepted");
+  EXPECT(ps_cuda_h2d(d, COPY, at(dev, 0), pinned, 8, NULL) != ncclSuccess &&
+             ps_cuda_d2h(d, READ, pinned, at(dev, 0), 8, NULL) != ncclSuccess &&
+             ps_cuda_write64(d, OUT, at(dev, 0), 1, NULL) != ncclSuccess,
+         "an operation with a NULL ticket accepted");
+  EXPECT(ps_cuda_passed(d, PS_CUDA_NSTREAMS, 1) == -1 && ps_cuda_passed(d, -1, 1) == -1 &&
+             ps_cuda_passed(NULL, COPY, 1) == -1,
+         "passed() on a bad stream or device is not -1");
+  /* Long enough for the write to be done had it been handed over at once. */
+  EXPECT(ps_cuda_write64(d, OUT, at(dev, 0), 1, &t) == ncclSuccess, "write64 failed");
+  nanosleep(&(struct timespec){0, 20000000}, NULL);
+  EXPECT(ps_cuda_passed(d, OUT, t) == 0, "a ticket passed before ps_cuda_flush");
+  EXPECT(settle(d, OUT, t), "a ticket never passed after the flush");
+  EXPECT(ps_cuda_passed(d, OUT, t + 1) == 0, "a ticket not handed out yet passed");
   ps_cuda_dev_t *bad = NULL;
   EXPECT(ps_cuda_open(host, &bad) != ncclSuccess && !bad, "open of malloc memory accepted");
   ps_cuda_host_free(d, pinned);
@@ -360,8 +445,9 @@ int main(void) {
 
   round_trips(d, dev, DEV_BYTES, 200, "main thread");
   write64_ordering(d, dev);
-  events_after_work(d, dev);
-  no_growth(d);
+  marks_and_close(d, dev);
+  batches_and_order(d, dev);
+  no_growth(d, dev);
   CUcontext cur = NULL;
   EXPECT(cu.ctx_get_current(&cur) == 0 && cur == ctx, "the caller's context was not restored");
 
@@ -374,8 +460,9 @@ int main(void) {
   }
   cu.ctx_set_current(NULL);
   thread_arg_t arg = {d, dev, ordinal};
-  pthread_t t;
-  if (pthread_create(&t, NULL, no_context_thread, &arg) == 0) pthread_join(t, NULL);
+  pthread_t th;
+  if (pthread_create(&th, NULL, no_context_thread, &arg) == 0)
+    pthread_join(th, NULL);
   else EXPECT(0, "pthread_create failed");
 
   ps_cuda_close(d);
