@@ -136,7 +136,7 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
     ps_rma_peer_t *pp = &c->peers[p];
     pp->ops = c->opstats ? &c->opstats[p] : NULL;
     pp->next_seq = pp->posted_below = pp->done.below = pp->arrived.below = 1;
-    pp->stage_queued = pp->stage_sent = pp->stage_freed = 1;
+    pp->stage_sent = pp->stage_freed = 1;
     pp->stage_in.below = pp->stage_done.below = pp->credit_sent = 1;
   }
   if (rc == ncclSuccess && c->ordering == PS_ORD_FENCE) {
@@ -412,14 +412,19 @@ static void print_stats(ps_rma_comm_t *c) {
   for (int p = 0; p < c->nranks; p++) {
     const ps_rma_peer_stats_t *s = &c->peers[p].st;
     if (p == c->rank && !s->puts && !s->signals) continue;
+    char staged[80] = "";
+    if (c->stage) /* chunks packed into staged writes: fewer writes than puts */
+      snprintf(staged, sizeof staged, "; staged writes %llu of %llu chunks",
+               (unsigned long long)c->peers[p].stage_sent - 1,
+               (unsigned long long)c->peers[p].stage_chunks);
     fprintf(stderr,
             "perseus stats: rank %d -> %d (%s, %s): puts %llu signals %llu fences posted %llu "
-            "avoided %llu blocked %.3f ms max in flight %llu; from it: %llu writes in sequence\n",
+            "avoided %llu blocked %.3f ms max in flight %llu; from it: %llu writes in sequence%s\n",
             c->rank, p, c->ep.dev->name, ps_ordering_names[c->ordering],
             (unsigned long long)s->puts, (unsigned long long)s->signals,
             (unsigned long long)s->fences_posted, (unsigned long long)s->fences_avoided,
             (double)s->blocked_ns / 1e6, (unsigned long long)s->inflight_max,
-            (unsigned long long)c->peers[p].arrived.below - 1);
+            (unsigned long long)c->peers[p].arrived.below - 1, staged);
     if (c->opstats) print_opstats(c, p);
   }
 }

@@ -100,7 +100,6 @@ typedef struct ps_rma_req {
   const char *src;          /* source bytes (device or host address) */
   uint32_t dst_region;      /* destination window id, and offset in it */
   uint64_t dst_off;
-  uint64_t stage_first;     /* staged-write sequence of its first chunk (dst_staged) */
   uint64_t tested_pass;     /* the progress pass in which test() last saw it not done */
   ps_op_t data_op, sig_op;
   ps_rma_comm_t *comm;
@@ -115,12 +114,28 @@ typedef struct ps_rma_req_chunk {
   ps_rma_req_t reqs[PS_RMA_REQ_CHUNK];
 } ps_rma_req_chunk_t;
 
-/* A send slot: a staged chunk's header and payload in pinned memory. */
-typedef struct ps_stage_slot {
-  ps_stage_hdr_t *hdr;        /* the payload follows it */
-  uint64_t ticket;            /* its copy out of the GPU (out stream's mark), 0 once done */
+#define PS_STAGE_MAX_RECS 64 /* chunks packed into one staged write */
+
+/* One chunk of a put in a send slot. */
+typedef struct {
   struct ps_rma_req *req;
   uint32_t chunk;
+  uint32_t off; /* of its header in the slot */
+} ps_stage_rec_t;
+
+/* A send slot in pinned memory: the chunks, each a record (header +
+ * payload), that go to one peer in one staged write. Consecutive chunks
+ * queued to the peer in one progress pass share a slot while they fit: one
+ * write, one completion, one receive slot at the peer. A chunk into a host
+ * window goes alone and bare (its payload after the first header's room). */
+typedef struct ps_stage_slot {
+  ps_stage_hdr_t *hdr;        /* the first record */
+  uint64_t ticket;            /* the copies out of the GPU (out stream's mark), 0 once done */
+  uint64_t pass;              /* the progress pass it was opened in; later ones add none */
+  size_t used;                /* bytes of records */
+  uint32_t nrec;
+  int bare;                   /* one chunk into a host window */
+  ps_stage_rec_t rec[PS_STAGE_MAX_RECS];
   ps_op_t op;
   struct ps_stage_slot *next; /* free list, or the peer's list of prepared slots */
 } ps_stage_slot_t;
@@ -226,8 +241,8 @@ typedef struct {
   ps_rma_held_sig_t *held;
   uint32_t nheld, cap_held;
   /* staging, origin side: staged writes to this peer, numbered from 1 */
-  uint64_t stage_queued;  /* sequence the next queued chunk gets */
-  uint64_t stage_sent;    /* every staged write below this was posted */
+  uint64_t stage_sent;    /* every staged write below this was posted (the next one's sequence) */
+  uint64_t stage_chunks;  /* chunks those writes carried (PERSEUS_STATS) */
   uint64_t stage_freed;   /* the peer consumed every one below this (its credit) */
   ps_stage_slot_t *prep_head, *prep_tail; /* slots filled for queued chunks, in order */
   struct ps_rma_req *prep_req;            /* next request with chunks to prepare */
@@ -339,9 +354,10 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
 void ps_stage_credit(ps_rma_comm_t *c, uint32_t src, uint64_t freed_below);
 
 /* --- floor 6, ps_rma_stage_rx.c: staging's target side --- */
-/* A staged write landed in our receive slot: checked and its copy into the
- * GPU enqueued. 1 with *seq its put sequence; 0 when refused (comm failed). */
-int ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *seq);
+/* A staged write landed in our receive slot: every record checked and its
+ * copy into the GPU enqueued. Returns how many records (their put sequences
+ * in seqs[], PS_STAGE_MAX_RECS at most); 0 when refused (comm failed). */
+uint32_t ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *seqs);
 /* 0: applied (or queued behind the copies); 1: no room now, try later */
 int ps_stage_signal(ps_rma_comm_t *c, char *addr, uint64_t add);
 /* Polls copies and signal words: 1 when arrivals, copies or words moved

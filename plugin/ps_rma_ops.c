@@ -103,6 +103,10 @@ static int post_ready_sigs(ps_rma_comm_t *c, ps_rma_peer_t *p) {
       ps_rma_note_held(p, PS_HELD_INFLIGHT);
       return 1;
     }
+    /* every staged write sent so far, which holds every put it covers
+     * (those were posted before it, and a staged write's sequence is given
+     * when it is posted) */
+    r->sig.covers_staged = p->stage_sent - 1;
     uint64_t t0 = ps_rma_post_begins(p);
     ncclResult_t rc = ps_order_post_sig(c, r, &posted);
     if (rc != ncclSuccess) {
@@ -203,7 +207,6 @@ static ncclResult_t queue_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, ui
     r->src = loc->base + local_off;
     r->dst_region = rem->id, r->dst_off = remote_off;
     if (size > c->stage->chunk) r->nchunks = (uint32_t)((size + c->stage->chunk - 1) / c->stage->chunk);
-    if (r->dst_staged) r->stage_first = p->stage_queued, p->stage_queued += r->nchunks;
   }
   if (!is_get) r->seq = p->next_seq, p->next_seq += r->nchunks;
   if (!p->prep_req) p->prep_req = r;
@@ -295,8 +298,7 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
   r->sig = (ps_sig_msg_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION, .op = (uint16_t)op,
                           .src_rank = (uint32_t)c->rank, .region_id = sig->id, .offset = sig_off,
                           .value = value,
-                          .covers = c->ordering == PS_ORD_TARGET ? r->need - 1 : 0,
-                          .covers_staged = p->stage_queued - 1};
+                          .covers = c->ordering == PS_ORD_TARGET ? r->need - 1 : 0};
   r->sig_rma = (struct fi_rma_ioc){.addr = sig->raddr[rank] + sig_off, .count = 1,
                                    .key = sig->rkey[rank]};
   r->sig_stage = PS_STAGE_QUEUED;

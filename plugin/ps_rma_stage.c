@@ -165,42 +165,68 @@ static size_t chunk_len(const ps_stage_t *st, const ps_rma_req_t *r, uint32_t i)
   return size - off < st->chunk ? size - off : st->chunk;
 }
 
-/* Fills up to `limit` free send slots with the next chunks of this peer's
- * queue, in order; returns how many it filled. */
+/* Bytes chunk i of r takes in a slot: header and payload, to the next
+ * 64-byte boundary; a chunk into a host window goes bare. */
+static size_t rec_bytes(const ps_stage_t *st, const ps_rma_req_t *r, uint32_t i) {
+  size_t n = chunk_len(st, r, i);
+  return r->dst_staged ? PS_STAGE_HDR + ((n + 63) & ~(size_t)63) : n;
+}
+
+/* Whether chunk i of r can join slot s: opened in this pass (a slot from an
+ * earlier one may already be copied and waits for nothing but its post),
+ * bound for a GPU window, and room left. */
+static int joins(const ps_rma_comm_t *c, const ps_stage_slot_t *s, const ps_rma_req_t *r, uint32_t i) {
+  const ps_stage_t *st = c->stage;
+  return s && s->pass == c->passes && !s->bare && r->dst_staged && s->nrec < PS_STAGE_MAX_RECS &&
+         s->used + rec_bytes(st, r, i) <= st->slot_bytes;
+}
+
+/* Prepares this peer's queued chunks, in order, each into the last slot
+ * prepared for the peer where it joins, else into a free slot (at most
+ * `limit` of them); returns how many free slots it took. */
 static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
   ps_stage_t *st = c->stage;
-  int filled = 0;
-  while (filled < limit && p->prep_req && st->free_slots && !c->error) {
+  int taken = 0;
+  while (p->prep_req && !c->error) {
     ps_rma_req_t *r = p->prep_req;
     if (!r->staged || r->prepared == r->nchunks) {
       p->prep_req = r->next;
       continue;
     }
-    ps_stage_slot_t *s = st->free_slots;
     uint32_t i = r->prepared;
+    ps_stage_slot_t *s = p->prep_tail;
+    if (!joins(c, s, r, i)) {
+      if (taken == limit || !(s = st->free_slots)) break;
+      st->free_slots = s->next;
+      s->ticket = 0, s->pass = c->passes, s->used = 0, s->nrec = 0, s->bare = !r->dst_staged;
+      s->next = NULL;
+      if (p->prep_tail) p->prep_tail->next = s;
+      else p->prep_head = s;
+      p->prep_tail = s;
+      taken++;
+    }
     size_t n = chunk_len(st, r, i);
+    char *at = (char *)s->hdr + s->used, *payload = s->bare ? (char *)(s->hdr + 1) : at + PS_STAGE_HDR;
     const char *from = r->src + (size_t)i * st->chunk;
     if (r->src_gpu && n) {
       if (!i && p->ops) r->ts.copy_start = ps_rma_stats_now();
-      if (ps_cuda_d2h(st->cu, PS_CUDA_OUT_STREAM, s->hdr + 1, from, n, &s->ticket) != ncclSuccess) {
+      if (ps_cuda_d2h(st->cu, PS_CUDA_OUT_STREAM, payload, from, n, &s->ticket) != ncclSuccess) {
         ps_rma_fail(c, ncclSystemError, "copying a put to rank %u out of the GPU failed", r->peer);
-        return filled;
+        return taken;
       }
     } else if (n) {
-      memcpy(s->hdr + 1, from, n);
+      memcpy(payload, from, n);
     }
-    st->free_slots = s->next;
-    s->req = r, s->chunk = i, s->next = NULL;
-    if (p->prep_tail) p->prep_tail->next = s;
-    else p->prep_head = s;
-    p->prep_tail = s;
+    if (s->nrec) ((ps_stage_hdr_t *)((char *)s->hdr + s->rec[s->nrec - 1].off))->more = 1;
+    s->rec[s->nrec++] = (ps_stage_rec_t){.req = r, .chunk = i, .off = (uint32_t)s->used};
+    s->used += rec_bytes(st, r, i);
     r->prepared++;
-    filled++;
   }
-  return filled;
+  return taken;
 }
 
-/* One chunk at a time, so a new call's first chunk does not wait a round. */
+/* Whatever this peer has queued, into at most one more slot, so that a new
+ * call's chunks do not wait a round. */
 void ps_stage_prepare(ps_rma_comm_t *c, ps_rma_peer_t *p) { prepare(c, p, 1); }
 
 /* Free slots go round-robin over the peers with chunks waiting, starting
@@ -216,31 +242,75 @@ void ps_stage_fill(ps_rma_comm_t *c) {
   }
 }
 
-static void chunk_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
+/* The staged write completed: every chunk in it did. */
+static void slot_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
   ps_stage_slot_t *s = op->owner;
-  ps_rma_req_t *r = s->req;
-  ps_stage_t *st = r->comm->stage;
-  uint64_t seq = r->seq + s->chunk;
+  ps_stage_t *st = s->rec[0].req->comm->stage;
+  ps_rma_comm_t *c = s->rec[0].req->comm;
   (void)e;
-  s->req = NULL;
+  for (uint32_t k = 0; k < s->nrec; k++) {
+    ps_rma_req_t *r = s->rec[k].req;
+    ps_rma_put_done(r, r->seq + s->rec[k].chunk, err, errstr);
+  }
+  s->nrec = 0;
   s->next = st->free_slots;
   st->free_slots = s;
-  r->comm->backlog = 1; /* a free slot: the next chunk can be prepared */
-  ps_rma_put_done(r, seq, err, errstr);
+  c->backlog = 1; /* a free slot: the next chunks can be prepared */
 }
 
-/* PERSEUS_STATS: when the copies out of the GPU of p's prepared chunks
- * finished, seen before each is next in line to post, so that a put's copy
- * time leaves out its wait behind earlier puts. Copies finish in the order
- * they were issued: the first one still running ends the look. */
+/* PERSEUS_STATS: when a put's last chunk was seen copied out of the GPU. */
+static void PS_COLD stamp_copied(ps_stage_slot_t *s) {
+  for (uint32_t k = 0; k < s->nrec; k++) {
+    ps_rma_req_t *r = s->rec[k].req;
+    if (s->rec[k].chunk == r->nchunks - 1 && !r->ts.copy_done) r->ts.copy_done = ps_rma_stats_now();
+  }
+}
+
+/* PERSEUS_STATS: the copies of p's prepared slots, looked at each time
+ * perseus tries to post to p, so that a put's copy time leaves out its wait
+ * behind earlier puts. Copies finish in the order they were issued: the first
+ * one still running ends the look. */
 static void PS_COLD note_copies(ps_stage_t *st, ps_rma_peer_t *p) {
   for (ps_stage_slot_t *s = p->prep_head; s; s = s->next) {
-    ps_rma_req_t *r = s->req;
-    int last = s->chunk == r->nchunks - 1;
-    if (!s->ticket || (last && r->ts.copy_done)) continue;
+    if (!s->ticket) continue;
     if (ps_cuda_passed(st->cu, PS_CUDA_OUT_STREAM, s->ticket) != 1) return;
-    if (last) r->ts.copy_done = ps_rma_stats_now();
+    stamp_copied(s);
   }
+}
+
+/* Posts slot s: a staged write into the peer's receive slot for sequence
+ * sseq (each record's header written now), or its one bare chunk. */
+static ncclResult_t post_slot(ps_rma_comm_t *c, ps_stage_slot_t *s, uint64_t sseq, int *posted) {
+  ps_stage_t *st = c->stage;
+  ps_rma_req_t *r = s->rec[0].req;
+  struct iovec iov;
+  struct fi_rma_iov rma;
+  void *desc = st->send_desc;
+  struct fi_msg_rma m = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = c->addr[r->peer],
+                         .rma_iov = &rma, .rma_iov_count = 1, .context = &s->op};
+  s->op = (ps_op_t){.cb = slot_done, .owner = s};
+  if (s->bare) {
+    size_t off = (size_t)s->rec[0].chunk * st->chunk;
+    iov = (struct iovec){.iov_base = s->hdr + 1, .iov_len = s->used};
+    rma = (struct fi_rma_iov){.addr = r->rma.addr + off, .len = s->used, .key = r->rma.key};
+    return ps_rma_post_put(c, r->peer, &m, r->seq + s->rec[0].chunk, posted);
+  }
+  for (uint32_t k = 0; k < s->nrec; k++) {
+    ps_rma_req_t *q = s->rec[k].req;
+    uint32_t i = s->rec[k].chunk;
+    size_t off = (size_t)i * st->chunk, n = chunk_len(st, q, i);
+    ps_stage_hdr_t *h = (ps_stage_hdr_t *)((char *)s->hdr + s->rec[k].off);
+    *h = (ps_stage_hdr_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
+                          .more = (uint16_t)(k + 1 < s->nrec), .src_rank = (uint32_t)c->rank,
+                          .region_id = q->dst_region, .offset = q->dst_off + off, .len = n,
+                          .seq = q->seq + i, .stage_seq = sseq};
+  }
+  uint32_t slot = (uint32_t)(sseq % st->per_peer);
+  iov = (struct iovec){.iov_base = s->hdr, .iov_len = s->used};
+  rma = (struct fi_rma_iov){
+      .addr = st->rx->raddr[r->peer] + ((uint64_t)c->rank * st->per_peer + slot) * st->slot_bytes,
+      .len = s->used, .key = st->rx->rkey[r->peer]};
+  return ps_rma_post_staged(c, r->peer, &m, slot, posted);
 }
 
 ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, int *all,
@@ -254,7 +324,7 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
       return ncclSuccess;
     }
     ps_stage_slot_t *s = p->prep_head;
-    if (!s || s->req != r) { /* waits for a send slot */
+    if (!s || s->rec[0].req != r) { /* waits for a send slot */
       ps_rma_note_held(p, st->free_slots ? PS_HELD_UNFILLED : PS_HELD_SLOT);
       return ncclSuccess;
     }
@@ -266,39 +336,16 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
         return ncclSuccess;
       }
       s->ticket = 0;
-      if (p->ops && s->chunk == r->nchunks - 1 && !r->ts.copy_done)
-        r->ts.copy_done = ps_rma_stats_now();
+      if (p->ops) stamp_copied(s);
     }
-    size_t off = (size_t)s->chunk * st->chunk, n = chunk_len(st, r, s->chunk);
-    uint64_t seq = r->seq + s->chunk, sseq = r->stage_first + s->chunk;
-    struct iovec iov;
-    struct fi_rma_iov rma;
-    void *desc = st->send_desc;
-    struct fi_msg_rma m = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = c->addr[r->peer],
-                           .rma_iov = &rma, .rma_iov_count = 1, .context = &s->op};
-    uint32_t slot = 0;
-    if (r->dst_staged) {
-      if (sseq >= p->stage_freed + st->per_peer) { /* no credit yet */
-        ps_rma_note_held(p, PS_HELD_CREDIT);
-        return ncclSuccess;
-      }
-      slot = (uint32_t)(sseq % st->per_peer);
-      *s->hdr = (ps_stage_hdr_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
-                                 .src_rank = (uint32_t)c->rank, .region_id = r->dst_region,
-                                 .offset = r->dst_off + off, .len = n, .seq = seq, .stage_seq = sseq};
-      iov = (struct iovec){.iov_base = s->hdr, .iov_len = PS_STAGE_HDR + n};
-      rma = (struct fi_rma_iov){
-          .addr = st->rx->raddr[r->peer] + ((uint64_t)c->rank * st->per_peer + slot) * st->slot_bytes,
-          .len = PS_STAGE_HDR + n, .key = st->rx->rkey[r->peer]};
-    } else {
-      iov = (struct iovec){.iov_base = s->hdr + 1, .iov_len = n};
-      rma = (struct fi_rma_iov){.addr = r->rma.addr + off, .len = n, .key = r->rma.key};
+    uint64_t sseq = p->stage_sent;
+    if (!s->bare && sseq >= p->stage_freed + st->per_peer) { /* no credit yet */
+      ps_rma_note_held(p, PS_HELD_CREDIT);
+      return ncclSuccess;
     }
-    s->op = (ps_op_t){.cb = chunk_done, .owner = s};
     int posted = 0;
     uint64_t t0 = ps_rma_post_begins(p);
-    PS_CHECK(r->dst_staged ? ps_rma_post_staged(c, r->peer, &m, slot, &posted)
-                           : ps_rma_post_put(c, r->peer, &m, seq, &posted));
+    PS_CHECK(post_slot(c, s, sseq, &posted));
     if (p->ops) ps_rma_note_post(p, t0, posted, &r->ts.posted);
     if (!posted) {
       *refused = 1;
@@ -306,10 +353,14 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
     }
     p->prep_head = s->next;
     if (!p->prep_head) p->prep_tail = NULL;
-    r->posted_chunks++;
-    p->posted_below = seq + 1;
-    if (r->dst_staged) p->stage_sent = sseq + 1;
-    ps_rma_op_started(c, p);
+    if (!s->bare) p->stage_sent = sseq + 1, p->stage_chunks += s->nrec;
+    for (uint32_t k = 0; k < s->nrec; k++) {
+      ps_rma_req_t *q = s->rec[k].req;
+      q->posted_chunks++;
+      p->posted_below = q->seq + s->rec[k].chunk + 1;
+      if (p->ops && !q->ts.posted) q->ts.posted = ps_rma_stats_now();
+      ps_rma_op_started(c, p);
+    }
   }
   *all = 1;
   return ncclSuccess;
@@ -344,10 +395,9 @@ void ps_stage_dump(ps_rma_comm_t *c) {
     ps_rma_peer_t *p = &c->peers[i];
     uint32_t prepared = 0;
     for (ps_stage_slot_t *s = p->prep_head; s; s = s->next) prepared++;
-    PS_INFO(NCCL_NET, "  to rank %d: staged writes queued below %llu, sent below %llu, freed below "
+    PS_INFO(NCCL_NET, "  to rank %d: staged writes sent below %llu, freed below "
             "%llu, %u slots prepared; from it: copies enqueued below %llu, done below %llu, "
-            "credit sent %llu%s, %u signals held", i, (unsigned long long)p->stage_queued,
-            (unsigned long long)p->stage_sent, (unsigned long long)p->stage_freed, prepared,
+            "credit sent %llu%s, %u signals held", i, (unsigned long long)p->stage_sent, (unsigned long long)p->stage_freed, prepared,
             (unsigned long long)p->stage_in.below, (unsigned long long)p->stage_done.below,
             (unsigned long long)p->credit_sent, p->credit_busy ? " (in flight)" : "", p->nheld);
   }

@@ -13,50 +13,88 @@
 
 static uint32_t ring_size(const ps_rma_comm_t *c) { return (uint32_t)c->nranks * c->stage->per_peer; }
 
-int ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *seq) {
+/* The first record names the staged write: it must be the one this
+ * receive slot is for, inside the credit we gave, and new. */
+static int check_first(ps_rma_comm_t *c, uint32_t src, uint32_t slot, const ps_stage_hdr_t *h) {
+  ps_stage_t *st = c->stage;
+  ps_rma_peer_t *p = &c->peers[src];
+  if (h->stage_seq % st->per_peer != slot || h->stage_seq < p->stage_done.below ||
+      h->stage_seq - p->stage_done.below >= st->per_peer) {
+    ps_rma_fail(c, ncclRemoteError, "staged write %llu from rank %u in slot %u is outside its "
+                "credit (slots free from %llu, %u of them)", (unsigned long long)h->stage_seq, src,
+                slot, (unsigned long long)p->stage_done.below, st->per_peer);
+    return 0;
+  }
+  if (ps_seqwin_mark(&p->stage_in, h->stage_seq, st->per_peer)) {
+    ps_rma_fail(c, ncclRemoteError, "rank %u sent staged write %llu twice", src,
+                (unsigned long long)h->stage_seq);
+    return 0;
+  }
+  return 1;
+}
+
+/* Checks the record at `off` in receive slot `slot` (`buf`) and enqueues its
+ * copy into the GPU window it names; 0 when refused (the comm failed).
+ * `first`: the write's first record, NULL for that one itself. */
+static int take_record(ps_rma_comm_t *c, uint32_t src, uint32_t slot, const char *buf, size_t off,
+                       const ps_stage_hdr_t *first, ps_stage_hdr_t *h, uint64_t *ticket) {
+  ps_stage_t *st = c->stage;
+  if (off + sizeof *h > st->slot_bytes ||
+      ps_stage_decode(buf + off, sizeof *h, src, st->slot_bytes - off - sizeof *h, h) != ncclSuccess) {
+    ps_rma_fail(c, ncclRemoteError, "malformed staged write from rank %u dropped (record at byte %zu)",
+                src, off);
+    return 0;
+  }
+  if (!first && !check_first(c, src, slot, h)) return 0;
+  if (first && h->stage_seq != first->stage_seq) {
+    ps_rma_fail(c, ncclRemoteError, "staged write %llu from rank %u holds a record of staged write %llu",
+                (unsigned long long)first->stage_seq, src, (unsigned long long)h->stage_seq);
+    return 0;
+  }
+  ps_rma_region_t *r = h->region_id < c->nregions ? c->regions[h->region_id] : NULL;
+  if (!r || !r->staged || h->offset > r->size || r->size - h->offset < h->len) {
+    ps_rma_fail(c, ncclRemoteError, "staged write from rank %u rejected: region %u offset %llu "
+                "+ %llu B is not inside a GPU window (%zu B)", src, h->region_id,
+                (unsigned long long)h->offset, (unsigned long long)h->len, r ? r->size : (size_t)0);
+    return 0;
+  }
+  if (h->len && ps_cuda_h2d(st->cu, PS_CUDA_COPY_STREAM, r->base + h->offset, buf + off + sizeof *h,
+                            h->len, ticket) != ncclSuccess) {
+    ps_rma_fail(c, ncclSystemError, "copying a staged write from rank %u into the GPU failed", src);
+    return 0;
+  }
+  return 1;
+}
+
+uint32_t ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *seqs) {
   ps_stage_t *st = c->stage;
   if (!st || slot >= st->per_peer) {
     ps_rma_fail(c, ncclRemoteError, "rank %u sent a staged write to slot %u, but it has %u", src,
                 slot, st ? st->per_peer : 0);
     return 0;
   }
-  char *buf = st->rx_pool + ((size_t)src * st->per_peer + slot) * st->slot_bytes;
-  ps_stage_hdr_t h;
-  if (ps_stage_decode(buf, sizeof h, src, st->chunk, &h) != ncclSuccess) {
-    ps_rma_fail(c, ncclRemoteError, "malformed staged write from rank %u dropped", src);
-    return 0;
-  }
-  ps_rma_peer_t *p = &c->peers[src];
-  if (h.stage_seq % st->per_peer != slot || h.stage_seq < p->stage_done.below ||
-      h.stage_seq - p->stage_done.below >= st->per_peer) {
-    ps_rma_fail(c, ncclRemoteError, "staged write %llu from rank %u in slot %u is outside its "
-                "credit (slots free from %llu, %u of them)", (unsigned long long)h.stage_seq, src,
-                slot, (unsigned long long)p->stage_done.below, st->per_peer);
-    return 0;
-  }
-  ps_rma_region_t *r = h.region_id < c->nregions ? c->regions[h.region_id] : NULL;
-  if (!r || !r->staged || h.offset > r->size || r->size - h.offset < h.len) {
-    ps_rma_fail(c, ncclRemoteError, "staged write from rank %u rejected: region %u offset %llu "
-                "+ %llu B is not inside a GPU window (%zu B)", src, h.region_id,
-                (unsigned long long)h.offset, (unsigned long long)h.len, r ? r->size : (size_t)0);
-    return 0;
-  }
-  if (ps_seqwin_mark(&p->stage_in, h.stage_seq, st->per_peer)) {
-    ps_rma_fail(c, ncclRemoteError, "rank %u sent staged write %llu twice", src,
-                (unsigned long long)h.stage_seq);
-    return 0;
+  const char *buf = st->rx_pool + ((size_t)src * st->per_peer + slot) * st->slot_bytes;
+  ps_stage_hdr_t first, h;
+  uint64_t ticket = 0;
+  if (!take_record(c, src, slot, buf, 0, NULL, &first, &ticket)) return 0;
+  seqs[0] = first.seq;
+  uint32_t n = 1;
+  size_t off = 0;
+  for (h = first; h.more; n++) {
+    if (n == PS_STAGE_MAX_RECS) {
+      ps_rma_fail(c, ncclRemoteError, "staged write %llu from rank %u holds over %u records",
+                  (unsigned long long)first.stage_seq, src, PS_STAGE_MAX_RECS);
+      return 0;
+    }
+    off += sizeof h + ((h.len + 63) & ~(uint64_t)63);
+    if (!take_record(c, src, slot, buf, off, &first, &h, &ticket)) return 0;
+    seqs[n] = h.seq;
   }
   ps_stage_copy_t *k = &st->copies[(st->copy_head + st->ncopies) % ring_size(c)];
-  *k = (ps_stage_copy_t){.src = src, .stage_seq = h.stage_seq};
-  if (h.len && ps_cuda_h2d(st->cu, PS_CUDA_COPY_STREAM, r->base + h.offset, buf + sizeof h, h.len,
-                           &k->ticket) != ncclSuccess) {
-    ps_rma_fail(c, ncclSystemError, "copying a staged write from rank %u into the GPU failed", src);
-    return 0;
-  }
+  *k = (ps_stage_copy_t){.src = src, .stage_seq = first.stage_seq, .ticket = ticket};
   st->ncopies++;
   st->changed = 1;
-  *seq = h.seq;
-  return 1;
+  return n;
 }
 
 /* The copy stream runs in order: finished copies form a prefix of the ring. */

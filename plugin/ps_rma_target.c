@@ -71,9 +71,10 @@ static void remote_write(void *comm, uint64_t data) {
     return;
   }
   if (data & PS_STAGED_DATA) {
-    uint64_t seq;
-    if (ps_stage_arrived(c, (uint32_t)src, (uint32_t)data, &seq) && c->ordering == PS_ORD_TARGET)
-      mark_arrived(c, (uint32_t)src, seq);
+    uint64_t seqs[PS_STAGE_MAX_RECS];
+    uint32_t n = ps_stage_arrived(c, (uint32_t)src, (uint32_t)data, seqs);
+    for (uint32_t i = 0; i < n && c->ordering == PS_ORD_TARGET && !c->error; i++)
+      mark_arrived(c, (uint32_t)src, seqs[i]);
     return;
   }
   ps_rma_peer_t *p = &c->peers[src];

@@ -129,10 +129,11 @@ ncclResult_t ps_stage_decode(const void *buf, size_t len, uint32_t src_rank, uin
                              ps_stage_hdr_t *out) {
   PS_CHECK(take_exact("staged write header", buf, len, out, sizeof *out));
   PS_CHECK(check_ident("staged write header", out->magic, out->version));
-  if (out->src_rank != src_rank || out->len > max_len || out->stage_seq == 0) {
+  if (out->src_rank != src_rank || out->len > max_len || out->stage_seq == 0 || out->more > 1) {
     PS_WARN("staged write header rejected: from rank %u in rank %u's slot, %llu bytes (at most "
-            "%llu), staged sequence %llu", out->src_rank, src_rank, (unsigned long long)out->len,
-            (unsigned long long)max_len, (unsigned long long)out->stage_seq);
+            "%llu), staged sequence %llu, more %u", out->src_rank, src_rank,
+            (unsigned long long)out->len, (unsigned long long)max_len,
+            (unsigned long long)out->stage_seq, out->more);
     return ncclInvalidArgument;
   }
   return ncclSuccess;

@@ -10,7 +10,7 @@
 #include "ps_nccl_abi.h"
 
 #define PS_WIRE_MAGIC 0x50535553u /* "PSUS" */
-#define PS_WIRE_VERSION 1
+#define PS_WIRE_VERSION 2
 #define PS_HANDLE_ADDR_MAX 96
 #define PS_CTRL_ADDR_MAX 224
 
@@ -90,16 +90,18 @@ typedef struct {
   uint64_t key;
 } ps_reg_msg_t;
 
+/* A staged write is one or more records, each this header and its payload;
+ * a record starts at the next 64-byte boundary after the one before. */
 typedef struct {
   uint32_t magic;
   uint16_t version;
-  uint16_t pad;
+  uint16_t more;      /* 1: another record follows this one */
   uint32_t src_rank;
   uint32_t region_id; /* destination window */
   uint64_t offset;    /* in it */
   uint64_t len;       /* payload bytes after the header */
   uint64_t seq;       /* the origin's put sequence of this chunk (target strategy) */
-  uint64_t stage_seq; /* the origin's staged-write sequence towards us, from 1 */
+  uint64_t stage_seq; /* the origin's staged-write sequence towards us, from 1 (same for every record) */
   uint64_t reserved[2];
 } ps_stage_hdr_t;
 _Static_assert(sizeof(ps_stage_hdr_t) == 64, "staged write header is one cache line");
@@ -109,8 +111,8 @@ _Static_assert(sizeof(ps_stage_hdr_t) == 64, "staged write header is one cache l
 ncclResult_t ps_sig_decode(const void *buf, size_t len, uint32_t nranks, ps_sig_msg_t *out);
 ncclResult_t ps_reg_decode(const void *buf, size_t len, uint32_t nranks, uint32_t region_id,
                            ps_reg_msg_t *out);
-/* A staged header must also name `src_rank` (whom the slot belongs to) and
- * carry at most `max_len` payload bytes. */
+/* A staged header must also name `src_rank` (whom the slot belongs to),
+ * carry at most `max_len` payload bytes and say 0 or 1 in `more`. */
 ncclResult_t ps_stage_decode(const void *buf, size_t len, uint32_t src_rank, uint64_t max_len,
                              ps_stage_hdr_t *out);
 

@@ -17,6 +17,7 @@
 #   EP_ARGS         ep_bench options (default "-a ll -t 128"; HT: "-a ht -t 4096")
 #   EP_STRATEGIES   perseus runs (default "ordered target drain")
 #   EP_ITERS        --iters (default 20), --warmup is a quarter of it
+#   EP_BUILD_ONLY   1: build NCCL and NCCL EP, run nothing
 #   EP_PLUGINS      extra plugin builds to compare, NAME=PATH pairs (e.g.
 #                   "base=/path/libnccl-net-perseus.so"); each runs EP_STRATEGIES
 #   PERSEUS_PROVIDER, PERSEUS_IFACE as for gpu-gin.sh; PERSEUS_STATS=1 prints
@@ -86,7 +87,13 @@ if [ ! -x "$ep_bench" ]; then
     MPI_HOME="$mpi_home" BUILDDIR="$nccl_home" NVCC_GENCODE="$gencode"
 fi
 
+[ "${EP_BUILD_ONLY:-0}" = 1 ] && exit 0
+
 # --- the runs ---
+# The bound is measured through perseus' own GIN programs, built against the
+# PyTorch environment's NCCL: find that before NCCL EP's takes its place.
+gpu_find_nccl
+bound_nccl=$nccl_lib
 export PERSEUS_NCCL_LIB=$nccl_home/lib
 gpu_export_env
 unset NCCL_NET_PLUGIN
@@ -119,4 +126,30 @@ for pv in $plugins; do
       NCCL_GIN_TYPE=2 PERSEUS_ORDERING="$s"
   done
 done
+# The transport bound: perseus' large-message GIN bandwidth in this run
+# (perseus_tile_perf, 1 MiB tiles, one signal per 64), and each ep_bench
+# phase against the time its bytes need at that bandwidth.
+tile_perf=$BUILD/bench/perseus_tile_perf
+if [ -x "$tile_perf" ]; then
+  run tile-perf-1M env LD_LIBRARY_PATH="$PLUGIN_DIR${bound_nccl:+:$bound_nccl}${fab_dir:+:$fab_dir}" \
+    NCCL_NET_PLUGIN=perseus PERSEUS_ORDERING=ordered "$tile_perf" -g 2 -p gin -b 1M -e 1M -B 64 \
+    -n 20 -w 3
+  mtiles=$(awk '$1 == 1048576 && $2 == 64 { print $4; exit }' "$LOGDIR/tile-perf-1M.log")
+  {
+    echo "# transport bound: GIN ${mtiles:-?} Mtiles/s of 1 MiB per rank (perseus_tile_perf)"
+    printf "# %-22s %12s %12s %10s %10s\n" run dispatch_us combine_us disp/bound comb/bound
+    for f in "$LOGDIR"/ep-*.log; do
+      awk -v name="$(basename "$f" .log)" -v mt="${mtiles:-0}" '
+        /^Dispatch: / { sub("avg=", "", $2); d = $2 + 0 }
+        /^Combine: / { sub("avg=", "", $2); c = $2 + 0 }
+        /^Byte counts:/ { split($3, a, "="); mb = a[2] + 0 }
+        END {
+          bound = mt > 0 ? mb * 1e6 / (mt * 1048576) : 0  # us at the GIN bandwidth
+          rd = "-"; rc = "-"
+          if (bound > 0) { rd = sprintf("%.2f", d / bound); rc = sprintf("%.2f", c / bound) }
+          printf "# %-22s %12.1f %12.1f %10s %10s\n", name, d, c, rd, rc
+        }' "$f"
+    done
+  } | tee -a "$LOGDIR/summary.txt"
+fi
 gpu_finish

@@ -11,7 +11,8 @@
 #     "max in flight" (both are the most operations posted to the peer);
 #   - with --staged (GPU source windows through staging, e.g. rma_test -G dsg):
 #     some peer has copies out of the GPU timed and a post held back for a
-#     send slot, a copy or a credit.
+#     send slot, a copy or a credit, and some peer's chunks went in fewer
+#     staged writes than there were chunks (packed into one write).
 staged=0
 if [ "$1" = --staged ]; then staged=1; shift; fi
 log=$(mktemp) || exit 1
@@ -40,6 +41,8 @@ function interval(line, name, v,   s, n) {
   for (i = 1; i <= NF; i++) {
     if ($i == "puts") puts[key] = $(i + 1)
     if ($i == "in" && $(i + 1) == "flight") inflight[key] = $(i + 2) + 0
+    if ($i == "staged" && $(i + 1) == "writes") swrites[key] = $(i + 2) + 0
+    if ($i == "chunks" && $(i - 2) == "of") schunks[key] = $(i - 1) + 0
   }
 }
 /^perseus stats: rank [0-9]+ -> [0-9]+ times of / {
@@ -93,10 +96,12 @@ END {
     if (!(key in held)) fail(key ": " puts[key] " puts but no held-back line")
     else if (depth[key] + 0 != inflight[key] + 0)
       fail(key ": depth at post max " depth[key] " but max in flight " inflight[key])
+    if ((key in swrites) && swrites[key] > 0 && swrites[key] < schunks[key]) packed++
   }
   if (!npeers) fail("no peer with puts: is PERSEUS_STATS read?")
   if (staged && !copies) fail("staged, but no copy out of the GPU was timed")
   if (staged && !waits) fail("staged, but nothing was held back for a send slot, a copy or a credit")
+  if (staged && !packed) fail("staged, but no peer had its chunks packed into fewer staged writes")
   if (!bad) print "check_opstats.sh: stats lines of " npeers " peers consistent" >"/dev/stderr"
   exit bad
 }' "$log"
