@@ -29,6 +29,8 @@ typedef struct {
   int stats;               /* PERSEUS_STATS: one-sided per-peer statistics at close */
   int64_t staging_bytes;   /* PERSEUS_STAGING_BYTES: pinned memory per comm for GPU windows */
   int64_t staging_chunk;   /* PERSEUS_STAGING_CHUNK: bytes a staged write carries at most */
+  int64_t staging_coalesce_us; /* PERSEUS_STAGING_COALESCE_US: how long a slot copying out of
+                                * the GPU takes more chunks */
   int64_t rma_inflight;    /* PERSEUS_RMA_INFLIGHT: posted one-sided ops per peer, 0 = no bound,
                             * -1 = unset (the provider's default, ps_fabric) */
 } ps_config_t;

@@ -412,11 +412,12 @@ static void print_stats(ps_rma_comm_t *c) {
   for (int p = 0; p < c->nranks; p++) {
     const ps_rma_peer_stats_t *s = &c->peers[p].st;
     if (p == c->rank && !s->puts && !s->signals) continue;
-    char staged[80] = "";
+    char staged[112] = "";
     if (c->stage) /* chunks packed into staged writes: fewer writes than puts */
-      snprintf(staged, sizeof staged, "; staged writes %llu of %llu chunks",
+      snprintf(staged, sizeof staged, "; staged writes %llu of %llu chunks and %llu signals",
                (unsigned long long)c->peers[p].stage_sent - 1,
-               (unsigned long long)c->peers[p].stage_chunks);
+               (unsigned long long)c->peers[p].stage_chunks,
+               (unsigned long long)c->peers[p].stage_sigs);
     fprintf(stderr,
             "perseus stats: rank %d -> %d (%s, %s): puts %llu signals %llu fences posted %llu "
             "avoided %llu blocked %.3f ms max in flight %llu; from it: %llu writes in sequence%s\n",

@@ -96,6 +96,7 @@ typedef struct ps_rma_req {
   /* staging: a put with GPU memory on either side moves in chunks through
    * send slots; chunk i has put sequence seq + i */
   uint8_t staged, src_gpu, dst_staged;
+  uint8_t sig_rides;        /* its signal goes as a record in its last chunk's staged write */
   uint32_t nchunks, prepared, posted_chunks, done_chunks;
   const char *src;          /* source bytes (device or host address) */
   uint32_t dst_region;      /* destination window id, and offset in it */
@@ -116,7 +117,10 @@ typedef struct ps_rma_req_chunk {
 
 #define PS_STAGE_MAX_RECS 64 /* chunks packed into one staged write */
 
-/* One chunk of a put in a send slot. */
+#define PS_STAGE_SIG_REC UINT32_MAX /* ps_stage_rec_t.chunk of a request's signal */
+
+/* One chunk of a put in a send slot, or (chunk PS_STAGE_SIG_REC) the signal
+ * riding behind the request's last chunk. */
 typedef struct {
   struct ps_rma_req *req;
   uint32_t chunk;
@@ -131,7 +135,8 @@ typedef struct {
 typedef struct ps_stage_slot {
   ps_stage_hdr_t *hdr;        /* the first record */
   uint64_t ticket;            /* the copies out of the GPU (out stream's mark), 0 once done */
-  uint64_t pass;              /* the progress pass it was opened in; later ones add none */
+  uint64_t pass;              /* the progress pass it was opened in */
+  uint64_t opened_ns;
   size_t used;                /* bytes of records */
   uint32_t nrec;
   int bare;                   /* one chunk into a host window */
@@ -166,6 +171,7 @@ typedef struct {
 typedef struct {
   ps_cuda_dev_t *cu;
   size_t chunk, slot_bytes;   /* payload per slot; header + payload */
+  uint64_t coalesce_ns;       /* PERSEUS_STAGING_COALESCE_US */
   uint32_t nsend, per_peer;   /* send slots; receive slots per origin */
   char *send_pool;
   struct fid_mr *send_mr;
@@ -243,6 +249,7 @@ typedef struct {
   /* staging, origin side: staged writes to this peer, numbered from 1 */
   uint64_t stage_sent;    /* every staged write below this was posted (the next one's sequence) */
   uint64_t stage_chunks;  /* chunks those writes carried (PERSEUS_STATS) */
+  uint64_t stage_sigs;    /* signals that rode in them */
   uint64_t stage_freed;   /* the peer consumed every one below this (its credit) */
   ps_stage_slot_t *prep_head, *prep_tail; /* slots filled for queued chunks, in order */
   struct ps_rma_req *prep_req;            /* next request with chunks to prepare */
@@ -354,10 +361,12 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
 void ps_stage_credit(ps_rma_comm_t *c, uint32_t src, uint64_t freed_below);
 
 /* --- floor 6, ps_rma_stage_rx.c: staging's target side --- */
-/* A staged write landed in our receive slot: every record checked and its
- * copy into the GPU enqueued. Returns how many records (their put sequences
- * in seqs[], PS_STAGE_MAX_RECS at most); 0 when refused (comm failed). */
-uint32_t ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *seqs);
+/* A staged write landed in our receive slot: every record checked and each
+ * chunk's copy into the GPU enqueued. Its chunks' put sequences go to seqs[]
+ * (*nseq), its signals to sigs[] (*nsig), PS_STAGE_MAX_RECS at most in all,
+ * for the caller to apply once covered. 0 when refused (the comm failed). */
+int ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *seqs, uint32_t *nseq,
+                     ps_sig_msg_t *sigs, uint32_t *nsig);
 /* 0: applied (or queued behind the copies); 1: no room now, try later */
 int ps_stage_signal(ps_rma_comm_t *c, char *addr, uint64_t add);
 /* Polls copies and signal words: 1 when arrivals, copies or words moved
@@ -398,6 +407,8 @@ void ps_rma_wake(ps_rma_peer_t *p);
 /* 1 (and the comm failed) when err says the operation failed. */
 int ps_rma_op_failed(ps_rma_req_t *r, int err, const char *what, const char *errstr);
 void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr);
+/* r's signal completed (a message, an atomic or a staged write). */
+void ps_rma_sig_done(ps_rma_req_t *r, int err, const char *errstr);
 
 /* --- floor 8, ps_rma_peer.c: PERSEUS_STATS. With stats off (c->opstats and
  * every p->ops NULL) each step costs a test and a branch: the work is out of

@@ -304,9 +304,17 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
   r->sig_stage = PS_STAGE_QUEUED;
   r->next_sig = NULL;
   ps_rma_wake(p);
-  if (p->sq_tail) p->sq_tail->next_sig = r;
-  else p->sq_head = r;
-  p->sq_tail = r;
+  /* Behind a staged put under ordered or target, the signal is one more
+   * record of the put's last staged write: no message of its own, and the
+   * target applies it once that write's copies are in (deferred and drain
+   * keep their wait for delivery). */
+  r->sig_rides = size && r->dst_staged &&
+                 (c->ordering == PS_ORD_ORDERED || c->ordering == PS_ORD_TARGET);
+  if (!r->sig_rides) {
+    if (p->sq_tail) p->sq_tail->next_sig = r;
+    else p->sq_head = r;
+    p->sq_tail = r;
+  }
   pump(c, p);
   if (ps_order_count_fence(c, p, r)) PS_CHECK(drain(c, p, r->need));
   *req = r;

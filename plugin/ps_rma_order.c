@@ -67,13 +67,8 @@ ncclResult_t ps_order_choose(const ps_device_t *d, ps_ordering_t *out) {
 }
 
 static void sig_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
-  ps_rma_req_t *r = op->owner;
   (void)e;
-  ps_rma_peer_t *p = &r->comm->peers[r->peer];
-  if (p->ops) r->ts.sig_done = ps_rma_stats_now(); /* first: r, err, errstr are kept anyway */
-  ps_rma_op_finished(r->comm, p);
-  r->sig_stage = PS_STAGE_DONE;
-  ps_rma_op_failed(r, err, "signal", errstr);
+  ps_rma_sig_done(op->owner, err, errstr);
 }
 
 

@@ -70,6 +70,14 @@ void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr)
   if (p->ops && r->data_stage == PS_STAGE_DONE) r->ts.data_done = ps_rma_stats_now();
 }
 
+void ps_rma_sig_done(ps_rma_req_t *r, int err, const char *errstr) {
+  ps_rma_peer_t *p = &r->comm->peers[r->peer];
+  if (p->ops) r->ts.sig_done = ps_rma_stats_now();
+  ps_rma_op_finished(r->comm, p);
+  r->sig_stage = PS_STAGE_DONE;
+  ps_rma_op_failed(r, err, "signal", errstr);
+}
+
 /* --- PERSEUS_STATS --- */
 
 void ps_rma_note_call(ps_rma_req_t *r) { r->ts = (ps_rma_stamps_t){.call = ps_now_ns()}; }

@@ -42,6 +42,7 @@ static ncclResult_t size_pools(ps_stage_t *st, int nranks) {
   if (chunk + PS_STAGE_HDR > fit) chunk = (fit - PS_STAGE_HDR) & ~(size_t)4095;
   st->chunk = chunk;
   st->slot_bytes = chunk + PS_STAGE_HDR;
+  st->coalesce_ns = (uint64_t)cfg->staging_coalesce_us * 1000;
   st->per_peer = (uint32_t)(rx / ((size_t)nranks * st->slot_bytes));
   st->nsend = (uint32_t)(send / st->slot_bytes);
   if (st->nsend < 2) st->nsend = 2;
@@ -165,20 +166,30 @@ static size_t chunk_len(const ps_stage_t *st, const ps_rma_req_t *r, uint32_t i)
   return size - off < st->chunk ? size - off : st->chunk;
 }
 
-/* Bytes chunk i of r takes in a slot: header and payload, to the next
- * 64-byte boundary; a chunk into a host window goes bare. */
+/* Records a request has: its chunks, and its riding signal. */
+static uint32_t nrecs(const ps_rma_req_t *r) { return r->nchunks + r->sig_rides; }
+
+/* Bytes record i of r takes in a slot: header and payload, to the next
+ * 64-byte boundary (the signal: a header); a chunk into a host window goes
+ * bare. */
 static size_t rec_bytes(const ps_stage_t *st, const ps_rma_req_t *r, uint32_t i) {
+  if (i == r->nchunks) return PS_STAGE_HDR;
   size_t n = chunk_len(st, r, i);
   return r->dst_staged ? PS_STAGE_HDR + ((n + 63) & ~(size_t)63) : n;
 }
 
-/* Whether chunk i of r can join slot s: opened in this pass (a slot from an
- * earlier one may already be copied and waits for nothing but its post),
- * bound for a GPU window, and room left. */
+/* Whether chunk i of r can join slot s (not posted yet: the last prepared
+ * for the peer): bound for a GPU window, room left, and s opened in this
+ * pass or still copying out of the GPU, for at most
+ * PERSEUS_STAGING_COALESCE_US. A slot that could go already takes nothing
+ * more; one that waits for its copies anyway takes the chunks queued
+ * meanwhile, so under load a write carries several. */
 static int joins(const ps_rma_comm_t *c, const ps_stage_slot_t *s, const ps_rma_req_t *r, uint32_t i) {
   const ps_stage_t *st = c->stage;
-  return s && s->pass == c->passes && !s->bare && r->dst_staged && s->nrec < PS_STAGE_MAX_RECS &&
-         s->used + rec_bytes(st, r, i) <= st->slot_bytes;
+  if (!s || s->bare || !r->dst_staged || s->nrec == PS_STAGE_MAX_RECS ||
+      s->used + rec_bytes(st, r, i) > st->slot_bytes)
+    return 0;
+  return s->pass == c->passes || (s->ticket && c->now_ns - s->opened_ns < st->coalesce_ns);
 }
 
 /* Prepares this peer's queued chunks, in order, each into the last slot
@@ -189,7 +200,7 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
   int taken = 0;
   while (p->prep_req && !c->error) {
     ps_rma_req_t *r = p->prep_req;
-    if (!r->staged || r->prepared == r->nchunks) {
+    if (!r->staged || r->prepared == nrecs(r)) {
       p->prep_req = r->next;
       continue;
     }
@@ -198,14 +209,15 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
     if (!joins(c, s, r, i)) {
       if (taken == limit || !(s = st->free_slots)) break;
       st->free_slots = s->next;
-      s->ticket = 0, s->pass = c->passes, s->used = 0, s->nrec = 0, s->bare = !r->dst_staged;
+      s->ticket = 0, s->pass = c->passes, s->opened_ns = c->now_ns, s->used = 0, s->nrec = 0;
+      s->bare = !r->dst_staged;
       s->next = NULL;
       if (p->prep_tail) p->prep_tail->next = s;
       else p->prep_head = s;
       p->prep_tail = s;
       taken++;
     }
-    size_t n = chunk_len(st, r, i);
+    size_t n = i == r->nchunks ? 0 : chunk_len(st, r, i);
     char *at = (char *)s->hdr + s->used, *payload = s->bare ? (char *)(s->hdr + 1) : at + PS_STAGE_HDR;
     const char *from = r->src + (size_t)i * st->chunk;
     if (r->src_gpu && n) {
@@ -217,8 +229,8 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
     } else if (n) {
       memcpy(payload, from, n);
     }
-    if (s->nrec) ((ps_stage_hdr_t *)((char *)s->hdr + s->rec[s->nrec - 1].off))->more = 1;
-    s->rec[s->nrec++] = (ps_stage_rec_t){.req = r, .chunk = i, .off = (uint32_t)s->used};
+    s->rec[s->nrec++] = (ps_stage_rec_t){.req = r, .chunk = i == r->nchunks ? PS_STAGE_SIG_REC : i,
+                                         .off = (uint32_t)s->used};
     s->used += rec_bytes(st, r, i);
     r->prepared++;
   }
@@ -242,7 +254,7 @@ void ps_stage_fill(ps_rma_comm_t *c) {
   }
 }
 
-/* The staged write completed: every chunk in it did. */
+/* The staged write completed: every chunk and signal in it did. */
 static void slot_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
   ps_stage_slot_t *s = op->owner;
   ps_stage_t *st = s->rec[0].req->comm->stage;
@@ -250,7 +262,8 @@ static void slot_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, 
   (void)e;
   for (uint32_t k = 0; k < s->nrec; k++) {
     ps_rma_req_t *r = s->rec[k].req;
-    ps_rma_put_done(r, r->seq + s->rec[k].chunk, err, errstr);
+    if (s->rec[k].chunk == PS_STAGE_SIG_REC) ps_rma_sig_done(r, err, errstr);
+    else ps_rma_put_done(r, r->seq + s->rec[k].chunk, err, errstr);
   }
   s->nrec = 0;
   s->next = st->free_slots;
@@ -298,12 +311,17 @@ static ncclResult_t post_slot(ps_rma_comm_t *c, ps_stage_slot_t *s, uint64_t sse
   for (uint32_t k = 0; k < s->nrec; k++) {
     ps_rma_req_t *q = s->rec[k].req;
     uint32_t i = s->rec[k].chunk;
-    size_t off = (size_t)i * st->chunk, n = chunk_len(st, q, i);
     ps_stage_hdr_t *h = (ps_stage_hdr_t *)((char *)s->hdr + s->rec[k].off);
     *h = (ps_stage_hdr_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
                           .more = (uint16_t)(k + 1 < s->nrec), .src_rank = (uint32_t)c->rank,
-                          .region_id = q->dst_region, .offset = q->dst_off + off, .len = n,
-                          .seq = q->seq + i, .stage_seq = sseq};
+                          .stage_seq = sseq};
+    if (i == PS_STAGE_SIG_REC) {
+      h->region_id = q->sig.region_id, h->offset = q->sig.offset, h->seq = q->sig.covers;
+      h->sig_op = q->sig.op, h->sig_value = q->sig.value;
+    } else {
+      h->region_id = q->dst_region, h->offset = q->dst_off + (size_t)i * st->chunk;
+      h->len = chunk_len(st, q, i), h->seq = q->seq + i;
+    }
   }
   uint32_t slot = (uint32_t)(sseq % st->per_peer);
   iov = (struct iovec){.iov_base = s->hdr, .iov_len = s->used};
@@ -318,7 +336,7 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
   ps_stage_t *st = c->stage;
   *all = 0, *refused = 0;
   if (p->ops) note_copies(st, p);
-  while (r->posted_chunks < r->nchunks) {
+  while (r->posted_chunks < nrecs(r)) {
     if (ps_rma_peer_full(c, p)) { /* waits for a completion */
       ps_rma_note_held(p, PS_HELD_INFLIGHT);
       return ncclSuccess;
@@ -353,12 +371,19 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
     }
     p->prep_head = s->next;
     if (!p->prep_head) p->prep_tail = NULL;
-    if (!s->bare) p->stage_sent = sseq + 1, p->stage_chunks += s->nrec;
+    if (!s->bare) p->stage_sent = sseq + 1;
     for (uint32_t k = 0; k < s->nrec; k++) {
       ps_rma_req_t *q = s->rec[k].req;
       q->posted_chunks++;
-      p->posted_below = q->seq + s->rec[k].chunk + 1;
-      if (p->ops && !q->ts.posted) q->ts.posted = ps_rma_stats_now();
+      if (s->rec[k].chunk == PS_STAGE_SIG_REC) {
+        q->sig_stage = PS_STAGE_POSTED;
+        p->st.signals++, p->stage_sigs++;
+        if (p->ops) q->ts.sig_posted = ps_rma_stats_now();
+      } else {
+        p->posted_below = q->seq + s->rec[k].chunk + 1;
+        p->stage_chunks += !s->bare;
+        if (p->ops && !q->ts.posted) q->ts.posted = ps_rma_stats_now();
+      }
       ps_rma_op_started(c, p);
     }
   }

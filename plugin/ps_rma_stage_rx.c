@@ -51,6 +51,7 @@ static int take_record(ps_rma_comm_t *c, uint32_t src, uint32_t slot, const char
                 (unsigned long long)first->stage_seq, src, (unsigned long long)h->stage_seq);
     return 0;
   }
+  if (h->sig_op) return 1; /* checked against its region when it is applied */
   ps_rma_region_t *r = h->region_id < c->nregions ? c->regions[h->region_id] : NULL;
   if (!r || !r->staged || h->offset > r->size || r->size - h->offset < h->len) {
     ps_rma_fail(c, ncclRemoteError, "staged write from rank %u rejected: region %u offset %llu "
@@ -66,8 +67,23 @@ static int take_record(ps_rma_comm_t *c, uint32_t src, uint32_t slot, const char
   return 1;
 }
 
-uint32_t ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *seqs) {
+/* Record h: a chunk's put sequence to seqs, or a signal to sigs. */
+static void sort_record(uint32_t src, const ps_stage_hdr_t *h, uint64_t *seqs, uint32_t *nseq,
+                        ps_sig_msg_t *sigs, uint32_t *nsig) {
+  if (!h->sig_op) {
+    seqs[(*nseq)++] = h->seq;
+    return;
+  }
+  sigs[(*nsig)++] = (ps_sig_msg_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
+                                   .op = h->sig_op, .src_rank = src, .region_id = h->region_id,
+                                   .offset = h->offset, .value = h->sig_value, .covers = h->seq,
+                                   .covers_staged = h->stage_seq};
+}
+
+int ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *seqs, uint32_t *nseq,
+                     ps_sig_msg_t *sigs, uint32_t *nsig) {
   ps_stage_t *st = c->stage;
+  *nseq = 0, *nsig = 0;
   if (!st || slot >= st->per_peer) {
     ps_rma_fail(c, ncclRemoteError, "rank %u sent a staged write to slot %u, but it has %u", src,
                 slot, st ? st->per_peer : 0);
@@ -77,7 +93,7 @@ uint32_t ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_
   ps_stage_hdr_t first, h;
   uint64_t ticket = 0;
   if (!take_record(c, src, slot, buf, 0, NULL, &first, &ticket)) return 0;
-  seqs[0] = first.seq;
+  sort_record(src, &first, seqs, nseq, sigs, nsig);
   uint32_t n = 1;
   size_t off = 0;
   for (h = first; h.more; n++) {
@@ -88,13 +104,13 @@ uint32_t ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_
     }
     off += sizeof h + ((h.len + 63) & ~(uint64_t)63);
     if (!take_record(c, src, slot, buf, off, &first, &h, &ticket)) return 0;
-    seqs[n] = h.seq;
+    sort_record(src, &h, seqs, nseq, sigs, nsig);
   }
   ps_stage_copy_t *k = &st->copies[(st->copy_head + st->ncopies) % ring_size(c)];
   *k = (ps_stage_copy_t){.src = src, .stage_seq = first.stage_seq, .ticket = ticket};
   st->ncopies++;
   st->changed = 1;
-  return n;
+  return 1;
 }
 
 /* The copy stream runs in order: finished copies form a prefix of the ring. */

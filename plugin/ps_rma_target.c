@@ -48,6 +48,8 @@ static void apply_ready(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   }
 }
 
+static void take_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m);
+
 static void mark_arrived(ps_rma_comm_t *c, uint32_t src, uint64_t s) {
   ps_rma_peer_t *p = &c->peers[src];
   if (ps_seqwin_mark(&p->arrived, s, PS_RMA_MAX_WINDOW)) {
@@ -72,9 +74,12 @@ static void remote_write(void *comm, uint64_t data) {
   }
   if (data & PS_STAGED_DATA) {
     uint64_t seqs[PS_STAGE_MAX_RECS];
-    uint32_t n = ps_stage_arrived(c, (uint32_t)src, (uint32_t)data, seqs);
-    for (uint32_t i = 0; i < n && c->ordering == PS_ORD_TARGET && !c->error; i++)
+    ps_sig_msg_t sigs[PS_STAGE_MAX_RECS];
+    uint32_t nseq, nsig;
+    if (!ps_stage_arrived(c, (uint32_t)src, (uint32_t)data, seqs, &nseq, sigs, &nsig)) return;
+    for (uint32_t i = 0; i < nseq && c->ordering == PS_ORD_TARGET && !c->error; i++)
       mark_arrived(c, (uint32_t)src, seqs[i]);
+    for (uint32_t i = 0; i < nsig && !c->error; i++) take_signal(c, &sigs[i]);
     return;
   }
   ps_rma_peer_t *p = &c->peers[src];
@@ -101,6 +106,13 @@ static void on_signal(ps_rma_comm_t *c, const ps_rma_sig_slot_t *s, size_t len) 
     ps_stage_credit(c, m.src_rank, m.value);
     return;
   }
+  take_signal(c, &m);
+}
+
+/* A signal, from a message or a staged write: applied when what it covers
+ * is there, else held until it is. */
+static void take_signal(ps_rma_comm_t *c, const ps_sig_msg_t *mp) {
+  const ps_sig_msg_t m = *mp;
   ps_rma_peer_t *p = &c->peers[m.src_rank];
   if (covered(c, p, &m) && !apply_signal(c, &m)) return;
   /* A peer cannot have more signals waiting than its writes in flight; the

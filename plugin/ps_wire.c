@@ -129,11 +129,14 @@ ncclResult_t ps_stage_decode(const void *buf, size_t len, uint32_t src_rank, uin
                              ps_stage_hdr_t *out) {
   PS_CHECK(take_exact("staged write header", buf, len, out, sizeof *out));
   PS_CHECK(check_ident("staged write header", out->magic, out->version));
-  if (out->src_rank != src_rank || out->len > max_len || out->stage_seq == 0 || out->more > 1) {
+  /* 1 INC, 2 ADD: NCCL_NET_SIGNAL_OP_*, as for signal messages */
+  int sig_ok = !out->sig_op || ((out->sig_op == 1 || out->sig_op == 2) && !out->len);
+  if (out->src_rank != src_rank || out->len > max_len || out->stage_seq == 0 || out->more > 1 ||
+      !sig_ok) {
     PS_WARN("staged write header rejected: from rank %u in rank %u's slot, %llu bytes (at most "
-            "%llu), staged sequence %llu, more %u", out->src_rank, src_rank,
+            "%llu), staged sequence %llu, more %u, signal op %u", out->src_rank, src_rank,
             (unsigned long long)out->len, (unsigned long long)max_len,
-            (unsigned long long)out->stage_seq, out->more);
+            (unsigned long long)out->stage_seq, out->more, out->sig_op);
     return ncclInvalidArgument;
   }
   return ncclSuccess;

@@ -91,18 +91,25 @@ typedef struct {
 } ps_reg_msg_t;
 
 /* A staged write is one or more records, each this header and its payload;
- * a record starts at the next 64-byte boundary after the one before. */
+ * a record starts at the next 64-byte boundary after the one before. A
+ * record with sig_op set is a signal instead (no payload): an add to the
+ * 8-byte word at region_id/offset, applied once the writes it covers (every
+ * staged write up to this one; under the target strategy also `seq` writes)
+ * are in. */
 typedef struct {
   uint32_t magic;
   uint16_t version;
   uint16_t more;      /* 1: another record follows this one */
   uint32_t src_rank;
-  uint32_t region_id; /* destination window */
+  uint32_t region_id; /* destination window (signal: the signal's region) */
   uint64_t offset;    /* in it */
-  uint64_t len;       /* payload bytes after the header */
-  uint64_t seq;       /* the origin's put sequence of this chunk (target strategy) */
+  uint64_t len;       /* payload bytes after the header (signal: 0) */
+  uint64_t seq;       /* the origin's put sequence of this chunk (signal: the writes it covers) */
   uint64_t stage_seq; /* the origin's staged-write sequence towards us, from 1 (same for every record) */
-  uint64_t reserved[2];
+  uint64_t sig_value; /* signal: the operand of NCCL_NET_SIGNAL_OP_ADD */
+  uint16_t sig_op;    /* 0: a chunk; NCCL_NET_SIGNAL_OP_INC or _ADD: a signal */
+  uint16_t pad16;
+  uint32_t pad32;
 } ps_stage_hdr_t;
 _Static_assert(sizeof(ps_stage_hdr_t) == 64, "staged write header is one cache line");
 
@@ -112,7 +119,8 @@ ncclResult_t ps_sig_decode(const void *buf, size_t len, uint32_t nranks, ps_sig_
 ncclResult_t ps_reg_decode(const void *buf, size_t len, uint32_t nranks, uint32_t region_id,
                            ps_reg_msg_t *out);
 /* A staged header must also name `src_rank` (whom the slot belongs to),
- * carry at most `max_len` payload bytes and say 0 or 1 in `more`. */
+ * carry at most `max_len` payload bytes, say 0 or 1 in `more`, and be a
+ * chunk or a signal (INC or ADD, no payload). */
 ncclResult_t ps_stage_decode(const void *buf, size_t len, uint32_t src_rank, uint64_t max_len,
                              ps_stage_hdr_t *out);
 
