@@ -350,6 +350,8 @@ ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr);
 ncclResult_t ps_stage_attach_rx(ps_rma_comm_t *c, ps_rma_region_t *rx);
 void ps_stage_free(ps_rma_comm_t *c);
 void ps_stage_prepare(ps_rma_comm_t *c, ps_rma_peer_t *p);
+/* 1 when a record queued to p now could still join a staged write. */
+int ps_stage_open_to(const ps_rma_comm_t *c, const ps_rma_peer_t *p);
 void ps_stage_fill(ps_rma_comm_t *c);
 void ps_stage_dump(ps_rma_comm_t *c); /* INFO: where staging stands, for a stall report */
 /* End of a pass: what the pass enqueued goes to the GPU, with the marks

@@ -166,8 +166,10 @@ static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
       ps_rma_op_started(c, p);
       if (!r->is_get) p->posted_below = r->seq + 1;
     }
-    if (r->data_stage != PS_STAGE_DONE) r->data_stage = PS_STAGE_POSTED;
-    if (!r->is_get) p->st.puts++;
+    if (r->nchunks) { /* not a signal riding alone (no data) */
+      if (r->data_stage != PS_STAGE_DONE) r->data_stage = PS_STAGE_POSTED;
+      if (!r->is_get) p->st.puts++;
+    }
     if (p->prep_req == r) p->prep_req = r->next;
     p->dq_head = r->next;
     if (!p->dq_head) p->dq_tail = NULL;
@@ -307,9 +309,19 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
   /* Behind a staged put under ordered or target, the signal is one more
    * record of the put's last staged write: no message of its own, and the
    * target applies it once that write's copies are in (deferred and drain
-   * keep their wait for delivery). */
-  r->sig_rides = size && r->dst_staged &&
-                 (c->ordering == PS_ORD_ORDERED || c->ordering == PS_ORD_TARGET);
+   * keep their wait for delivery). A signal without data rides too where
+   * the peer has a staged write still open to more records: it goes in the
+   * data queue as a request of no chunks. */
+  int strategy_lets = c->ordering == PS_ORD_ORDERED || c->ordering == PS_ORD_TARGET;
+  r->sig_rides = strategy_lets && size && r->dst_staged;
+  if (strategy_lets && !size && ps_stage_open_to(c, p)) {
+    r->sig_rides = 1, r->staged = 1, r->dst_staged = 1, r->nchunks = 0;
+    r->next = NULL;
+    if (!p->prep_req) p->prep_req = r;
+    if (p->dq_tail) p->dq_tail->next = r;
+    else p->dq_head = r;
+    p->dq_tail = r;
+  }
   if (!r->sig_rides) {
     if (p->sq_tail) p->sq_tail->next_sig = r;
     else p->sq_head = r;

@@ -192,6 +192,15 @@ static int joins(const ps_rma_comm_t *c, const ps_stage_slot_t *s, const ps_rma_
   return s->pass == c->passes || (s->ticket && c->now_ns - s->opened_ns < st->coalesce_ns);
 }
 
+int ps_stage_open_to(const ps_rma_comm_t *c, const ps_rma_peer_t *p) {
+  const ps_stage_slot_t *s = p->prep_tail;
+  if (!c->stage) return 0;
+  /* with chunks still to prepare, the signal's record follows them */
+  if (p->prep_req) return 1;
+  return s && !s->bare && s->nrec < PS_STAGE_MAX_RECS && s->used + PS_STAGE_HDR <= c->stage->slot_bytes &&
+         (s->pass == c->passes || (s->ticket && c->now_ns - s->opened_ns < c->stage->coalesce_ns));
+}
+
 /* Prepares this peer's queued chunks, in order, each into the last slot
  * prepared for the peer where it joins, else into a free slot (at most
  * `limit` of them); returns how many free slots it took. */
@@ -219,7 +228,7 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
     }
     size_t n = i == r->nchunks ? 0 : chunk_len(st, r, i);
     char *at = (char *)s->hdr + s->used, *payload = s->bare ? (char *)(s->hdr + 1) : at + PS_STAGE_HDR;
-    const char *from = r->src + (size_t)i * st->chunk;
+    const char *from = n ? r->src + (size_t)i * st->chunk : NULL;
     if (r->src_gpu && n) {
       if (!i && p->ops) r->ts.copy_start = ps_rma_stats_now();
       if (ps_cuda_d2h(st->cu, PS_CUDA_OUT_STREAM, payload, from, n, &s->ticket) != ncclSuccess) {

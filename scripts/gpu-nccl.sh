@@ -126,25 +126,27 @@ for pv in $plugins; do
       NCCL_GIN_TYPE=2 PERSEUS_ORDERING="$s"
   done
 done
-# The transport bound: perseus' large-message GIN bandwidth in this run
-# (perseus_tile_perf, 1 MiB tiles, one signal per 64), and each ep_bench
-# phase against the time its bytes need at that bandwidth.
+# The transport bound: perseus' large-message GIN bandwidth per rank in this
+# run (perseus_tile_perf on 2 GPUs, 1 and 4 MiB tiles, 64 a round to the one
+# peer, one signal per 64: 64 x size / round time, the better of the two),
+# and each ep_bench phase against the time its bytes need at that bandwidth.
 tile_perf=$BUILD/bench/perseus_tile_perf
 if [ -x "$tile_perf" ]; then
-  run tile-perf-1M env LD_LIBRARY_PATH="$PLUGIN_DIR${bound_nccl:+:$bound_nccl}${fab_dir:+:$fab_dir}" \
-    NCCL_NET_PLUGIN=perseus PERSEUS_ORDERING=ordered "$tile_perf" -g 2 -p gin -b 1M -e 1M -B 64 \
-    -n 20 -w 3
-  mtiles=$(awk '$1 == 1048576 && $2 == 64 { print $4; exit }' "$LOGDIR/tile-perf-1M.log")
+  run tile-perf-bound env LD_LIBRARY_PATH="$PLUGIN_DIR${bound_nccl:+:$bound_nccl}${fab_dir:+:$fab_dir}" \
+    NCCL_NET_PLUGIN=perseus PERSEUS_ORDERING=ordered "$tile_perf" -g 2 -p gin -b 1M -e 4M -f 4 \
+    -B 64 -t 64 -n 10 -w 2
+  gbs=$(awk '$2 == 64 && $3 == "|" && $5 + 0 > 0 { bw = 64 * $1 / ($5 * 1e3); if (bw > best) best = bw }
+             END { if (best > 0) printf "%.2f", best }' "$LOGDIR/tile-perf-bound.log")
   {
-    echo "# transport bound: GIN ${mtiles:-?} Mtiles/s of 1 MiB per rank (perseus_tile_perf)"
+    echo "# transport bound: perseus GIN ${gbs:-?} GB/s per rank (perseus_tile_perf, 1-4 MiB tiles)"
     printf "# %-22s %12s %12s %10s %10s\n" run dispatch_us combine_us disp/bound comb/bound
     for f in "$LOGDIR"/ep-*.log; do
-      awk -v name="$(basename "$f" .log)" -v mt="${mtiles:-0}" '
+      awk -v name="$(basename "$f" .log)" -v gbs="${gbs:-0}" '
         /^Dispatch: / { sub("avg=", "", $2); d = $2 + 0 }
         /^Combine: / { sub("avg=", "", $2); c = $2 + 0 }
         /^Byte counts:/ { split($3, a, "="); mb = a[2] + 0 }
         END {
-          bound = mt > 0 ? mb * 1e6 / (mt * 1048576) : 0  # us at the GIN bandwidth
+          bound = gbs > 0 ? mb * 1e3 / gbs : 0  # us: MB at GB/s
           rd = "-"; rc = "-"
           if (bound > 0) { rd = sprintf("%.2f", d / bound); rc = sprintf("%.2f", c / bound) }
           printf "# %-22s %12.1f %12.1f %10s %10s\n", name, d, c, rd, rc
