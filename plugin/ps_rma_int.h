@@ -333,6 +333,8 @@ ncclResult_t ps_order_choose(const ps_device_t *d, ps_ordering_t *out);
 int ps_order_sig_ready(const ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_rma_req_t *r);
 /* Posts r's signal: a message, or for fence an atomic add. */
 ncclResult_t ps_order_post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted);
+/* 1 when a signal may go as a record of a staged write. */
+int ps_order_sig_may_ride(const ps_rma_comm_t *c);
 /* Counts a queued signal's fence or the one it avoided; 1 when the caller
  * must block until the puts it covers are delivered (drain). */
 int ps_order_count_fence(ps_rma_comm_t *c, ps_rma_peer_t *p, const ps_rma_req_t *r);

@@ -306,15 +306,14 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
   r->sig_stage = PS_STAGE_QUEUED;
   r->next_sig = NULL;
   ps_rma_wake(p);
-  /* Behind a staged put under ordered or target, the signal is one more
+  /* Behind a staged put, where the strategy allows, the signal is one more
    * record of the put's last staged write: no message of its own, and the
-   * target applies it once that write's copies are in (deferred and drain
-   * keep their wait for delivery). A signal without data rides too where
-   * the peer has a staged write still open to more records: it goes in the
-   * data queue as a request of no chunks. */
-  int strategy_lets = c->ordering == PS_ORD_ORDERED || c->ordering == PS_ORD_TARGET;
-  r->sig_rides = strategy_lets && size && r->dst_staged;
-  if (strategy_lets && !size && ps_stage_open_to(c, p)) {
+   * target applies it once that write's copies are in. A signal without
+   * data rides too where the peer has a staged write still open to more
+   * records: it goes in the data queue as a request of no chunks. */
+  int may_ride = c->stage && ps_order_sig_may_ride(c);
+  r->sig_rides = may_ride && size && r->dst_staged;
+  if (may_ride && !size && ps_stage_open_to(c, p)) {
     r->sig_rides = 1, r->staged = 1, r->dst_staged = 1, r->nchunks = 0;
     r->next = NULL;
     if (!p->prep_req) p->prep_req = r;

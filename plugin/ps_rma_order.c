@@ -92,6 +92,16 @@ int ps_order_sig_ready(const ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_
   return 1;
 }
 
+/* A signal may ride in a staged write (a record behind its put's last chunk)
+ * where the strategy posts it at once, and where the writes it covers that
+ * did not go through staging land before that staged write: target counts
+ * them at the target anyway; ordered needs the provider to keep writes in
+ * order (FI_ORDER_WAW). deferred and drain keep their wait for delivery. */
+int ps_order_sig_may_ride(const ps_rma_comm_t *c) {
+  if (c->ordering == PS_ORD_TARGET) return 1;
+  return c->ordering == PS_ORD_ORDERED && (c->ep.dev->rma_msg_order & FI_ORDER_WAW);
+}
+
 /* A fence: a wait for delivery (deferred parks, drain blocks) or an
  * FI_FENCE flag. ordered and target get their ordering for nothing. */
 int ps_order_count_fence(ps_rma_comm_t *c, ps_rma_peer_t *p, const ps_rma_req_t *r) {

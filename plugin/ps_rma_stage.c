@@ -5,14 +5,16 @@
  * PERSEUS_STAGING_CHUNK bytes through send slots in pinned host memory.
  * prepare() fills a slot for a queued chunk: a copy out of the GPU on the
  * copy engine (out stream, tracked by its mark; the proxy never waits on
- * it) or a memcpy from host memory. Copies a pass enqueues reach the GPU
- * together at the end of the pass (ps_stage_flush). post() sends a filled slot once its copy
- * is done: straight into a host window, or, when the destination is GPU
- * memory, header + payload into one of the target's receive slots, with
- * remote CQ data naming the slot. The target copies it into the window
- * (ps_rma_stage_rx.c) and hands the slot back with a credit.
+ * it) or a memcpy from host memory; copies a pass enqueues reach the GPU
+ * together at the end of the pass (ps_stage_flush). Chunks bound for GPU
+ * memory are records (header + payload) packed into slots, with a riding
+ * signal as one more record. post() sends a filled slot once its copies are
+ * done: its one chunk straight into a host window, or its records into one
+ * of the target's receive slots, with remote CQ data naming the slot. The
+ * target copies the records into the window (ps_rma_stage_rx.c) and hands
+ * the slot back with a credit.
  *
- * Bounded: a peer keeps per_peer receive slots for us; the chunk with staged
+ * Bounded: a peer keeps per_peer receive slots for us; the staged write with
  * sequence s uses slot s % per_peer and goes only once the peer freed every
  * earlier user of that slot (back-pressure, never growth). Slots are
  * prepared in each peer's call order, so a chunk holding a send slot only
@@ -178,27 +180,26 @@ static size_t rec_bytes(const ps_stage_t *st, const ps_rma_req_t *r, uint32_t i)
   return r->dst_staged ? PS_STAGE_HDR + ((n + 63) & ~(size_t)63) : n;
 }
 
-/* Whether chunk i of r can join slot s (not posted yet: the last prepared
- * for the peer): bound for a GPU window, room left, and s opened in this
- * pass or still copying out of the GPU, for at most
- * PERSEUS_STAGING_COALESCE_US. A slot that could go already takes nothing
- * more; one that waits for its copies anyway takes the chunks queued
- * meanwhile, so under load a write carries several. */
-static int joins(const ps_rma_comm_t *c, const ps_stage_slot_t *s, const ps_rma_req_t *r, uint32_t i) {
+/* Whether a record of `bytes` can join slot s (not posted yet: the last
+ * prepared for the peer): a staged write with room left, opened in this pass
+ * or still copying out of the GPU, for at most PERSEUS_STAGING_COALESCE_US.
+ * A slot that could go already takes nothing more; one that waits for its
+ * copies anyway takes the chunks queued meanwhile, so under load a write
+ * carries several. */
+static int open_to(const ps_rma_comm_t *c, const ps_stage_slot_t *s, size_t bytes) {
   const ps_stage_t *st = c->stage;
-  if (!s || s->bare || !r->dst_staged || s->nrec == PS_STAGE_MAX_RECS ||
-      s->used + rec_bytes(st, r, i) > st->slot_bytes)
-    return 0;
+  if (!s || s->bare || s->nrec == PS_STAGE_MAX_RECS || s->used + bytes > st->slot_bytes) return 0;
   return s->pass == c->passes || (s->ticket && c->now_ns - s->opened_ns < st->coalesce_ns);
 }
 
+static int joins(const ps_rma_comm_t *c, const ps_stage_slot_t *s, const ps_rma_req_t *r, uint32_t i) {
+  return r->dst_staged && open_to(c, s, rec_bytes(c->stage, r, i));
+}
+
 int ps_stage_open_to(const ps_rma_comm_t *c, const ps_rma_peer_t *p) {
-  const ps_stage_slot_t *s = p->prep_tail;
   if (!c->stage) return 0;
   /* with chunks still to prepare, the signal's record follows them */
-  if (p->prep_req) return 1;
-  return s && !s->bare && s->nrec < PS_STAGE_MAX_RECS && s->used + PS_STAGE_HDR <= c->stage->slot_bytes &&
-         (s->pass == c->passes || (s->ticket && c->now_ns - s->opened_ns < c->stage->coalesce_ns));
+  return p->prep_req || open_to(c, p->prep_tail, PS_STAGE_HDR);
 }
 
 /* Prepares this peer's queued chunks, in order, each into the last slot
@@ -429,9 +430,10 @@ void ps_stage_dump(ps_rma_comm_t *c) {
     ps_rma_peer_t *p = &c->peers[i];
     uint32_t prepared = 0;
     for (ps_stage_slot_t *s = p->prep_head; s; s = s->next) prepared++;
-    PS_INFO(NCCL_NET, "  to rank %d: staged writes sent below %llu, freed below "
-            "%llu, %u slots prepared; from it: copies enqueued below %llu, done below %llu, "
-            "credit sent %llu%s, %u signals held", i, (unsigned long long)p->stage_sent, (unsigned long long)p->stage_freed, prepared,
+    PS_INFO(NCCL_NET, "  to rank %d: staged writes sent below %llu, freed below %llu, %u slots "
+            "prepared; from it: copies enqueued below %llu, done below %llu, credit sent %llu%s, "
+            "%u signals held", i, (unsigned long long)p->stage_sent,
+            (unsigned long long)p->stage_freed, prepared,
             (unsigned long long)p->stage_in.below, (unsigned long long)p->stage_done.below,
             (unsigned long long)p->credit_sent, p->credit_busy ? " (in flight)" : "", p->nheld);
   }
