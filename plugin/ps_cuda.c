@@ -4,7 +4,6 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -551,17 +550,6 @@ int ps_cuda_passed(ps_cuda_dev_t *d, int s, uint64_t ticket) {
   return __atomic_load_n(x->reached, __ATOMIC_ACQUIRE) >= ticket;
 }
 
-ncclResult_t ps_cuda_quiesce(ps_cuda_dev_t *d, uint64_t timeout_ns) {
-  PS_CHECK(ps_cuda_flush(d));
-  uint64_t deadline = ps_now_ns() + timeout_ns;
-  for (int s = 0; s < PS_CUDA_NSTREAMS; s++) {
-    int r;
-    while ((r = ps_cuda_passed(d, s, d->s[s].marks)) == 0 && ps_now_ns() < deadline) sched_yield();
-    if (r != 1) {
-      PS_WARN("GPU stream %d still busy after %llu ms%s", s,
-              (unsigned long long)(timeout_ns / 1000000), r < 0 ? " (it failed)" : "");
-      return ncclUnhandledCudaError;
-    }
-  }
-  return ncclSuccess;
+uint64_t ps_cuda_last_mark(const ps_cuda_dev_t *d, int s) {
+  return d && s >= 0 && s < PS_CUDA_NSTREAMS ? d->s[s].marks : 0;
 }

@@ -74,6 +74,8 @@ ncclResult_t ps_cuda_flush(ps_cuda_dev_t *d);
  * driver call, except that while it waits it asks the driver for the
  * stream's status at most once a millisecond, to see a failure. */
 int ps_cuda_passed(ps_cuda_dev_t *d, int s, uint64_t ticket);
+/* The ticket of the last mark enqueued on stream s (0: none yet). */
+uint64_t ps_cuda_last_mark(const ps_cuda_dev_t *d, int s);
 /* Flushes and waits, up to timeout_ns, until every stream reached its last
  * mark: nothing enqueued so far still touches memory. Logs and fails on a
  * stream failure or the timeout. */

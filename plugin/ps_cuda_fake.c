@@ -14,13 +14,11 @@
 #endif
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "ps_clock.h"
 #include "ps_cuda.h"
 #include "ps_log.h"
 
@@ -291,17 +289,6 @@ int ps_cuda_passed(ps_cuda_dev_t *d, int s, uint64_t ticket) {
   return __atomic_load_n(&d->s[s].reached, __ATOMIC_ACQUIRE) >= ticket;
 }
 
-ncclResult_t ps_cuda_quiesce(ps_cuda_dev_t *d, uint64_t timeout_ns) {
-  PS_CHECK(ps_cuda_flush(d));
-  uint64_t deadline = ps_now_ns() + timeout_ns;
-  for (int s = 0; s < PS_CUDA_NSTREAMS; s++) {
-    int r;
-    while ((r = ps_cuda_passed(d, s, d->s[s].marks)) == 0 && ps_now_ns() < deadline) sched_yield();
-    if (r != 1) {
-      PS_WARN("GPU stream %d still busy after %llu ms%s", s,
-              (unsigned long long)(timeout_ns / 1000000), r < 0 ? " (it failed)" : "");
-      return ncclUnhandledCudaError;
-    }
-  }
-  return ncclSuccess;
+uint64_t ps_cuda_last_mark(const ps_cuda_dev_t *d, int s) {
+  return d && s >= 0 && s < PS_CUDA_NSTREAMS ? d->s[s].marks : 0;
 }
