@@ -40,15 +40,22 @@ void ps_moe_set_error(const char *fmt, ...) {
   if (ps_moe_log_enabled()) fprintf(stderr, "perseus moe: %s\n", ps_moe_err);
 }
 
+/* Digits only, no leading zero: strtol would also take " 64", "+64", "064". */
+static int unsigned_decimal(const char *v) {
+  if (!isdigit((unsigned char)v[0]) || (v[0] == '0' && v[1])) return 0;
+  for (; *v; v++)
+    if (!isdigit((unsigned char)*v)) return 0;
+  return 1;
+}
+
 /* --- GEMM tile rows --- */
 
 int ps_moe_env_tile_rows(int *out) {
   const char *v = getenv("PERSEUS_MOE_TILE_ROWS");
   *out = 0;
   if (!v || !*v) return 0;
-  char *end;
-  long n = strtol(v, &end, 10);
-  if (*end || (n != 0 && n != 64 && n != 128)) {
+  long n = unsigned_decimal(v) && strlen(v) < 8 ? strtol(v, NULL, 10) : -1;
+  if (n != 0 && n != 64 && n != 128) {
     ps_moe_set_error("PERSEUS_MOE_TILE_ROWS '%s': expected 0 (automatic), 64 or 128", v);
     return -1;
   }
@@ -63,7 +70,7 @@ int ps_moe_env_timeout_ms(long long *out) {
   char *end;
   errno = 0;
   long long n = strtoll(v, &end, 10);
-  if (!isdigit((unsigned char)v[0]) || *end || errno || n > PS_MOE_MAX_TIMEOUT_MS) {
+  if (!unsigned_decimal(v) || *end || errno || n > PS_MOE_MAX_TIMEOUT_MS) {
     ps_moe_set_error("PERSEUS_MOE_TIMEOUT_MS '%s': expected milliseconds in 0..%lld (0: wait forever)",
                      v, (long long)PS_MOE_MAX_TIMEOUT_MS);
     return -1;

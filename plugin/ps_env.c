@@ -13,6 +13,16 @@ const char *ps_env_str(const char *name) {
   return (v && *v) ? v : NULL;
 }
 
+/* Plain decimal only: an optional '-', then digits, no leading zero. strtoll
+ * alone would take "010" as octal 8, "0x10" as 16, " 8" and "+8" as 8. */
+static int plain_decimal(const char *v) {
+  const char *d = v + (*v == '-');
+  if (*d < '0' || *d > '9' || (d[0] == '0' && d[1])) return 0;
+  for (; *d; d++)
+    if (*d < '0' || *d > '9') return 0;
+  return 1;
+}
+
 ncclResult_t ps_env_int(const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out) {
   const char *v = ps_env_str(name);
   if (!v) {
@@ -21,12 +31,12 @@ ncclResult_t ps_env_int(const char *name, int64_t def, int64_t lo, int64_t hi, i
   }
   char *end = NULL;
   errno = 0;
-  long long x = strtoll(v, &end, 0);
-  if (errno || end == v || *end != '\0' || x < lo || x > hi) {
+  long long x = plain_decimal(v) ? strtoll(v, &end, 10) : 0;
+  if (!end || errno || *end != '\0' || x < lo || x > hi || (x == 0 && *v == '-')) {
     char dflt[48] = "the provider's"; /* a default below lo stands for "unset" */
     if (def >= lo) snprintf(dflt, sizeof dflt, "%lld", (long long)def);
-    PS_WARN("%s='%s' is invalid: expected an integer in [%lld, %lld] (default %s)", name, v,
-            (long long)lo, (long long)hi, dflt);
+    PS_WARN("%s='%s' is invalid: expected a decimal integer in [%lld, %lld] (default %s)", name,
+            v, (long long)lo, (long long)hi, dflt);
     return ncclInvalidArgument;
   }
   *out = x;

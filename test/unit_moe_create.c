@@ -117,7 +117,8 @@ static void test_timeout_env(void) {
     EXPECT(ps_moe_env_timeout_ms(&v) == 0 && v == good[i].want, "PERSEUS_MOE_TIMEOUT_MS '%s': %lld, want %lld",
            good[i].v ? good[i].v : "(unset)", v, good[i].want);
   }
-  const char *bad[] = {"-1", "x", "10s", "604800001", "99999999999999999999", " 5"};
+  const char *bad[] = {"-1", "x", "10s", "604800001", "99999999999999999999", " 5", "+5", "05",
+                       "0x10", "00"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     setenv("PERSEUS_MOE_TIMEOUT_MS", bad[i], 1);
     long long v = -5;

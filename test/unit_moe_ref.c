@@ -189,8 +189,8 @@ static void test_tile_rows(void) {
     int v = -5;
     EXPECT(ps_moe_env_tile_rows(&v) == 0 && v == want[i], "PERSEUS_MOE_TILE_ROWS '%s': %d", good[i], v);
   }
-  const char *bad[] = {"32", "96", "x", "64k", "-64", "256"};
-  for (int i = 0; i < 6; i++) {
+  const char *bad[] = {"32", "96", "x", "64k", "-64", "256", "064", "+64", " 64", "0x40", "00", "128 "};
+  for (int i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
     setenv("PERSEUS_MOE_TILE_ROWS", bad[i], 1);
     int v = -5;
     EXPECT(ps_moe_env_tile_rows(&v) == -1, "PERSEUS_MOE_TILE_ROWS '%s' accepted", bad[i]);
