@@ -1,6 +1,7 @@
 /* dlopen + per-version adapters: the harness sees one call list whatever
  * table it loaded, exactly as NCCL's own version shims do. */
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,7 +98,10 @@ static ncclResult_t connect_v12(int d, void *h, void **sc) { return T(12)->conne
 
 /* isend/irecv: v8 int sizes; v9 size_t; v10+ add profiler handles. */
 static ncclResult_t isend_v8(void *sc, void *d, size_t s, int tag, void *mh, void **r) {
-  if (s > (size_t)1 << 30) return ncclInvalidArgument; /* NCCL never exceeds an int here */
+  if (s > INT_MAX) { /* v8 sizes are ints: what the plugin cannot be asked */
+    if (r) *r = NULL;
+    return ncclInvalidArgument;
+  }
   return T(8)->isend(sc, d, (int)s, tag, mh, r);
 }
 static ncclResult_t isend_v9(void *sc, void *d, size_t s, int tag, void *mh, void **r) {

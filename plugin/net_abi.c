@@ -35,8 +35,18 @@
     (out)->maxCollBytes = (p).max_coll_bytes;  \
   } while (0)
 
+/* NCCL hands a properties struct to fill; NULL is a caller bug, not a crash. */
+#define PS_PROPS_OUT(out)                                          \
+  do {                                                             \
+    if (!(out)) {                                                  \
+      PS_WARN("getProperties(%d): NULL properties pointer", dev); \
+      return ncclInvalidArgument;                                  \
+    }                                                              \
+  } while (0)
+
 static ncclResult_t props_v8(int dev, ps_props_v8_t *out) {
   ps_props_t p;
+  PS_PROPS_OUT(out);
   PS_CHECK(ps_net_get_properties(dev, &p));
   memset(out, 0, sizeof *out);
   PS_FILL_COMMON(out, p);
@@ -45,6 +55,7 @@ static ncclResult_t props_v8(int dev, ps_props_v8_t *out) {
 
 static ncclResult_t props_v9(int dev, ps_props_v9_t *out) {
   ps_props_t p;
+  PS_PROPS_OUT(out);
   PS_CHECK(ps_net_get_properties(dev, &p));
   memset(out, 0, sizeof *out);
   PS_FILL_V9(out, p, dev);
@@ -53,6 +64,7 @@ static ncclResult_t props_v9(int dev, ps_props_v9_t *out) {
 
 ncclResult_t ps_abi_props_v11(int dev, ps_props_v11_t *out) {
   ps_props_t p;
+  PS_PROPS_OUT(out);
   PS_CHECK(ps_net_get_properties(dev, &p));
   memset(out, 0, sizeof *out);
   PS_FILL_V9(out, p, dev);
@@ -62,6 +74,7 @@ ncclResult_t ps_abi_props_v11(int dev, ps_props_v11_t *out) {
 
 ncclResult_t ps_abi_props_v12(int dev, ps_props_v12_t *out) {
   ps_props_t p;
+  PS_PROPS_OUT(out);
   PS_CHECK(ps_net_get_properties(dev, &p));
   memset(out, 0, sizeof *out);
   PS_FILL_V9(out, p, dev);

@@ -34,6 +34,12 @@ ncclResult_t ps_net_devices(int *ndev) {
   return ncclSuccess;
 }
 
+/* The most one send or receive may carry (getProperties' maxP2pBytes). */
+static size_t max_p2p_bytes(const ps_device_t *d) {
+  size_t cap = d->max_msg_size ? d->max_msg_size : SIZE_MAX;
+  return cap < (1UL << 30) ? cap : (1UL << 30);
+}
+
 ncclResult_t ps_net_get_properties(int dev, ps_props_t *p) {
   ps_device_t *d = ps_fabric_dev(dev);
   if (!d || !p) {
@@ -54,8 +60,7 @@ ncclResult_t ps_net_get_properties(int dev, ps_props_t *p) {
   size_t eps = d->max_eps ? d->max_eps : 65536;
   p->max_comms = (int)(eps > INT_MAX ? INT_MAX : eps) / 2;
   p->max_recvs = (int)cfg->max_recvs;
-  size_t cap = d->max_msg_size ? d->max_msg_size : SIZE_MAX;
-  p->max_p2p_bytes = p->max_coll_bytes = cap < (1UL << 30) ? cap : (1UL << 30);
+  p->max_p2p_bytes = p->max_coll_bytes = max_p2p_bytes(d);
   return ncclSuccess;
 }
 
@@ -71,6 +76,10 @@ ncclResult_t ps_net_reg_mr(void *comm, void *data, size_t size, int type, void *
   }
   if (type != NCCL_PTR_HOST) {
     PS_WARN("regMr: pointer type %d not supported (this device reports ptrSupport=HOST)", type);
+    return ncclInvalidArgument;
+  }
+  if (!data && size) {
+    PS_WARN("regMr: NULL buffer of %zu bytes", size);
     return ncclInvalidArgument;
   }
   ps_mr_t *m = calloc(1, sizeof *m);
@@ -104,23 +113,29 @@ ncclResult_t ps_net_dereg_mr(void *comm, void *mh) {
   return ncclSuccess;
 }
 
-/* The buffer must lie inside the registration it names. */
+/* A buffer of `size` bytes must lie inside the registration it names (NCCL
+ * registers every buffer it sends from or receives into) and fit one
+ * message (maxP2pBytes). */
 static ncclResult_t mr_desc(const ps_comm_t *c, void *mh, const void *data, size_t size,
                             void **desc) {
   ps_mr_t *m = mh;
   *desc = NULL;
-  if (!m && size && c->ep.dev->mr_local) {
-    PS_WARN("buffer %p (%zu B) has no memory handle, and %s needs registered buffers", data, size,
-            c->ep.dev->name);
+  if (size > max_p2p_bytes(c->ep.dev)) {
+    PS_WARN("buffer %p of %zu B is over the %zu B one message may carry (maxP2pBytes)", data, size,
+            max_p2p_bytes(c->ep.dev));
     return ncclInvalidArgument;
   }
-  if (!m) return ncclSuccess;
-  if (m->magic != PS_MR_MAGIC) {
+  if (m && m->magic != PS_MR_MAGIC) {
     PS_WARN("%p is not a perseus memory handle", mh);
     return ncclInvalidArgument;
   }
+  if (!size) return ncclSuccess;
+  if (!m || !data) {
+    PS_WARN("buffer %p (%zu B) has no %s", data, size, m ? "address" : "memory handle from regMr");
+    return ncclInvalidArgument;
+  }
   const char *p = data;
-  if (size && (p < m->base || size > m->size || (size_t)(p - m->base) > m->size - size)) {
+  if (p < m->base || size > m->size || (size_t)(p - m->base) > m->size - size) {
     PS_WARN("buffer [%p, +%zu) outside its registration [%p, +%zu)", data, size, (void *)m->base,
             m->size);
     return ncclInvalidArgument;

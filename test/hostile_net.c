@@ -1,0 +1,139 @@
+/* Hostile calls through the exported net tables (v8..v12), as a careless or
+ * hostile caller would make them. Every case must end in an error code, not
+ * a crash or a silent success, and the comm must still carry a valid message
+ * afterwards:
+ *   - getProperties with a NULL properties pointer, and of a device that
+ *     does not exist;
+ *   - regMr of a NULL buffer with a size;
+ *   - isend/irecv of a NULL buffer with a size, without a memory handle,
+ *     beyond the registration, and beyond maxP2pBytes (however large the
+ *     registration); a foreign pointer as memory handle.
+ * Usage: perseus_hostile_net -v VERSION (the harness's plugin and loader). */
+#include <dlfcn.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_driver.h"
+#include "ps_driver_int.h"
+
+#define BUF 4096
+
+/* getProperties(dev, NULL) and of a device past the last, on the raw table:
+ * the harness's call list would hand it a struct of its own. */
+static int raw_props(int version) {
+  void *lib = drv_open_plugin(NULL, NULL);
+  if (!lib) return 1;
+  char sym[32];
+  snprintf(sym, sizeof sym, "ncclNetPlugin_v%d", version);
+  void *tbl = dlsym(lib, sym);
+  if (!tbl) {
+    fprintf(stderr, "no %s\n", sym);
+    return 1;
+  }
+  ncclResult_t (*props)(int, void *) = NULL;
+  /* every version's table starts name, init, devices, getProperties */
+  memcpy(&props, (char *)tbl + 3 * sizeof(void *), sizeof props);
+  int ndev = 0, bad = 0;
+  ncclResult_t (*devices)(int *) = NULL;
+  memcpy(&devices, (char *)tbl + 2 * sizeof(void *), sizeof devices);
+  if (devices(&ndev) != ncclSuccess || ndev < 1) {
+    fprintf(stderr, "v%d devices: %d\n", version, ndev);
+    return 1;
+  }
+  char room[4096];
+  ncclResult_t rc = props(0, NULL);
+  if (rc == ncclSuccess) fprintf(stderr, "v%d getProperties(0, NULL) succeeded\n", version), bad++;
+  rc = props(ndev, room);
+  if (rc == ncclSuccess) fprintf(stderr, "v%d getProperties(%d) of %d devices succeeded\n", version, ndev, ndev), bad++;
+  rc = props(-1, room);
+  if (rc == ncclSuccess) fprintf(stderr, "v%d getProperties(-1) succeeded\n", version), bad++;
+  return bad;
+}
+
+/* One hostile isend: must fail now, never hand back a request. */
+static int send_refused(drv_rank_t *r, void *data, size_t size, void *mh, const char *what) {
+  void *req = (void *)1;
+  ncclResult_t rc = r->net.isend(r->send[1], data, size, 7, mh, &req);
+  CHECK(rc != ncclSuccess && rc != ncclInProgress, "isend %s: rc %d (expected an error)", what, rc);
+  CHECK(req == NULL, "isend %s failed but left a request %p", what, req);
+  return 0;
+}
+
+static int recv_refused(drv_rank_t *r, void *data, size_t size, void *mh, const char *what) {
+  void *req = (void *)1, *datas[1] = {data}, *mhs[1] = {mh};
+  size_t sizes[1] = {size};
+  int tags[1] = {7};
+  ncclResult_t rc = r->net.irecv(r->recv[0], 1, datas, sizes, tags, mhs, &req);
+  CHECK(rc != ncclSuccess && rc != ncclInProgress, "irecv %s: rc %d (expected an error)", what, rc);
+  CHECK(req == NULL, "irecv %s failed but left a request %p", what, req);
+  return 0;
+}
+
+static int rank_fn(drv_rank_t *r, void *arg) {
+  (void)arg;
+  char *buf = calloc(1, BUF);
+  void *comm = r->rank == 0 ? r->send[1] : r->recv[0], *mh = NULL, *nomh = NULL;
+  drv_props_t p;
+  CHECK(buf, "out of memory");
+  CHECK(r->net.get_props(r->dev, &p) == ncclSuccess, "getProperties");
+  CHECK(r->net.reg_mr(comm, NULL, BUF, NCCL_PTR_HOST, &nomh) != ncclSuccess && !nomh,
+        "regMr of a NULL buffer of %d B accepted", BUF);
+  CHECK(r->net.reg_mr(comm, buf, BUF, NCCL_PTR_HOST, &mh) == ncclSuccess, "regMr");
+  char stranger[64] = {0}; /* not a memory handle */
+  size_t over = p.max_p2p_bytes + 1;
+  if (r->rank == 0) {
+    if (send_refused(r, NULL, BUF, mh, "of a NULL buffer") ||
+        send_refused(r, buf, BUF, NULL, "without a memory handle") ||
+        send_refused(r, buf, 1 << 20, mh, "of 1 MiB from a 4 KiB registration") ||
+        send_refused(r, buf + BUF - 8, 16, mh, "running past the registration's end") ||
+        send_refused(r, buf, over, mh, "beyond maxP2pBytes") ||
+        send_refused(r, buf, 64, stranger, "with a foreign memory handle"))
+      return 1;
+  } else {
+    if (recv_refused(r, NULL, BUF, mh, "into a NULL buffer") ||
+        recv_refused(r, buf, BUF, NULL, "without a memory handle") ||
+        recv_refused(r, buf, 1 << 20, mh, "of 1 MiB into a 4 KiB registration") ||
+        recv_refused(r, buf, over, mh, "beyond maxP2pBytes") ||
+        recv_refused(r, buf, 64, stranger, "with a foreign memory handle"))
+      return 1;
+  }
+  /* The comm still carries a valid message. */
+  void *req = NULL;
+  double end = drv_now() + 30;
+  if (r->rank == 0) {
+    drv_fill(buf, BUF, 42);
+    while (!req && drv_now() < end)
+      CHECK(r->net.isend(r->send[1], buf, BUF, 7, mh, &req) == ncclSuccess, "valid isend");
+  } else {
+    void *datas[1] = {buf}, *mhs[1] = {mh};
+    size_t sizes[1] = {BUF};
+    int tags[1] = {7};
+    while (!req && drv_now() < end)
+      CHECK(r->net.irecv(r->recv[0], 1, datas, sizes, tags, mhs, &req) == ncclSuccess, "valid irecv");
+  }
+  CHECK(req && !drv_wait(r, req, NULL, 30, NULL), "the valid message did not go through");
+  CHECK(r->rank == 0 || drv_verify(buf, BUF, 42) < 0, "the valid message arrived wrong");
+  CHECK(r->net.dereg_mr(comm, mh) == ncclSuccess, "deregMr");
+  free(buf);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  int version = 12, c;
+  while ((c = getopt(argc, argv, "v:")) != -1) {
+    if (c != 'v') {
+      fprintf(stderr, "usage: %s [-v 8..12]\n", argv[0]);
+      return 2;
+    }
+    version = atoi(optarg);
+  }
+  drv_net_t net;
+  if (drv_load(NULL, version, &net)) return 1;
+  int bad = raw_props(version);
+  drv_opts_t o = {.nranks = 2, .version = version, .timeout_s = 120};
+  bad += drv_run(&o, rank_fn, NULL) != 0;
+  printf("hostile_net v%d: %s\n", version, bad ? "FAIL" : "ok");
+  return bad ? 1 : 0;
+}
