@@ -227,7 +227,9 @@ static ncclResult_t allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
     tx[p].done = 2; /* not posted yet: the loop below posts it */
   }
   r->raddr[c->rank] = mine.addr, r->rsize[c->rank] = mine.size, r->rkey[c->rank] = mine.key;
-  uint64_t deadline = ps_now_ns() + 60ULL * 1000000000ULL;
+  /* registration is collective: a peer that has not sent its part within
+   * PERSEUS_PEER_TIMEOUT_MS is not registering (or is gone) */
+  uint64_t deadline = ps_now_ns() + c->timeout_ns;
   for (int left = 1; rc == ncclSuccess && left;) {
     rc = ps_rma_progress(c);
     left = 0;
@@ -243,7 +245,14 @@ static ncclResult_t allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
       left += !rx[p].done + (tx[p].done != 1);
     }
     if (left && ps_now_ns() > deadline) {
-      PS_WARN("symmetric registration %u: peers did not answer within 60 s", r->id);
+      int missing = -1;
+      for (int p = 0; p < P && missing < 0; p++)
+        if (p != c->rank && !rx[p].done) missing = p;
+      char who[64] = "our part was not taken";
+      if (missing >= 0) snprintf(who, sizeof who, "rank %d (and maybe others) sent no part", missing);
+      PS_WARN("symmetric registration %u: %s within %llu ms (PERSEUS_PEER_TIMEOUT_MS); "
+              "registration is collective: every rank must register its window", r->id, who,
+              (unsigned long long)(c->timeout_ns / 1000000));
       rc = ncclRemoteError;
     }
   }

@@ -335,9 +335,40 @@ static int bad_args(drv_rank_t *r, const args_t *a, shared_t *fs) {
   return 0;
 }
 
+/* Registration is collective: rank 0 registers one more window alone, and
+ * must get an error within PERSEUS_PEER_TIMEOUT_MS (+ the margin) while
+ * rank 1, alive and progressing, never registers it. */
+static int lonely_reg(drv_rank_t *r, const args_t *a, shared_t *fs) {
+  win_t w;
+  if (setup(r, a, &w, SZ)) return 1;
+  if (r->rank == 0) {
+    char *extra = calloc(1, SZ);
+    void *mh = NULL;
+    CHECK(extra, "out of memory");
+    double t0 = drv_now();
+    ncclResult_t rc = w.g.reg_sym(w.cc, extra, SZ, NCCL_PTR_HOST, 0, &mh);
+    double took = drv_now() - t0;
+    atomic_store(&fs->done, 1);
+    CHECK(rc != ncclSuccess && !mh, "a registration no peer made succeeded (rc %d)", rc);
+    CHECK(took <= a->limit_s, "the lonely registration failed after %.2f s, over %.2f s", took,
+          a->limit_s);
+    snprintf(fs->note, sizeof fs->note, "refused after %.2f s", took);
+    free(extra);
+  } else {
+    for (double end = drv_now() + a->limit_s + 10; !atomic_load(&fs->done);) {
+      CHECK(drv_now() < end && !drv_peer_failed(r), "rank 0 never returned from its registration");
+      CHECK(w.g.progress(w.cc) == ncclSuccess, "progress");
+      nap(0.0002);
+    }
+  }
+  CHECK(drv_gin_close(&w.g, w.cc) == ncclSuccess, "close");
+  return 0;
+}
+
 static int rank_fn(drv_rank_t *r, void *arg) {
   void **v = arg;
   const args_t *a = v[0];
+  if (!strcmp(a->scenario, "lonely_reg")) return lonely_reg(r, a, v[1]);
   return !strcmp(a->scenario, "bad_args") ? bad_args(r, a, v[1]) : kill_target(r, a, v[1]);
 }
 
@@ -347,14 +378,14 @@ int main(int argc, char **argv) {
   int c;
   while ((c = getopt(argc, argv, "a:p:s:r:h")) != -1) {
     if (drv_gin_opt(c, optarg, &a.abi, &a.plugin, &a.scenario, &o.nranks)) continue;
-    fprintf(stderr, "usage: %s -s kill_target|kill_target_drain|bad_args [-a gin11|gin12|gin13|rma13|rma14] "
-            "[-r RANKS: 2..3 for kill_target*, 2 for bad_args] [-p PLUGIN]\n", argv[0]);
+    fprintf(stderr, "usage: %s -s kill_target|kill_target_drain|bad_args|lonely_reg [-a gin11|gin12|"
+            "gin13|rma13|rma14] [-r RANKS: 2..3 for kill_target*, else 2] [-p PLUGIN]\n", argv[0]);
     return c == 'h' ? 0 : 2;
   }
   int kill = a.scenario && !strncmp(a.scenario, "kill_target", 11);
   if (!a.scenario || (strcmp(a.scenario, "bad_args") && strcmp(a.scenario, "kill_target") &&
-                      strcmp(a.scenario, "kill_target_drain"))) {
-    fprintf(stderr, "-s kill_target, kill_target_drain or bad_args is required (-h for help)\n");
+                      strcmp(a.scenario, "kill_target_drain") && strcmp(a.scenario, "lonely_reg"))) {
+    fprintf(stderr, "-s kill_target, kill_target_drain, bad_args or lonely_reg is required (-h for help)\n");
     return 2;
   }
   int abi_ok = 0;
