@@ -71,7 +71,10 @@ static ncclResult_t handshake_progress(ps_comm_t *c) {
 
 ncclResult_t ps_net_listen(int dev, void *handle, void **listen_comm) {
   ps_comm_t *c = NULL;
-  if (!handle || !listen_comm) return ncclInvalidArgument;
+  if (!handle || !listen_comm) {
+    PS_WARN("listen: NULL %s", handle ? "listen comm pointer" : "handle");
+    return ncclInvalidArgument;
+  }
   *listen_comm = NULL;
   PS_CHECK(ps_comm_alloc(PS_COMM_LISTEN, dev, &c));
   c->listen_id = ps_random64();
@@ -148,7 +151,10 @@ static ncclResult_t connect_poll(ps_comm_t *c, int *ready) {
 
 ncclResult_t ps_net_connect(int dev, void *handle, void **send_comm) {
   ps_handle_t h;
-  if (!send_comm) return ncclInvalidArgument;
+  if (!send_comm) {
+    PS_WARN("connect: NULL send comm pointer");
+    return ncclInvalidArgument;
+  }
   *send_comm = NULL;
   PS_CHECK(ps_handle_decode(handle, NCCL_NET_HANDLE_MAXSIZE, ps_fabric_wire_hash(), &h));
   if (!ps_fabric_dev(dev)) {
@@ -210,7 +216,10 @@ static ncclResult_t accept_poll(ps_comm_t *l, void **recv_comm) {
 }
 
 ncclResult_t ps_net_accept(void *listen_comm, void **recv_comm) {
-  if (!recv_comm) return ncclInvalidArgument;
+  if (!recv_comm) {
+    PS_WARN("accept: NULL recv comm pointer");
+    return ncclInvalidArgument;
+  }
   *recv_comm = NULL;
   if (!ps_comm_valid(listen_comm, PS_COMM_LISTEN)) {
     PS_WARN("accept: %p is not a perseus listen comm", listen_comm);

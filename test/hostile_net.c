@@ -3,7 +3,8 @@
  * a crash or a silent success, and the comm must still carry a valid message
  * afterwards:
  *   - getProperties with a NULL properties pointer, and of a device that
- *     does not exist;
+ *     does not exist; listen, connect and accept with NULL out-pointers or
+ *     handle;
  *   - regMr of a NULL buffer with a size;
  *   - isend/irecv of a NULL buffer with a size, without a memory handle,
  *     beyond the registration, and beyond maxP2pBytes (however large the
@@ -132,6 +133,18 @@ int main(int argc, char **argv) {
   drv_net_t net;
   if (drv_load(NULL, version, &net)) return 1;
   int bad = raw_props(version);
+  char handle[NCCL_NET_HANDLE_MAXSIZE];
+  void *lc = NULL, *out = NULL;
+  if (net.listen(0, handle, NULL) == ncclSuccess) fprintf(stderr, "listen with no comm pointer\n"), bad++;
+  if (net.listen(0, NULL, &lc) == ncclSuccess) fprintf(stderr, "listen with no handle\n"), bad++;
+  if (net.listen(0, handle, &lc) != ncclSuccess || !lc) {
+    fprintf(stderr, "listen failed\n");
+    return 1;
+  }
+  if (net.connect(0, handle, NULL) == ncclSuccess) fprintf(stderr, "connect with no comm pointer\n"), bad++;
+  if (net.accept(lc, NULL) == ncclSuccess) fprintf(stderr, "accept with no comm pointer\n"), bad++;
+  if (net.accept(NULL, &out) == ncclSuccess || out) fprintf(stderr, "accept on a NULL listen comm\n"), bad++;
+  if (net.close_listen(lc) != ncclSuccess) fprintf(stderr, "closeListen failed\n"), bad++;
   drv_opts_t o = {.nranks = 2, .version = version, .timeout_s = 120};
   bad += drv_run(&o, rank_fn, NULL) != 0;
   printf("hostile_net v%d: %s\n", version, bad ? "FAIL" : "ok");
