@@ -115,7 +115,9 @@ static ncclResult_t connect_start(int dev, const ps_handle_t *h, const void *key
   c->listen_id = h->listen_id;
   c->conn_id = ps_random64();
   c->connect_key = key;
+  c->connect_ns = ps_now_ns();
   ncclResult_t rc = ps_ep_insert(&c->ep, h->addr, &c->peer);
+  if (rc == ncclSuccess) ps_ep_addr_str(&c->ep, h->addr, c->peer_str, sizeof c->peer_str);
   if (rc == ncclSuccess) rc = post_ctrl_recv(c, PS_TAG_ACCEPT);
   if (rc == ncclSuccess) rc = send_ctrl(c, PS_CTRL_CONNECT, PS_TAG_CONNECT);
   if (rc != ncclSuccess) {
@@ -129,10 +131,22 @@ static ncclResult_t connect_start(int dev, const ps_handle_t *h, const void *key
   return ncclSuccess;
 }
 
-/* Returns ncclSuccess with *ready set once ACCEPT arrived and checked out. */
+/* Returns ncclSuccess with *ready set once ACCEPT arrived and checked out.
+ * A CONNECT the provider has not delivered within PERSEUS_PEER_TIMEOUT_MS
+ * means no perseus listener is there (port closed, listener closed, another
+ * program on the port): an error, not a NULL comm NCCL would retry for ever
+ * (tcp;ofi_rxm retries a refused connection silently). Once delivered, the
+ * listener exists and answers when its owner calls accept, however late. */
 static ncclResult_t connect_poll(ps_comm_t *c, int *ready) {
   *ready = 0;
   PS_CHECK(handshake_progress(c));
+  uint64_t limit_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
+  if (c->ctrl_tx.done == 0 && ps_now_ns() - c->connect_ns > limit_ns) {
+    PS_WARN("connect: the listener at %s did not take our CONNECT within %llu ms "
+            "(PERSEUS_PEER_TIMEOUT_MS): closed, unreachable, or not a perseus listener",
+            c->peer_str, (unsigned long long)(limit_ns / 1000000));
+    return ncclRemoteError;
+  }
   if (c->ctrl_rx.done == 0 || c->ctrl_tx.done == 0) return ncclSuccess;
   ps_ctrl_msg_t m;
   PS_CHECK(ps_ctrl_decode(&c->ctrl_rx.msg, c->ctrl_rx.len, PS_CTRL_ACCEPT, ps_fabric_wire_hash(), &m));

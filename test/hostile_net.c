@@ -4,7 +4,8 @@
  * afterwards:
  *   - getProperties with a NULL properties pointer, and of a device that
  *     does not exist; listen, connect and accept with NULL out-pointers or
- *     handle;
+ *     handle; connect to a listener that was closed (an error within
+ *     PERSEUS_PEER_TIMEOUT_MS + 1 s, not a NULL comm for ever);
  *   - regMr of a NULL buffer with a size;
  *   - isend/irecv of a NULL buffer with a size, without a memory handle,
  *     beyond the registration, and beyond maxP2pBytes (however large the
@@ -15,11 +16,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ps_driver.h"
 #include "ps_driver_int.h"
 
 #define BUF 4096
+
+static void nap_ms(int ms) {
+  struct timespec ts = {.tv_sec = 0, .tv_nsec = ms * 1000000L};
+  nanosleep(&ts, NULL);
+}
 
 /* getProperties(dev, NULL) and of a device past the last, on the raw table:
  * the harness's call list would hand it a struct of its own. */
@@ -145,6 +152,18 @@ int main(int argc, char **argv) {
   if (net.accept(lc, NULL) == ncclSuccess) fprintf(stderr, "accept with no comm pointer\n"), bad++;
   if (net.accept(NULL, &out) == ncclSuccess || out) fprintf(stderr, "accept on a NULL listen comm\n"), bad++;
   if (net.close_listen(lc) != ncclSuccess) fprintf(stderr, "closeListen failed\n"), bad++;
+  /* the listener is gone: connect must fail, in time, and keep failing */
+  const char *tmo = getenv("PERSEUS_PEER_TIMEOUT_MS");
+  double limit = (tmo ? atof(tmo) : 5000) / 1000 + 1, t0 = drv_now();
+  ncclResult_t rc = ncclSuccess;
+  while (rc == ncclSuccess && !out && drv_now() - t0 < limit + 5) {
+    rc = net.connect(0, handle, &out);
+    if (rc == ncclSuccess && !out) nap_ms(1);
+  }
+  double took = drv_now() - t0;
+  if (rc == ncclSuccess || out || took > limit)
+    fprintf(stderr, "connect to a closed listener: rc %d, comm %p after %.2f s (limit %.2f s)\n", rc,
+            out, took, limit), bad++;
   drv_opts_t o = {.nranks = 2, .version = version, .timeout_s = 120};
   bad += drv_run(&o, rank_fn, NULL) != 0;
   printf("hostile_net v%d: %s\n", version, bad ? "FAIL" : "ok");
