@@ -198,6 +198,7 @@ static ncclResult_t accept_one(ps_comm_t *l, const ps_ctrl_msg_t *m, ps_comm_t *
   PS_CHECK(ps_comm_alloc(PS_COMM_RECV, l->dev_index, &c));
   c->listen_id = l->listen_id;
   c->conn_id = m->conn_id;
+  c->connect_ns = ps_now_ns();
   ncclResult_t rc = ps_ep_insert(&c->ep, m->addr, &c->peer);
   if (rc == ncclSuccess) rc = ps_comm_start_liveness(c);
   if (rc == ncclSuccess) rc = send_ctrl(c, PS_CTRL_ACCEPT, PS_TAG_ACCEPT);
@@ -213,14 +214,21 @@ static ncclResult_t accept_one(ps_comm_t *l, const ps_ctrl_msg_t *m, ps_comm_t *
 
 /* A recv comm is handed to NCCL only once its ACCEPT has left (transmit
  * complete): with manual progress nobody else would push it out, and the
- * connecting peer waits for it. */
+ * connecting peer waits for it. A connector that went away meanwhile (the
+ * ACCEPT failed, or did not leave within PERSEUS_PEER_TIMEOUT_MS) is dropped
+ * and the listener goes on: a later, live connector is still accepted. */
 static ncclResult_t accept_poll(ps_comm_t *l, void **recv_comm) {
   ps_comm_t *c = l->accepting;
   ncclResult_t rc = handshake_progress(c);
+  uint64_t limit_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
+  if (rc == ncclSuccess && c->ctrl_tx.done == 0 && ps_now_ns() - c->connect_ns > limit_ns)
+    rc = ncclRemoteError;
   if (rc != ncclSuccess) {
+    PS_WARN("accept: the connector at %s went away before our ACCEPT reached it; dropped, "
+            "still listening", c->peer_str);
     l->accepting = NULL;
     ps_comm_free(c);
-    return rc;
+    return ncclSuccess;
   }
   if (c->ctrl_tx.done == 1) {
     l->accepting = NULL;
@@ -243,17 +251,20 @@ ncclResult_t ps_net_accept(void *listen_comm, void **recv_comm) {
   if (l->accepting) return accept_poll(l, recv_comm);
   PS_CHECK(ps_ep_progress(&l->ep, 64, NULL));
   if (l->ctrl_rx.done == 0) return ncclSuccess;
-  if (l->ctrl_rx.done < 0) return ncclRemoteError;
   ps_ctrl_msg_t m;
-  ncclResult_t rc = ps_ctrl_decode(&l->ctrl_rx.msg, l->ctrl_rx.len, PS_CTRL_CONNECT,
-                                   ps_fabric_wire_hash(), &m);
+  ncclResult_t rc = ncclRemoteError;
+  if (l->ctrl_rx.done < 0) /* a connector that failed mid-message (sockets reports it) */
+    PS_WARN("accept: a CONNECT failed to arrive; still listening");
+  else
+    rc = ps_ctrl_decode(&l->ctrl_rx.msg, l->ctrl_rx.len, PS_CTRL_CONNECT, ps_fabric_wire_hash(), &m);
   if (rc == ncclSuccess && m.listen_id != l->listen_id) {
     PS_WARN("CONNECT for listener 0x%llx arrived at 0x%llx; ignored",
             (unsigned long long)m.listen_id, (unsigned long long)l->listen_id);
     rc = ncclInvalidArgument;
   }
-  if (rc == ncclSuccess) PS_CHECK(accept_one(l, &m, &l->accepting));
-  /* A malformed request is dropped (logged above); keep listening either way. */
+  if (rc == ncclSuccess && accept_one(l, &m, &l->accepting) != ncclSuccess)
+    PS_WARN("accept: answering a CONNECT failed; dropped, still listening");
+  /* What could not be accepted is dropped (logged above); keep listening either way. */
   PS_CHECK(post_ctrl_recv(l, PS_TAG_CONNECT));
   return l->accepting ? accept_poll(l, recv_comm) : ncclSuccess;
 }

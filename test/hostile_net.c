@@ -9,10 +9,16 @@
  *   - regMr of a NULL buffer with a size;
  *   - isend/irecv of a NULL buffer with a size, without a memory handle,
  *     beyond the registration, and beyond maxP2pBytes (however large the
- *     registration); a foreign pointer as memory handle.
- * Usage: perseus_hostile_net -v VERSION (the harness's plugin and loader). */
+ *     registration); a foreign pointer as memory handle;
+ *   - (-s half_open, 3 ranks) a connector that dies after its CONNECT left:
+ *     the listener never returns an error for it and still accepts a live
+ *     connector afterwards, within PERSEUS_PEER_TIMEOUT_MS + 5 s.
+ * Usage: perseus_hostile_net -v VERSION [-s half_open] (the harness's plugin
+ * and loader). */
 #include <dlfcn.h>
 #include <getopt.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,14 +134,85 @@ static int rank_fn(drv_rank_t *r, void *arg) {
   return 0;
 }
 
+/* Shared by the half_open ranks. */
+typedef struct {
+  char handle[NCCL_NET_HANDLE_MAXSIZE];
+  atomic_int listening, doomed_sent, doomed_dead, live_done;
+} half_open_t;
+
+/* Rank 1 listens; rank 0 connects (its CONNECT reaches the listener's
+ * endpoint without the listener's progress) and dies; only then does rank 1
+ * start accepting, so its ACCEPT goes to a dead peer. Rank 2 connects once
+ * rank 0 is dead and must be accepted. */
+static int half_open(drv_rank_t *r, void *arg) {
+  half_open_t *h = r->user;
+  (void)arg;
+  const char *tmo = getenv("PERSEUS_PEER_TIMEOUT_MS");
+  double limit = (tmo ? atof(tmo) : 5000) / 1000 + 5, end = drv_now() + limit + 10;
+  if (r->rank == 1) {
+    void *lc = NULL, *rc = NULL;
+    CHECK(r->net.listen(r->dev, h->handle, &lc) == ncclSuccess, "listen");
+    atomic_store(&h->listening, 1);
+    while (!atomic_load(&h->doomed_dead)) CHECK(drv_now() < end, "rank 0 never died");
+    double t_dead = drv_now();
+    /* Each accepted comm is closed: rank 0's may be among them where its
+     * ACCEPT was taken by the kernel before the provider saw the death. The
+     * live connector's must come, and accept must never fail. */
+    int accepted = 0;
+    while (!atomic_load(&h->live_done) || !accepted) {
+      CHECK(drv_now() < end, "the live connector was never accepted");
+      ncclResult_t res = r->net.accept(lc, &rc);
+      CHECK(res == ncclSuccess, "accept returned %d after a connector died: the listener broke", res);
+      if (rc) {
+        accepted++;
+        CHECK(r->net.close_recv(rc) == ncclSuccess, "closeRecv");
+        rc = NULL;
+      }
+    }
+    CHECK(drv_now() - t_dead < limit, "the live connector waited %.1f s", drv_now() - t_dead);
+    CHECK(r->net.close_listen(lc) == ncclSuccess, "closeListen");
+    return 0;
+  }
+  while (!atomic_load(&h->listening)) CHECK(drv_now() < end, "no listener");
+  if (r->rank == 0) {
+    void *sc = NULL;
+    drv_mark_killable(r, 0);
+    for (double t = drv_now() + 0.2; drv_now() < t;) /* the CONNECT leaves */
+      CHECK(r->net.connect(r->dev, h->handle, &sc) == ncclSuccess, "connect");
+    atomic_store(&h->doomed_dead, 1);
+    raise(SIGKILL);
+  }
+  while (!atomic_load(&h->doomed_dead)) CHECK(drv_now() < end, "rank 0 never died");
+  void *sc = NULL;
+  while (!sc) {
+    CHECK(drv_now() < end, "never connected");
+    CHECK(r->net.connect(r->dev, h->handle, &sc) == ncclSuccess, "connect failed");
+  }
+  atomic_store(&h->live_done, 1);
+  CHECK(r->net.close_send(sc) == ncclSuccess, "closeSend");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int version = 12, c;
-  while ((c = getopt(argc, argv, "v:")) != -1) {
+  const char *scenario = "calls";
+  while ((c = getopt(argc, argv, "v:s:")) != -1) {
+    if (c == 's') {
+      scenario = optarg;
+      continue;
+    }
     if (c != 'v') {
-      fprintf(stderr, "usage: %s [-v 8..12]\n", argv[0]);
+      fprintf(stderr, "usage: %s [-v 8..12] [-s calls|half_open]\n", argv[0]);
       return 2;
     }
     version = atoi(optarg);
+  }
+  if (!strcmp(scenario, "half_open")) {
+    drv_opts_t o = {.nranks = 3, .version = version, .timeout_s = 120, .no_mesh = 1,
+                    .shared_bytes = sizeof(half_open_t)};
+    int rc = drv_run(&o, half_open, NULL);
+    printf("hostile_net half_open v%d: %s\n", version, rc ? "FAIL" : "ok");
+    return rc ? 1 : 0;
   }
   drv_net_t net;
   if (drv_load(NULL, version, &net)) return 1;
