@@ -63,7 +63,7 @@ struct ps_comm {
   uint64_t ctrl_tx_tag;
   int ctrl_tx_unposted;
   const void *connect_key; /* send side: the handle pointer NCCL re-passes */
-  uint64_t connect_ns;     /* send side: when the connect started */
+  uint64_t connect_ns;     /* when the handshake started (connect, or accepting its CONNECT) */
   ps_comm_t *next_connecting;
   ps_comm_t *accepting; /* listen side: recv comm whose ACCEPT is still leaving */
 };

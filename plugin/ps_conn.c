@@ -131,6 +131,13 @@ static ncclResult_t connect_start(int dev, const ps_handle_t *h, const void *key
   return ncclSuccess;
 }
 
+/* The handshake message this comm sent (CONNECT or ACCEPT) has not left
+ * within PERSEUS_PEER_TIMEOUT_MS of the handshake's start. */
+static int ctrl_tx_overdue(const ps_comm_t *c) {
+  return c->ctrl_tx.done == 0 &&
+         ps_now_ns() - c->connect_ns > (uint64_t)c->cfg->peer_timeout_ms * 1000000ULL;
+}
+
 /* Returns ncclSuccess with *ready set once ACCEPT arrived and checked out.
  * A CONNECT the provider has not delivered within PERSEUS_PEER_TIMEOUT_MS
  * means no perseus listener is there (port closed, listener closed, another
@@ -140,11 +147,10 @@ static ncclResult_t connect_start(int dev, const ps_handle_t *h, const void *key
 static ncclResult_t connect_poll(ps_comm_t *c, int *ready) {
   *ready = 0;
   PS_CHECK(handshake_progress(c));
-  uint64_t limit_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
-  if (c->ctrl_tx.done == 0 && ps_now_ns() - c->connect_ns > limit_ns) {
-    PS_WARN("connect: the listener at %s did not take our CONNECT within %llu ms "
+  if (ctrl_tx_overdue(c)) {
+    PS_WARN("connect: the listener at %s did not take our CONNECT within %lld ms "
             "(PERSEUS_PEER_TIMEOUT_MS): closed, unreachable, or not a perseus listener",
-            c->peer_str, (unsigned long long)(limit_ns / 1000000));
+            c->peer_str, (long long)c->cfg->peer_timeout_ms);
     return ncclRemoteError;
   }
   if (c->ctrl_rx.done == 0 || c->ctrl_tx.done == 0) return ncclSuccess;
@@ -220,9 +226,7 @@ static ncclResult_t accept_one(ps_comm_t *l, const ps_ctrl_msg_t *m, ps_comm_t *
 static ncclResult_t accept_poll(ps_comm_t *l, void **recv_comm) {
   ps_comm_t *c = l->accepting;
   ncclResult_t rc = handshake_progress(c);
-  uint64_t limit_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
-  if (rc == ncclSuccess && c->ctrl_tx.done == 0 && ps_now_ns() - c->connect_ns > limit_ns)
-    rc = ncclRemoteError;
+  if (rc == ncclSuccess && ctrl_tx_overdue(c)) rc = ncclRemoteError;
   if (rc != ncclSuccess) {
     PS_WARN("accept: the connector at %s went away before our ACCEPT reached it; dropped, "
             "still listening", c->peer_str);

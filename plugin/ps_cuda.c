@@ -513,7 +513,7 @@ ncclResult_t ps_cuda_write64(ps_cuda_dev_t *d, int s, void *dev_dst, uint64_t va
     PS_WARN("ps_cuda_write64: %p is not 8-byte aligned", dev_dst);
     return ncclInvalidArgument;
   }
-  held_t op = {.kind = HELD_WRITE, .dst = dptr(dev_dst), .value = value, .n = 8};
+  held_t op = {.kind = HELD_WRITE, .dst = dptr(dev_dst), .value = value};
   return hold(d, s, &op, "ps_cuda_write64", ticket);
 }
 

@@ -179,6 +179,15 @@ refused:
   c->backlog = 1; /* the provider's queues or PERSEUS_RMA_INFLIGHT are full: progress retries */
 }
 
+/* r joins the peer's data queue (and the staging prepare list) at the tail. */
+static void dq_append(ps_rma_peer_t *p, ps_rma_req_t *r) {
+  r->next = NULL;
+  if (!p->prep_req) p->prep_req = r;
+  if (p->dq_tail) p->dq_tail->next = r;
+  else p->dq_head = r;
+  p->dq_tail = r;
+}
+
 /* Checks the regions and queues the put (or get) part of a request. */
 static ncclResult_t queue_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, uint64_t local_off,
                                void *local_mh, size_t size, uint64_t remote_off, void *remote_mh) {
@@ -211,13 +220,9 @@ static ncclResult_t queue_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, ui
     if (size > c->stage->chunk) r->nchunks = (uint32_t)((size + c->stage->chunk - 1) / c->stage->chunk);
   }
   if (!is_get) r->seq = p->next_seq, p->next_seq += r->nchunks;
-  if (!p->prep_req) p->prep_req = r;
   r->data_stage = PS_STAGE_QUEUED;
-  r->next = NULL;
   ps_rma_wake(p);
-  if (p->dq_tail) p->dq_tail->next = r;
-  else p->dq_head = r;
-  p->dq_tail = r;
+  dq_append(p, r);
   return ncclSuccess;
 }
 
@@ -315,11 +320,7 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
   r->sig_rides = may_ride && size && r->dst_staged;
   if (may_ride && !size && ps_stage_open_to(c, p)) {
     r->sig_rides = 1, r->staged = 1, r->dst_staged = 1, r->nchunks = 0;
-    r->next = NULL;
-    if (!p->prep_req) p->prep_req = r;
-    if (p->dq_tail) p->dq_tail->next = r;
-    else p->dq_head = r;
-    p->dq_tail = r;
+    dq_append(p, r);
   }
   if (!r->sig_rides) {
     if (p->sq_tail) p->sq_tail->next_sig = r;

@@ -111,10 +111,9 @@ static void on_signal(ps_rma_comm_t *c, const ps_rma_sig_slot_t *s, size_t len) 
 
 /* A signal, from a message or a staged write: applied when what it covers
  * is there, else held until it is. */
-static void take_signal(ps_rma_comm_t *c, const ps_sig_msg_t *mp) {
-  const ps_sig_msg_t m = *mp;
-  ps_rma_peer_t *p = &c->peers[m.src_rank];
-  if (covered(c, p, &m) && !apply_signal(c, &m)) return;
+static void take_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m) {
+  ps_rma_peer_t *p = &c->peers[m->src_rank];
+  if (covered(c, p, m) && !apply_signal(c, m)) return;
   /* A peer cannot have more signals waiting than its writes in flight; the
    * cap only bounds what a broken peer can make us allocate. */
   if (p->nheld == p->cap_held) {
@@ -122,12 +121,12 @@ static void take_signal(ps_rma_comm_t *c, const ps_sig_msg_t *mp) {
     ps_rma_held_sig_t *n = cap <= PS_RMA_MAX_REQS ? realloc(p->held, cap * sizeof *n) : NULL;
     if (!n) {
       ps_rma_fail(c, ncclSystemError, "rank %u has over %u signals waiting for their data",
-                  m.src_rank, p->cap_held);
+                  m->src_rank, p->cap_held);
       return;
     }
     p->held = n, p->cap_held = cap;
   }
-  p->held[p->nheld++].msg = m;
+  p->held[p->nheld++].msg = *m;
 }
 
 static ncclResult_t post_sig_slot(ps_rma_comm_t *c, ps_rma_sig_slot_t *s);

@@ -32,7 +32,6 @@ set -uo pipefail
 gpu_paths nccl "$@"
 RUN_TIMEOUT=${EP_RUN_TIMEOUT:-300} RUN_NAME_WIDTH=28 GPU_ENV_FABRIC=1
 RUN_GREP='FAIL|fail|error|Error|mismatch|watchdog|timed out'
-TEST_BIN=$PLUGIN_DIR/libnccl-net-perseus.so
 gpu_need_built ""
 NCCL_WORK=${NCCL_WORK:-.nccl}
 mkdir -p "$NCCL_WORK" || exit 1

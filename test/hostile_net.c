@@ -46,23 +46,39 @@ static int raw_props(int version) {
     fprintf(stderr, "no %s\n", sym);
     return 1;
   }
-  ncclResult_t (*props)(int, void *) = NULL;
-  /* every version's table starts name, init, devices, getProperties */
-  memcpy(&props, (char *)tbl + 3 * sizeof(void *), sizeof props);
   int ndev = 0, bad = 0;
-  ncclResult_t (*devices)(int *) = NULL;
-  memcpy(&devices, (char *)tbl + 2 * sizeof(void *), sizeof devices);
-  if (devices(&ndev) != ncclSuccess || ndev < 1) {
-    fprintf(stderr, "v%d devices: %d\n", version, ndev);
-    return 1;
+  ncclResult_t rc[3] = {ncclSuccess, ncclSuccess, ncclSuccess};
+  union {
+    ps_props_v8_t v8;
+    ps_props_v9_t v9;
+    ps_props_v11_t v11;
+    ps_props_v12_t v12;
+  } room;
+  /* each version's own table type: devices, then getProperties with NULL,
+   * one past the last device, and -1 */
+#define RAW_PROPS(V, M)                                                             \
+  do {                                                                              \
+    const ncclNet_v##V##_t *t = tbl;                                                \
+    if (t->devices(&ndev) != ncclSuccess || ndev < 1) {                             \
+      fprintf(stderr, "v%d devices: %d\n", version, ndev);                          \
+      return 1;                                                                     \
+    }                                                                               \
+    rc[0] = t->getProperties(0, NULL);                                              \
+    rc[1] = t->getProperties(ndev, &room.M);                                        \
+    rc[2] = t->getProperties(-1, &room.M);                                          \
+  } while (0)
+  switch (version) {
+    case 8: RAW_PROPS(8, v8); break;
+    case 9: RAW_PROPS(9, v9); break;
+    case 10: RAW_PROPS(10, v9); break;
+    case 11: RAW_PROPS(11, v11); break;
+    case 12: RAW_PROPS(12, v12); break;
+    default: fprintf(stderr, "no ABI version %d\n", version); return 1;
   }
-  char room[4096];
-  ncclResult_t rc = props(0, NULL);
-  if (rc == ncclSuccess) fprintf(stderr, "v%d getProperties(0, NULL) succeeded\n", version), bad++;
-  rc = props(ndev, room);
-  if (rc == ncclSuccess) fprintf(stderr, "v%d getProperties(%d) of %d devices succeeded\n", version, ndev, ndev), bad++;
-  rc = props(-1, room);
-  if (rc == ncclSuccess) fprintf(stderr, "v%d getProperties(-1) succeeded\n", version), bad++;
+#undef RAW_PROPS
+  const char *what[3] = {"(0, NULL)", "of one past the last device", "(-1)"};
+  for (int i = 0; i < 3; i++)
+    if (rc[i] == ncclSuccess) fprintf(stderr, "v%d getProperties %s succeeded\n", version, what[i]), bad++;
   return bad;
 }
 
