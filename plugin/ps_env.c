@@ -86,6 +86,7 @@ ncclResult_t ps_config_load(ps_config_t *cfg) {
   PS_CHECK(ps_env_int("PERSEUS_STAGING_BYTES", 64 << 20, 64 << 10, 1LL << 36, &cfg->staging_bytes));
   PS_CHECK(ps_env_int("PERSEUS_STAGING_CHUNK", 512 << 10, 4096, 64 << 20, &cfg->staging_chunk));
   PS_CHECK(ps_env_int("PERSEUS_STAGING_COALESCE_US", 20, 0, 10000, &cfg->staging_coalesce_us));
+  PS_CHECK(ps_env_int("PERSEUS_PROGRESS_INTERVAL_US", 4, 0, 1000, &cfg->progress_interval_us));
   PS_CHECK(ps_env_int("PERSEUS_RMA_INFLIGHT", -1, 0, 65536, &cfg->rma_inflight));
   return ncclSuccess;
 }

@@ -31,6 +31,8 @@ typedef struct {
   int64_t staging_chunk;   /* PERSEUS_STAGING_CHUNK: bytes a staged write carries at most */
   int64_t staging_coalesce_us; /* PERSEUS_STAGING_COALESCE_US: how long a slot copying out of
                                 * the GPU takes more chunks */
+  int64_t progress_interval_us; /* PERSEUS_PROGRESS_INTERVAL_US: least time between two
+                                 * one-sided progress passes */
   int64_t rma_inflight;    /* PERSEUS_RMA_INFLIGHT: posted one-sided ops per peer, 0 = no bound,
                             * -1 = unset (the provider's default, ps_fabric) */
 } ps_config_t;

@@ -122,6 +122,7 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   c->addr = calloc((size_t)nranks, sizeof *c->addr);
   c->peers = calloc((size_t)nranks, sizeof *c->peers);
   c->timeout_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
+  c->pass_interval_ns = (uint64_t)ps_fabric_config()->progress_interval_us * 1000;
   if (ps_fabric_config()->stats) c->opstats = calloc((size_t)nranks, sizeof *c->opstats);
   ncclResult_t rc = (c->addr && c->peers && (c->opstats || !ps_fabric_config()->stats))
                         ? ncclSuccess : ncclSystemError;
@@ -418,6 +419,9 @@ static void print_opstats(ps_rma_comm_t *c, int p) {
 /* PERSEUS_STATS=1: what each peer cost, when the comm closes. Written to
  * stderr, not the logger: the user asked for it whatever NCCL_DEBUG says. */
 static void print_stats(ps_rma_comm_t *c) {
+  fprintf(stderr, "perseus stats: rank %d: %llu progress calls, %llu passes (PERSEUS_PROGRESS_INTERVAL_US "
+          "%llu)\n", c->rank, (unsigned long long)c->progress_calls, (unsigned long long)c->passes,
+          (unsigned long long)(c->pass_interval_ns / 1000));
   for (int p = 0; p < c->nranks; p++) {
     const ps_rma_peer_stats_t *s = &c->peers[p].st;
     if (p == c->rank && !s->puts && !s->signals) continue;

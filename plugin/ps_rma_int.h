@@ -288,6 +288,9 @@ struct ps_rma_comm {
   int backlog;          /* something is queued: progress must try to post it */
   uint64_t now_ns;      /* clock of the current progress pass */
   uint64_t passes;      /* progress passes run (from 1) */
+  uint64_t progress_calls; /* progress entries, passes or not */
+  uint64_t last_pass_ns;
+  uint64_t pass_interval_ns; /* PERSEUS_PROGRESS_INTERVAL_US */
   uint64_t next_check_ns;
   uint64_t timeout_ns;  /* PERSEUS_PEER_TIMEOUT_MS */
   uint64_t max_posted;  /* per peer, posted and not completed (PERSEUS_RMA_INFLIGHT); 0 = no bound */

@@ -12,9 +12,18 @@
 #   - with --staged (GPU source windows through staging, e.g. rma_test -G dsg):
 #     some peer has copies out of the GPU timed and a post held back for a
 #     send slot, a copy or a credit, and some peer's chunks went in fewer
-#     staged writes than there were chunks (packed into one write).
-staged=0
-if [ "$1" = --staged ]; then staged=1; shift; fi
+#     staged writes than there were chunks (packed into one write);
+#   - every comm's "progress calls, passes" line reads 1 <= passes <= calls;
+#     with --throttled (a long PERSEUS_PROGRESS_INTERVAL_US) some comm made
+#     at least twice as many calls as passes.
+staged=0 throttled=0
+while :; do
+  case $1 in
+    --staged) staged=1; shift ;;
+    --throttled) throttled=1; shift ;;
+    *) break ;;
+  esac
+done
 log=$(mktemp) || exit 1
 trap 'rm -f "$log"' EXIT
 PERSEUS_STATS=1 "$@" 2>"$log"
@@ -24,7 +33,7 @@ if [ "$rc" -ne 0 ]; then
   echo "check_opstats.sh: $1 exited with $rc" >&2
   exit 1
 fi
-awk -v staged="$staged" '
+awk -v staged="$staged" -v throttled="$throttled" '
 function fail(msg) { print "check_opstats.sh: " msg >"/dev/stderr"; bad = 1 }
 # The value of interval `name` on this line: "-" (not timed) or its four
 # numbers and mean in v[1..5]; "" when the line lacks it.
@@ -35,6 +44,11 @@ function interval(line, name, v,   s, n) {
   sub(/ mean /, "/", s)
   n = split(s, v, "/")
   return n == 5 ? "timed" : ""
+}
+/^perseus stats: rank [0-9]+: [0-9]+ progress calls, [0-9]+ passes/ {
+  ncomms++
+  if (!($8 + 0 >= 1 && $8 + 0 <= $5 + 0)) fail("rank " $4 " " $5 " progress calls but " $8 " passes")
+  if ($5 + 0 >= 2 * ($8 + 0)) fewer++
 }
 /^perseus stats: rank [0-9]+ -> [0-9]+ \(/ {
   key = $4 "->" $6
@@ -99,6 +113,8 @@ END {
     if ((key in swrites) && swrites[key] > 0 && swrites[key] < schunks[key]) packed++
   }
   if (!npeers) fail("no peer with puts: is PERSEUS_STATS read?")
+  if (!ncomms) fail("no progress calls line")
+  if (throttled && !fewer) fail("throttled, but no comm made twice as many progress calls as passes")
   if (staged && !copies) fail("staged, but no copy out of the GPU was timed")
   if (staged && !waits) fail("staged, but nothing was held back for a send slot, a copy or a credit")
   if (staged && !packed) fail("staged, but no peer had its chunks packed into fewer staged writes")
