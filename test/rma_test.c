@@ -22,7 +22,10 @@
  *              leaks nothing (resident memory checked) and ids stay in step.
  * -G [dsg]: register the destination window (d), the source (s) and the
  * signal words (g) as NCCL_PTR_CUDA; with the fake-CUDA test plugin that
- * exercises staging on hosts without a GPU. */
+ * exercises staging on hosts without a GPU. m: every odd tile goes to a
+ * second destination window registered as GPU memory, the rest to the host
+ * one, so a batch mixes direct writes with staged ones (and a signal that
+ * rides in a staged write must still wait for the direct writes it covers). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,10 +70,14 @@ static int invariant(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
   CHECK(!want || !strcmp(want, "auto") || !strcmp(want, got), "ordering is %s, PERSEUS_ORDERING=%s", got, want);
   size_t data_bytes = (size_t)P * B * SLOT, src_bytes = (size_t)P * B * SLOT;
   unsigned char *data = calloc(1, data_bytes), *src = malloc(src_bytes);
+  int mixed = a->gpu && strchr(a->gpu, 'm');
+  unsigned char *data2 = mixed ? calloc(1, data_bytes) : data; /* odd tiles, GPU */
   uint64_t *sig = calloc((size_t)P, 8);
-  void *data_mh, *src_mh, *sig_mh;
-  CHECK(data && src && sig, "oom");
+  void *data_mh, *data2_mh = NULL, *src_mh, *sig_mh;
+  CHECK(data && data2 && src && sig, "oom");
   CHECK(g->reg_sym(cc, data, data_bytes, ptr_type(a, 'd'), 0, &data_mh) == ncclSuccess, "reg data");
+  if (mixed)
+    CHECK(g->reg_sym(cc, data2, data_bytes, NCCL_PTR_CUDA, 0, &data2_mh) == ncclSuccess, "reg data (GPU)");
   CHECK(g->reg_sym(cc, src, src_bytes, ptr_type(a, 's'), 0, &src_mh) == ncclSuccess, "reg src");
   CHECK(g->reg_sym(cc, sig, (size_t)P * 8, ptr_type(a, 'g'), NCCL_NET_MR_FLAG_FORCE_SO, &sig_mh) == ncclSuccess, "reg sig");
   /* what each source has been seen to cover so far */
@@ -105,11 +112,12 @@ static int invariant(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
         for (int t = 0; t < n; t++) {
           size_t off = ((size_t)(q * B + b)) * SLOT + (size_t)t * TILE_MAX, dst = ((size_t)(me * B + b)) * SLOT + (size_t)t * TILE_MAX;
           size_t sz = tile_size(me, q, b, t);
+          void *dmh = mixed && t % 2 ? data2_mh : data_mh;
           drv_fill(src + off, sz, tile_id(me, q, b, t));
           if (t == n - 1 && own)
-            ISSUE(g->iput_signal(cc, off, src_mh, sz, dst, data_mh, (uint32_t)q, (uint64_t)me * 8, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &req_), "iputSignal");
+            ISSUE(g->iput_signal(cc, off, src_mh, sz, dst, dmh, (uint32_t)q, (uint64_t)me * 8, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &req_), "iputSignal");
           else
-            ISSUE(g->iput(cc, off, src_mh, sz, dst, data_mh, (uint32_t)q, &req_), "iput");
+            ISSUE(g->iput(cc, off, src_mh, sz, dst, dmh, (uint32_t)q, &req_), "iput");
         }
         if (!own) /* signal-only, after the batch's puts */
           ISSUE(g->iput_signal(cc, 0, NULL, 0, 0, NULL, (uint32_t)q, (uint64_t)me * 8, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &req_), "signal");
@@ -133,7 +141,7 @@ static int invariant(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
         int vb = verified[s];
         for (int t = 0; t < ntiles(s, me, vb); t++) {
           size_t dst = ((size_t)(s * B + vb)) * SLOT + (size_t)t * TILE_MAX;
-          long bad = drv_verify(data + dst, tile_size(s, me, vb, t), tile_id(s, me, vb, t));
+          long bad = drv_verify((t % 2 ? data2 : data) + dst, tile_size(s, me, vb, t), tile_id(s, me, vb, t));
           CHECK(bad < 0, "signal %llu from rank %d covers batch %d, but tile %d is wrong at byte %ld: the signal overtook its data", (unsigned long long)v, s, vb, t, bad);
         }
         verified[s]++;
@@ -164,6 +172,8 @@ static int invariant(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
   CHECK(!drv_gin_barrier(r, g, cc, 60), "final barrier"); /* nobody closes while peers still read */
   CHECK(g->dereg_sym(cc, data_mh) == ncclSuccess && g->dereg_sym(cc, src_mh) == ncclSuccess &&
         g->dereg_sym(cc, sig_mh) == ncclSuccess, "deregMrSym");
+  if (mixed) CHECK(g->dereg_sym(cc, data2_mh) == ncclSuccess, "deregMrSym (GPU data)");
+  if (mixed) free(data2);
   free(data), free(src), free(sig), free(reqs), free(req_peer);
   return 0;
 }
@@ -353,16 +363,16 @@ int main(int argc, char **argv) {
     else if (c == 'G') a.gpu = optarg;
     else {
       fprintf(stderr, "usage: %s [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-s invariant|props|api|cycles] "
-              "[-r RANKS 2..16] [-b BATCHES 1..%d] [-G dsg: GPU windows] [-R: expect the ordering to be refused]\n",
+              "[-r RANKS 2..16] [-b BATCHES 1..%d] [-G dsgm: GPU windows] [-R: expect the ordering to be refused]\n",
               argv[0], MAX_BATCHES);
       return c == 'h' ? 0 : 2;
     }
   }
   if (o.nranks < 2 || o.nranks > 16 || a.batches < 1 || a.batches > MAX_BATCHES ||
-      (a.gpu && strspn(a.gpu, "dsg") != strlen(a.gpu)) ||
+      (a.gpu && strspn(a.gpu, "dsgm") != strlen(a.gpu)) ||
       (strcmp(a.scenario, "invariant") && strcmp(a.scenario, "props") && strcmp(a.scenario, "api") &&
        strcmp(a.scenario, "cycles"))) {
-    fprintf(stderr, "ranks must be 2..16, batches 1..%d, -G letters from dsg, scenario invariant, props, api or cycles\n",
+    fprintf(stderr, "ranks must be 2..16, batches 1..%d, -G letters from dsgm, scenario invariant, props, api or cycles\n",
             MAX_BATCHES);
     return 2;
   }
