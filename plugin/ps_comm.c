@@ -8,8 +8,24 @@
 #include "ps_log.h"
 #include "ps_model_nic.h"
 
-int ps_comm_valid(const void *p, int kind) {
-  return p && ((const ps_comm_t *)p)->kind == kind;
+/* Tags (ps_handle.h): any distinct values >= 0x80. */
+ps_htab_t ps_comm_tab = PS_HTAB_INIT(0xc0, "comm", "closed");
+ps_htab_t ps_req_tab = PS_HTAB_INIT(0xd0, "request", "completed, or its comm closed");
+
+static const char *kind_name(int kind) {
+  return kind == PS_COMM_LISTEN ? "listen" : kind == PS_COMM_SEND ? "send" : "recv";
+}
+
+void ps_comm_refused(const char *call, const void *h, int kinds) {
+  ps_comm_t *c = ps_htab_get(&ps_comm_tab, h);
+  if (c) {
+    PS_WARN("%s: %p is a perseus %s comm, not a %s comm", call, h, kind_name(c->kind),
+            kinds == (PS_COMM_SEND | PS_COMM_RECV) ? "send or recv" : kind_name(kinds));
+    return;
+  }
+  char why[200];
+  ps_htab_explain(&ps_comm_tab, h, why, sizeof why);
+  PS_WARN("%s: %s", call, why);
 }
 
 ncclResult_t ps_comm_alloc(int kind, int dev, ps_comm_t **out) {
@@ -25,17 +41,28 @@ ncclResult_t ps_comm_alloc(int kind, int dev, ps_comm_t **out) {
   c->dev_index = dev;
   c->cfg = ps_fabric_config();
   c->peer = FI_ADDR_UNSPEC;
+  ncclResult_t rc = ps_htab_reserve(&ps_comm_tab, 1, &c->slot);
+  if (rc != ncclSuccess) {
+    free(c);
+    return rc;
+  }
+  c->has_slot = 1;
+  c->handle = ps_htab_bind(&ps_comm_tab, c->slot, c);
   if (kind != PS_COMM_LISTEN) {
     c->nreqs = (int)c->cfg->net_requests;
     c->reqs = calloc((size_t)c->nreqs, sizeof *c->reqs);
     c->free_reqs = calloc((size_t)c->nreqs, sizeof *c->free_reqs);
-    if (!c->reqs || !c->free_reqs) {
+    if (!c->reqs || !c->free_reqs) PS_WARN("out of memory for a pool of %d requests", c->nreqs);
+    rc = c->reqs && c->free_reqs ? ps_htab_reserve(&ps_req_tab, (uint32_t)c->nreqs, &c->req_slots)
+                                 : ncclSystemError;
+    if (rc != ncclSuccess) {
       ps_comm_free(c);
-      return ncclSystemError;
+      return rc;
     }
+    c->has_req_slots = 1;
     for (int i = 0; i < c->nreqs; i++) c->free_reqs[c->nfree++] = &c->reqs[c->nreqs - 1 - i];
   }
-  ncclResult_t rc = ps_ep_open(d, (int)c->cfg->eagain_retries, &c->ep);
+  rc = ps_ep_open(d, (int)c->cfg->eagain_retries, &c->ep);
   if (rc == ncclSuccess) rc = ps_ep_reg_local(&c->ep, &c->ctrl_tx.msg, sizeof c->ctrl_tx.msg, &c->ctrl_tx.mr);
   if (rc == ncclSuccess) rc = ps_ep_reg_local(&c->ep, &c->ctrl_rx.msg, sizeof c->ctrl_rx.msg, &c->ctrl_rx.mr);
   if (rc != ncclSuccess) {
@@ -49,12 +76,15 @@ ncclResult_t ps_comm_alloc(int kind, int dev, ps_comm_t **out) {
 
 void ps_comm_free(ps_comm_t *c) {
   if (!c) return;
+  /* Handles of this comm and of its requests in flight go stale first:
+   * nothing looks up a comm half torn down. */
+  if (c->has_req_slots) ps_htab_release(&ps_req_tab, c->req_slots, (uint32_t)c->nreqs);
+  if (c->has_slot) ps_htab_release(&ps_comm_tab, c->slot, 1);
   ps_ep_close(&c->ep);
   if (c->ctrl_tx.mr) fi_close(&c->ctrl_tx.mr->fid);
   if (c->ctrl_rx.mr) fi_close(&c->ctrl_rx.mr->fid);
   free(c->reqs);
   free(c->free_reqs);
-  c->kind = 0; /* a stale pointer handed back to us is then refused */
   free(c);
 }
 

@@ -5,17 +5,20 @@
 #define PS_COMM_H
 
 #include "ps_ep.h"
+#include "ps_handle.h"
 
 #define PS_MAX_RECVS 8
-enum { PS_COMM_LISTEN = 0x4c53, PS_COMM_SEND = 0x5345, PS_COMM_RECV = 0x5245 };
+/* bits, so that a lookup can accept several kinds */
+enum { PS_COMM_LISTEN = 1, PS_COMM_SEND = 2, PS_COMM_RECV = 4 };
 enum { PS_REQ_SEND = 1, PS_REQ_RECV = 2 };
 
 typedef struct ps_comm ps_comm_t;
 
-#define PS_REQ_MAGIC 0x52455153u
+/* NCCL holds comms and requests by handle (ps_handle.h), never by address. */
+extern ps_htab_t ps_comm_tab, ps_req_tab;
 
 typedef struct ps_req {
-  uint32_t magic; /* first: checked before anything else is read */
+  void *handle; /* what NCCL holds while the request is live */
   ps_op_t ops[PS_MAX_RECVS];
   ps_comm_t *comm;
   int type, n, posted, ncomplete;
@@ -37,6 +40,9 @@ typedef struct {
 struct ps_comm {
   int kind;
   int dev_index;
+  void *handle;                /* what NCCL holds */
+  uint32_t slot, req_slots;    /* ps_comm_tab slot; first of nreqs ps_req_tab slots */
+  int has_slot, has_req_slots; /* reserved (a comm that failed half-built may not have them) */
   ps_ep_t ep;
   const ps_config_t *cfg;
   fi_addr_t peer;
@@ -62,7 +68,8 @@ struct ps_comm {
   ps_ctrl_slot_t ctrl_tx, ctrl_rx;
   uint64_t ctrl_tx_tag;
   int ctrl_tx_unposted;
-  const void *connect_key; /* send side: the handle pointer NCCL re-passes */
+  ps_handle_t connect_to;   /* send side: the listener's handle; a connect() with
+                             * the same contents (and device) resumes this one */
   uint64_t connect_ns;     /* when the handshake started (connect, or accepting its CONNECT) */
   ps_comm_t *next_connecting;
   ps_comm_t *accepting; /* listen side: recv comm whose ACCEPT is still leaving */
@@ -78,6 +85,14 @@ ncclResult_t ps_comm_progress(ps_comm_t *c);
 ncclResult_t ps_comm_flush_pending(ps_comm_t *c);
 /* Arms the liveness machinery once the peer address is known. */
 ncclResult_t ps_comm_start_liveness(ps_comm_t *c);
-int ps_comm_valid(const void *p, int kind);
+
+/* The live comm behind a handle NCCL passed, if it is one of `kinds`
+ * (PS_COMM_* bits); NULL otherwise. */
+static inline ps_comm_t *ps_comm_get(const void *h, int kinds) {
+  ps_comm_t *c = ps_htab_get(&ps_comm_tab, h);
+  return c && (c->kind & kinds) ? c : NULL;
+}
+/* Logs why `call` refuses h (not ours, stale, or a comm of another kind). */
+void ps_comm_refused(const char *call, const void *h, int kinds);
 
 #endif

@@ -12,8 +12,16 @@
 #include "ps_log.h"
 #include "ps_net.h"
 
+/* Connects under way, at most this many: a caller that abandons connects
+ * (never calls again until one is done) would otherwise hold an endpoint
+ * and its fds for each, without bound. Repeated calls for one listener
+ * handle resume one connect, so only connects to distinct listeners count;
+ * NCCL has one per connection it is setting up. */
+#define PS_CONNECT_PENDING_MAX 4096
+
 static pthread_mutex_t connecting_lock = PTHREAD_MUTEX_INITIALIZER;
 static ps_comm_t *connecting; /* send comms whose handshake is under way */
+static int nconnecting;
 
 static void ctrl_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
   ps_ctrl_slot_t *s = op->owner;
@@ -87,7 +95,7 @@ ncclResult_t ps_net_listen(int dev, void *handle, void **listen_comm) {
   }
   ps_ep_addr_str(&c->ep, c->ep.addr, c->peer_str, sizeof c->peer_str);
   PS_TRACE("listen on dev %d at %s", dev, c->peer_str);
-  *listen_comm = c;
+  *listen_comm = c->handle;
   return ncclSuccess;
 }
 
@@ -96,25 +104,44 @@ static void connecting_remove(ps_comm_t *c) {
   for (ps_comm_t **p = &connecting; *p; p = &(*p)->next_connecting)
     if (*p == c) {
       *p = c->next_connecting;
+      nconnecting--;
       break;
     }
   pthread_mutex_unlock(&connecting_lock);
 }
 
-static ps_comm_t *connecting_find(const void *key, uint64_t listen_id) {
+/* A connect is known by what the handle says (listener id and address) and
+ * the local device, not by where the handle lies: NCCL may pass a fresh copy
+ * on every call, and each copy must resume the one connect. */
+static int same_listener(const ps_comm_t *c, int dev, const ps_handle_t *h) {
+  return c->dev_index == dev && c->connect_to.listen_id == h->listen_id &&
+         c->connect_to.addrlen == h->addrlen && !memcmp(c->connect_to.addr, h->addr, h->addrlen);
+}
+
+static ps_comm_t *connecting_find(int dev, const ps_handle_t *h) {
   pthread_mutex_lock(&connecting_lock);
   ps_comm_t *c = connecting;
-  while (c && !(c->connect_key == key && c->listen_id == listen_id)) c = c->next_connecting;
+  while (c && !same_listener(c, dev, h)) c = c->next_connecting;
   pthread_mutex_unlock(&connecting_lock);
   return c;
 }
 
-static ncclResult_t connect_start(int dev, const ps_handle_t *h, const void *key) {
+static ncclResult_t connect_start(int dev, const ps_handle_t *h) {
   ps_comm_t *c = NULL;
+  pthread_mutex_lock(&connecting_lock);
+  int n = nconnecting; /* a concurrent start may pass it by one: it bounds, it need not be exact */
+  pthread_mutex_unlock(&connecting_lock);
+  if (n >= PS_CONNECT_PENDING_MAX) {
+    PS_WARN("connect: %d connects to other listeners are still under way (the most perseus "
+            "keeps, PS_CONNECT_PENDING_MAX); call connect again until each returns a comm or "
+            "fails before starting more",
+            PS_CONNECT_PENDING_MAX);
+    return ncclInvalidUsage;
+  }
   PS_CHECK(ps_comm_alloc(PS_COMM_SEND, dev, &c));
   c->listen_id = h->listen_id;
   c->conn_id = ps_random64();
-  c->connect_key = key;
+  c->connect_to = *h;
   c->connect_ns = ps_now_ns();
   ncclResult_t rc = ps_ep_insert(&c->ep, h->addr, &c->peer);
   if (rc == ncclSuccess) ps_ep_addr_str(&c->ep, h->addr, c->peer_str, sizeof c->peer_str);
@@ -127,6 +154,7 @@ static ncclResult_t connect_start(int dev, const ps_handle_t *h, const void *key
   pthread_mutex_lock(&connecting_lock);
   c->next_connecting = connecting;
   connecting = c;
+  nconnecting++;
   pthread_mutex_unlock(&connecting_lock);
   return ncclSuccess;
 }
@@ -181,8 +209,8 @@ ncclResult_t ps_net_connect(int dev, void *handle, void **send_comm) {
     PS_WARN("connect: device %d does not exist (this plugin has %d)", dev, ps_fabric_ndev());
     return ncclInvalidArgument;
   }
-  ps_comm_t *c = connecting_find(handle, h.listen_id);
-  if (!c) return connect_start(dev, &h, handle);
+  ps_comm_t *c = connecting_find(dev, &h);
+  if (!c) return connect_start(dev, &h);
   int ready = 0;
   ncclResult_t rc = connect_poll(c, &ready);
   if (rc != ncclSuccess || ready) connecting_remove(c);
@@ -193,7 +221,7 @@ ncclResult_t ps_net_connect(int dev, void *handle, void **send_comm) {
   }
   if (ready) {
     PS_TRACE("connected to %s", c->peer_str);
-    *send_comm = c;
+    *send_comm = c->handle;
   }
   return ncclSuccess;
 }
@@ -236,7 +264,7 @@ static ncclResult_t accept_poll(ps_comm_t *l, void **recv_comm) {
   }
   if (c->ctrl_tx.done == 1) {
     l->accepting = NULL;
-    *recv_comm = c;
+    *recv_comm = c->handle;
   }
   return ncclSuccess;
 }
@@ -247,11 +275,11 @@ ncclResult_t ps_net_accept(void *listen_comm, void **recv_comm) {
     return ncclInvalidArgument;
   }
   *recv_comm = NULL;
-  if (!ps_comm_valid(listen_comm, PS_COMM_LISTEN)) {
-    PS_WARN("accept: %p is not a perseus listen comm", listen_comm);
+  ps_comm_t *l = ps_comm_get(listen_comm, PS_COMM_LISTEN);
+  if (!l) {
+    ps_comm_refused("accept", listen_comm, PS_COMM_LISTEN);
     return ncclInvalidArgument;
   }
-  ps_comm_t *l = listen_comm;
   if (l->accepting) return accept_poll(l, recv_comm);
   PS_CHECK(ps_ep_progress(&l->ep, 64, NULL));
   if (l->ctrl_rx.done == 0) return ncclSuccess;
@@ -274,22 +302,23 @@ ncclResult_t ps_net_accept(void *listen_comm, void **recv_comm) {
 }
 
 ncclResult_t ps_net_close_listen(void *listen_comm) {
-  if (!ps_comm_valid(listen_comm, PS_COMM_LISTEN)) {
-    PS_WARN("closeListen: %p is not a perseus listen comm", listen_comm);
+  ps_comm_t *l = ps_comm_get(listen_comm, PS_COMM_LISTEN);
+  if (!l) {
+    ps_comm_refused("closeListen", listen_comm, PS_COMM_LISTEN);
     return ncclInvalidArgument;
   }
-  ps_comm_t *l = listen_comm;
   if (l->accepting) ps_comm_free(l->accepting);
   ps_comm_free(l);
   return ncclSuccess;
 }
 
+/* A second close of one comm finds its handle stale: refused, nothing freed twice. */
 static ncclResult_t close_comm(void *comm, int kind, const char *what) {
-  if (!ps_comm_valid(comm, kind)) {
-    PS_WARN("%s: %p is not a perseus comm of that kind", what, comm);
+  ps_comm_t *c = ps_comm_get(comm, kind);
+  if (!c) {
+    ps_comm_refused(what, comm, kind);
     return ncclInvalidArgument;
   }
-  ps_comm_t *c = comm;
   if (c->nfree < c->nreqs)
     PS_INFO(NCCL_NET, "%s with %d request(s) in flight to %s: discarded", what, c->nreqs - c->nfree,
             c->peer_str);
@@ -297,8 +326,9 @@ static ncclResult_t close_comm(void *comm, int kind, const char *what) {
   return ncclSuccess;
 }
 
+/* A send comm reaches NCCL only once its connect is done, so it is no
+ * longer among the connects under way. */
 ncclResult_t ps_net_close_send(void *send_comm) {
-  if (ps_comm_valid(send_comm, PS_COMM_SEND)) connecting_remove(send_comm);
   return close_comm(send_comm, PS_COMM_SEND, "closeSend");
 }
 

@@ -10,10 +10,12 @@
 #include "ps_log.h"
 #include "ps_version.h"
 
-#define PS_MR_MAGIC 0x4d52u
+/* NCCL holds memory handles by handle (ps_handle.h): a deregistered or
+ * foreign one is refused without reading freed memory. */
+static ps_htab_t mr_tab = PS_HTAB_INIT(0xe0, "memory handle", "deregistered");
 
 typedef struct {
-  uint32_t magic;
+  uint32_t slot; /* in mr_tab */
   int type;
   char *base;
   size_t size;
@@ -64,14 +66,13 @@ ncclResult_t ps_net_get_properties(int dev, ps_props_t *p) {
   return ncclSuccess;
 }
 
-static ps_comm_t *data_comm(void *comm) {
-  return (ps_comm_valid(comm, PS_COMM_SEND) || ps_comm_valid(comm, PS_COMM_RECV)) ? comm : NULL;
-}
-
 ncclResult_t ps_net_reg_mr(void *comm, void *data, size_t size, int type, void **mh) {
-  ps_comm_t *c = data_comm(comm);
+  ps_comm_t *c = ps_comm_get(comm, PS_COMM_SEND | PS_COMM_RECV);
   if (!c || !mh) {
-    PS_WARN("regMr: %p is not a perseus send/recv comm", comm);
+    if (c)
+      PS_WARN("regMr: NULL memory handle pointer");
+    else
+      ps_comm_refused("regMr", comm, PS_COMM_SEND | PS_COMM_RECV);
     return ncclInvalidArgument;
   }
   if (type != NCCL_PTR_HOST) {
@@ -83,14 +84,23 @@ ncclResult_t ps_net_reg_mr(void *comm, void *data, size_t size, int type, void *
     return ncclInvalidArgument;
   }
   ps_mr_t *m = calloc(1, sizeof *m);
-  if (!m) return ncclSystemError;
-  *m = (ps_mr_t){.magic = PS_MR_MAGIC, .type = type, .base = data, .size = size};
-  ncclResult_t rc = ps_ep_reg_local(&c->ep, data, size, &m->mr);
+  if (!m) {
+    PS_WARN("regMr: out of memory");
+    return ncclSystemError;
+  }
+  *m = (ps_mr_t){.type = type, .base = data, .size = size};
+  ncclResult_t rc = ps_htab_reserve(&mr_tab, 1, &m->slot);
   if (rc != ncclSuccess) {
     free(m);
     return rc;
   }
-  *mh = m;
+  rc = ps_ep_reg_local(&c->ep, data, size, &m->mr);
+  if (rc != ncclSuccess) {
+    ps_htab_release(&mr_tab, m->slot, 1);
+    free(m);
+    return rc;
+  }
+  *mh = ps_htab_bind(&mr_tab, m->slot, m);
   return ncclSuccess;
 }
 
@@ -100,15 +110,21 @@ ncclResult_t ps_net_reg_mr_dmabuf(void *comm, void *data, size_t size, int type,
   return ps_net_reg_mr(comm, data, size, type, mh);
 }
 
+static void mr_refused(const char *call, void *mh) {
+  char why[200];
+  ps_htab_explain(&mr_tab, mh, why, sizeof why);
+  PS_WARN("%s: %s", call, why);
+}
+
 ncclResult_t ps_net_dereg_mr(void *comm, void *mh) {
-  ps_mr_t *m = mh;
+  ps_mr_t *m = ps_htab_get(&mr_tab, mh);
   (void)comm;
-  if (!m || m->magic != PS_MR_MAGIC) {
-    PS_WARN("deregMr: %p is not a perseus memory handle", mh);
+  if (!m) {
+    mr_refused("deregMr", mh);
     return ncclInvalidArgument;
   }
+  ps_htab_release(&mr_tab, m->slot, 1);
   if (m->mr) fi_close(&m->mr->fid);
-  m->magic = 0;
   free(m);
   return ncclSuccess;
 }
@@ -118,15 +134,15 @@ ncclResult_t ps_net_dereg_mr(void *comm, void *mh) {
  * message (maxP2pBytes). */
 static ncclResult_t mr_desc(const ps_comm_t *c, void *mh, const void *data, size_t size,
                             void **desc) {
-  ps_mr_t *m = mh;
+  ps_mr_t *m = mh ? ps_htab_get(&mr_tab, mh) : NULL;
   *desc = NULL;
   if (size > max_p2p_bytes(c->ep.dev)) {
     PS_WARN("buffer %p of %zu B is over the %zu B one message may carry (maxP2pBytes)", data, size,
             max_p2p_bytes(c->ep.dev));
     return ncclInvalidArgument;
   }
-  if (m && m->magic != PS_MR_MAGIC) {
-    PS_WARN("%p is not a perseus memory handle", mh);
+  if (mh && !m) {
+    mr_refused(c->kind == PS_COMM_SEND ? "isend" : "irecv", mh);
     return ncclInvalidArgument;
   }
   if (!size) return ncclSuccess;
@@ -159,31 +175,40 @@ static void req_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, c
   r->ncomplete++;
 }
 
+static uint32_t req_slot(const ps_req_t *r) {
+  return r->comm->req_slots + (uint32_t)(r - r->comm->reqs);
+}
+
 static ps_req_t *req_get(ps_comm_t *c, int type, int n) {
   if (c->nfree == 0) return NULL;
   ps_req_t *r = c->free_reqs[--c->nfree];
   memset(r, 0, sizeof *r);
-  r->magic = PS_REQ_MAGIC;
   r->comm = c;
+  r->handle = ps_htab_bind(&ps_req_tab, req_slot(r), r);
   r->type = type;
   r->n = n;
   for (int i = 0; i < n; i++) r->ops[i] = (ps_op_t){.cb = req_done, .owner = r, .idx = i};
   return r;
 }
 
+/* The request's handle goes stale: a later test() of it is refused, even
+ * once the slot serves a new request. */
 static void req_put(ps_req_t *r) {
   ps_comm_t *c = r->comm;
+  ps_htab_unbind(&ps_req_tab, req_slot(r));
   r->comm = NULL;
-  r->magic = 0;
   c->free_reqs[c->nfree++] = r;
 }
 
 ncclResult_t ps_net_isend(void *send_comm, void *data, size_t size, int tag, void *mh, void **req) {
-  if (!req || !ps_comm_valid(send_comm, PS_COMM_SEND)) {
-    PS_WARN("isend: %p is not a perseus send comm", send_comm);
+  ps_comm_t *c = ps_comm_get(send_comm, PS_COMM_SEND);
+  if (!req || !c) {
+    if (c)
+      PS_WARN("isend: NULL request pointer");
+    else
+      ps_comm_refused("isend", send_comm, PS_COMM_SEND);
     return ncclInvalidArgument;
   }
-  ps_comm_t *c = send_comm;
   *req = NULL;
   void *desc;
   PS_CHECK(mr_desc(c, mh, data, size, &desc));
@@ -200,17 +225,20 @@ ncclResult_t ps_net_isend(void *send_comm, void *data, size_t size, int tag, voi
   }
   r->posted = 1;
   c->tx_posted++;
-  *req = r;
+  *req = r->handle;
   return ncclSuccess;
 }
 
 ncclResult_t ps_net_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const int *tags,
                           void **mhs, void **req) {
-  if (!req || !ps_comm_valid(recv_comm, PS_COMM_RECV)) {
-    PS_WARN("irecv: %p is not a perseus recv comm", recv_comm);
+  ps_comm_t *c = ps_comm_get(recv_comm, PS_COMM_RECV);
+  if (!req || !c) {
+    if (c)
+      PS_WARN("irecv: NULL request pointer");
+    else
+      ps_comm_refused("irecv", recv_comm, PS_COMM_RECV);
     return ncclInvalidArgument;
   }
-  ps_comm_t *c = recv_comm;
   *req = NULL;
   if (n < 1 || n > c->cfg->max_recvs || !data || !sizes || !tags) {
     PS_WARN("irecv: %d grouped receives, this device takes 1..%lld", n,
@@ -242,22 +270,33 @@ ncclResult_t ps_net_irecv(void *recv_comm, int n, void **data, const size_t *siz
     c->pending = r; /* the rest is posted later, in order */
     break;
   }
-  *req = r;
+  *req = r->handle;
   return ncclSuccess;
 }
 
 ncclResult_t ps_net_iflush(void *recv_comm, int n, void **data, int *sizes, void **mhs, void **req) {
   (void)n, (void)data, (void)sizes, (void)mhs;
-  if (!req || !ps_comm_valid(recv_comm, PS_COMM_RECV)) return ncclInvalidArgument;
+  if (!req || !ps_comm_get(recv_comm, PS_COMM_RECV)) {
+    if (req)
+      ps_comm_refused("iflush", recv_comm, PS_COMM_RECV);
+    else
+      PS_WARN("iflush: NULL request pointer");
+    return ncclInvalidArgument;
+  }
   *req = NULL; /* host memory only: nothing to flush */
   return ncclSuccess;
 }
 
 ncclResult_t ps_net_test(void *request, int *done, int *sizes) {
-  ps_req_t *r = request;
-  if (!done || !r || r->magic != PS_REQ_MAGIC || !r->comm || !(ps_comm_valid(r->comm, PS_COMM_SEND) ||
-                                   ps_comm_valid(r->comm, PS_COMM_RECV))) {
-    PS_WARN("test: %p is not a live perseus request", request);
+  ps_req_t *r = ps_htab_get(&ps_req_tab, request);
+  if (!r) {
+    char why[200];
+    ps_htab_explain(&ps_req_tab, request, why, sizeof why);
+    PS_WARN("test: %s", why);
+    return ncclInvalidArgument;
+  }
+  if (!done) {
+    PS_WARN("test: NULL done pointer");
     return ncclInvalidArgument;
   }
   *done = 0;

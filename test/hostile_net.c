@@ -13,8 +13,24 @@
  *   - (-s half_open, 3 ranks) a connector that dies after its CONNECT left:
  *     the listener never returns an error for it and still accepts a live
  *     connector afterwards, within PERSEUS_PEER_TIMEOUT_MS + 5 s.
- * Usage: perseus_hostile_net -v VERSION [-s half_open] (the harness's plugin
+ * Stale objects, each on a connection within this one process; the object
+ * is freed, then (where it says so) its memory or slot is taken by a new one
+ * of the same kind, so a check that relied on freed memory being
+ * overwritten, or on a pointer, would take the new owner's:
+ *   - (-s stale_req) test() of a send and a receive request that completed,
+ *     before and after their slots serve new requests;
+ *   - (-s double_close) closeSend, closeRecv and closeListen twice, the
+ *     first two after a new connection was made, and a comm of the wrong kind;
+ *   - (-s double_dereg) deregMr twice, after the buffer was registered anew;
+ *   - (-s stale_mh) isend and irecv with a deregistered memory handle, after
+ *     the buffer was registered anew;
+ *   - (-s reconnect) 500 connects, each with a fresh copy of one handle, while
+ *     the listener does not accept: they resume one connect, so the open fds
+ *     stay flat and the listener accepts exactly one comm, which carries data.
+ * In each, the new owner must still work afterwards.
+ * Usage: perseus_hostile_net -v VERSION [-s SCENARIO] (the harness's plugin
  * and loader). */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <getopt.h>
 #include <signal.h>
@@ -209,6 +225,256 @@ static int half_open(drv_rank_t *r, void *arg) {
   return 0;
 }
 
+/* --- stale objects, on one connection within this process --- */
+
+#define FAIL_IF(cond, ...)                                   \
+  do {                                                       \
+    if (cond) {                                              \
+      fprintf(stderr, __VA_ARGS__);                          \
+      fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);     \
+      return 1;                                              \
+    }                                                        \
+  } while (0)
+
+typedef struct {
+  drv_net_t *net;
+  char handle[NCCL_NET_HANDLE_MAXSIZE];
+  void *lc, *sc, *rc;
+  char sbuf[BUF], rbuf[BUF];
+} loop_t;
+
+/* connect and accept until both have a comm (the connect may resume one
+ * under way for the same handle contents) */
+static int loop_connect(loop_t *l, const void *handle, void **sc, void **rc) {
+  double end = drv_now() + 30;
+  *sc = *rc = NULL;
+  while (!*sc || !*rc) {
+    FAIL_IF(drv_now() > end, "connect/accept did not finish in 30 s");
+    if (!*sc) FAIL_IF(l->net->connect(0, (void *)handle, sc) != ncclSuccess, "connect failed");
+    if (!*rc) FAIL_IF(l->net->accept(l->lc, rc) != ncclSuccess, "accept failed");
+  }
+  return 0;
+}
+
+static int loop_open(drv_net_t *net, loop_t *l) {
+  memset(l, 0, sizeof *l);
+  l->net = net;
+  FAIL_IF(net->listen(0, l->handle, &l->lc) != ncclSuccess || !l->lc, "listen failed");
+  return loop_connect(l, l->handle, &l->sc, &l->rc);
+}
+
+/* isend/irecv until posted (NULL is backpressure) */
+static int post(loop_t *l, int send, void *comm, void *mh, void **req) {
+  double end = drv_now() + 30;
+  void *data = send ? l->sbuf : l->rbuf, *mhs[1] = {mh};
+  size_t sizes[1] = {BUF};
+  int tags[1] = {7};
+  *req = NULL;
+  while (!*req) {
+    FAIL_IF(drv_now() > end, "%s never posted", send ? "isend" : "irecv");
+    ncclResult_t rc = send ? l->net->isend(comm, data, BUF, 7, mh, req)
+                           : l->net->irecv(comm, 1, &data, sizes, tags, mhs, req);
+    FAIL_IF(rc != ncclSuccess, "valid %s failed: %d", send ? "isend" : "irecv", rc);
+  }
+  return 0;
+}
+
+static int complete(loop_t *l, void *sreq, void *rreq) {
+  double end = drv_now() + 30;
+  int sdone = 0, rdone = 0, size = 0;
+  while (!sdone || !rdone) {
+    FAIL_IF(drv_now() > end, "a valid message did not complete in 30 s");
+    if (!sdone) FAIL_IF(l->net->test(sreq, &sdone, NULL) != ncclSuccess, "test(send) failed");
+    if (!rdone) FAIL_IF(l->net->test(rreq, &rdone, &size) != ncclSuccess, "test(recv) failed");
+  }
+  FAIL_IF(size != BUF, "received %d B, sent %d B", size, BUF);
+  return 0;
+}
+
+/* One message sc -> rc with these memory handles; sreq/rreq (if set) get
+ * the requests, which are complete on return. */
+static int xfer(loop_t *l, void *sc, void *smh, void *rc, void *rmh, uint64_t id, void **sreq,
+                void **rreq) {
+  void *s, *r;
+  drv_fill(l->sbuf, BUF, id);
+  memset(l->rbuf, 0, BUF);
+  if (post(l, 0, rc, rmh, &r) || post(l, 1, sc, smh, &s) || complete(l, s, r)) return 1;
+  FAIL_IF(drv_verify(l->rbuf, BUF, id) >= 0, "message %llu arrived wrong", (unsigned long long)id);
+  if (sreq) *sreq = s;
+  if (rreq) *rreq = r;
+  return 0;
+}
+
+static int reg(loop_t *l, void *comm, void *buf, void **mh) {
+  FAIL_IF(l->net->reg_mr(comm, buf, BUF, NCCL_PTR_HOST, mh) != ncclSuccess || !*mh, "regMr");
+  return 0;
+}
+
+/* The stale call must fail; done must not turn 1. */
+static int test_refused(loop_t *l, void *req, const char *what) {
+  int done = 0;
+  ncclResult_t rc = l->net->test(req, &done, NULL);
+  FAIL_IF(rc == ncclSuccess || done, "test() of %s: rc %d, done %d (expected an error)", what, rc,
+          done);
+  return 0;
+}
+
+static int stale_req(loop_t *l) {
+  void *smh, *rmh, *s1, *r1, *s2, *r2;
+  if (reg(l, l->sc, l->sbuf, &smh) || reg(l, l->rc, l->rbuf, &rmh) ||
+      xfer(l, l->sc, smh, l->rc, rmh, 1, &s1, &r1) ||
+      test_refused(l, s1, "a completed send request") ||
+      test_refused(l, r1, "a completed receive request"))
+    return 1;
+  /* the next requests take the slots of the first */
+  drv_fill(l->sbuf, BUF, 2);
+  memset(l->rbuf, 0, BUF);
+  if (post(l, 0, l->rc, rmh, &r2) || post(l, 1, l->sc, smh, &s2) ||
+      test_refused(l, s1, "a send request whose slot serves a new one") ||
+      test_refused(l, r1, "a receive request whose slot serves a new one") || complete(l, s2, r2))
+    return 1;
+  FAIL_IF(drv_verify(l->rbuf, BUF, 2) >= 0, "the new owner's message arrived wrong");
+  FAIL_IF(l->net->dereg_mr(l->sc, smh) || l->net->dereg_mr(l->rc, rmh), "deregMr");
+  return 0;
+}
+
+static int double_close(loop_t *l) {
+  void *sc = l->sc, *rc = l->rc, *lc = l->lc, *sc2, *rc2, *smh, *rmh;
+  l->sc = l->rc = NULL; /* closed here, whatever happens */
+  FAIL_IF(l->net->close_send(sc) != ncclSuccess, "closeSend");
+  FAIL_IF(l->net->close_recv(rc) != ncclSuccess, "closeRecv");
+  /* a new connection: its comms may sit where the closed ones were */
+  if (loop_connect(l, l->handle, &sc2, &rc2)) return 1;
+  l->sc = sc2, l->rc = rc2;
+  FAIL_IF(l->net->close_send(sc) == ncclSuccess, "a second closeSend of one comm succeeded");
+  FAIL_IF(l->net->close_recv(rc) == ncclSuccess, "a second closeRecv of one comm succeeded");
+  FAIL_IF(l->net->close_send(rc2) == ncclSuccess, "closeSend of a recv comm succeeded");
+  FAIL_IF(l->net->close_recv(sc2) == ncclSuccess, "closeRecv of a send comm succeeded");
+  if (reg(l, sc2, l->sbuf, &smh) || reg(l, rc2, l->rbuf, &rmh) ||
+      xfer(l, sc2, smh, rc2, rmh, 3, NULL, NULL))
+    return 1;
+  FAIL_IF(l->net->dereg_mr(sc2, smh) || l->net->dereg_mr(rc2, rmh), "deregMr");
+  l->sc = l->rc = l->lc = NULL;
+  FAIL_IF(l->net->close_send(sc2) || l->net->close_recv(rc2), "closing the new connection failed");
+  FAIL_IF(l->net->close_listen(lc) != ncclSuccess, "closeListen");
+  FAIL_IF(l->net->close_listen(lc) == ncclSuccess, "a second closeListen succeeded");
+  return 0;
+}
+
+/* mh1 is registered and deregistered; mh2 registers the same buffer anew
+ * (the handle may sit where mh1 was). */
+static int reg_again(loop_t *l, void *comm, void *buf, void **mh1, void **mh2) {
+  if (reg(l, comm, buf, mh1)) return 1;
+  FAIL_IF(l->net->dereg_mr(comm, *mh1) != ncclSuccess, "deregMr");
+  return reg(l, comm, buf, mh2);
+}
+
+static int double_dereg(loop_t *l) {
+  void *old, *smh, *rmh;
+  if (reg_again(l, l->sc, l->sbuf, &old, &smh) || reg(l, l->rc, l->rbuf, &rmh)) return 1;
+  FAIL_IF(l->net->dereg_mr(l->sc, old) == ncclSuccess, "a second deregMr of one handle succeeded");
+  if (xfer(l, l->sc, smh, l->rc, rmh, 4, NULL, NULL)) return 1;
+  FAIL_IF(l->net->dereg_mr(l->sc, smh) || l->net->dereg_mr(l->rc, rmh), "deregMr");
+  FAIL_IF(l->net->dereg_mr(l->rc, rmh) == ncclSuccess, "a second deregMr of one handle succeeded");
+  return 0;
+}
+
+static int stale_mh(loop_t *l) {
+  void *sold, *rold, *smh, *rmh, *req = (void *)1, *data[1] = {l->rbuf}, *mhs[1];
+  size_t sizes[1] = {BUF};
+  int tags[1] = {7};
+  if (reg_again(l, l->sc, l->sbuf, &sold, &smh) || reg_again(l, l->rc, l->rbuf, &rold, &rmh))
+    return 1;
+  ncclResult_t rc = l->net->isend(l->sc, l->sbuf, BUF, 7, sold, &req);
+  FAIL_IF(rc == ncclSuccess || req, "isend with a deregistered memory handle: rc %d, request %p",
+          rc, req);
+  mhs[0] = rold;
+  req = (void *)1;
+  rc = l->net->irecv(l->rc, 1, data, sizes, tags, mhs, &req);
+  FAIL_IF(rc == ncclSuccess || req, "irecv with a deregistered memory handle: rc %d, request %p",
+          rc, req);
+  if (xfer(l, l->sc, smh, l->rc, rmh, 5, NULL, NULL)) return 1;
+  FAIL_IF(l->net->dereg_mr(l->sc, smh) || l->net->dereg_mr(l->rc, rmh), "deregMr");
+  return 0;
+}
+
+static int open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  int n = 0;
+  if (!d) return -1;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n;
+}
+
+#define RECONNECTS 500
+
+static int reconnect(drv_net_t *net) {
+  loop_t l = {.net = net};
+  void *sc = NULL, *rc = NULL, *smh, *rmh;
+  FAIL_IF(net->listen(0, l.handle, &l.lc) != ncclSuccess, "listen failed");
+  int fds0 = -1, fds = -1;
+  /* a fresh copy at another address each time, as a caller that copies the
+   * handle into each message would pass it */
+  char(*copies)[NCCL_NET_HANDLE_MAXSIZE] = calloc(RECONNECTS, sizeof *copies);
+  FAIL_IF(!copies, "out of memory");
+  for (int i = 0; i < RECONNECTS; i++) {
+    memcpy(copies[i], l.handle, sizeof l.handle);
+    ncclResult_t res = net->connect(0, copies[i], &sc);
+    FAIL_IF(res != ncclSuccess || sc, "connect %d with a copy of the handle: rc %d, comm %p", i,
+            res, sc);
+    if (i == 0) fds0 = open_fds();
+  }
+  free(copies);
+  fds = open_fds();
+  FAIL_IF(fds > fds0 + 4, "%d connects with copies of one handle: %d open fds after the first, "
+          "%d after the last", RECONNECTS, fds0, fds);
+  /* The listener got one CONNECT: one comm, and nothing more to accept. */
+  char copy[NCCL_NET_HANDLE_MAXSIZE];
+  memcpy(copy, l.handle, sizeof copy);
+  if (loop_connect(&l, copy, &sc, &rc)) return 1;
+  int extra = 0;
+  for (double end = drv_now() + 0.5; drv_now() < end;) {
+    void *more = NULL;
+    FAIL_IF(net->accept(l.lc, &more) != ncclSuccess, "accept failed");
+    if (more) extra++, net->close_recv(more);
+  }
+  FAIL_IF(extra, "%d connects with copies of one handle: the listener accepted %d comms",
+          RECONNECTS, 1 + extra);
+  if (reg(&l, sc, l.sbuf, &smh) || reg(&l, rc, l.rbuf, &rmh) ||
+      xfer(&l, sc, smh, rc, rmh, 6, NULL, NULL))
+    return 1;
+  FAIL_IF(net->dereg_mr(sc, smh) || net->dereg_mr(rc, rmh), "deregMr");
+  FAIL_IF(net->close_send(sc) || net->close_recv(rc) || net->close_listen(l.lc), "close");
+  return 0;
+}
+
+static int stale_scenario(int version, const char *scenario) {
+  static const struct {
+    const char *name;
+    int (*fn)(loop_t *);
+  } on_loop[] = {{"stale_req", stale_req}, {"double_close", double_close},
+                 {"double_dereg", double_dereg}, {"stale_mh", stale_mh}};
+  drv_net_t net;
+  if (drv_load(NULL, version, &net)) return 1;
+  int rc = -1;
+  if (!strcmp(scenario, "reconnect")) rc = reconnect(&net);
+  for (size_t i = 0; i < sizeof on_loop / sizeof on_loop[0]; i++) {
+    if (strcmp(scenario, on_loop[i].name)) continue;
+    static loop_t l; /* buffers: no stack this large */
+    rc = loop_open(&net, &l) || on_loop[i].fn(&l);
+    if (l.sc) net.close_send(l.sc);
+    if (l.rc) net.close_recv(l.rc);
+    if (l.lc) net.close_listen(l.lc);
+  }
+  if (rc < 0) {
+    fprintf(stderr, "no scenario %s\n", scenario);
+    return 2;
+  }
+  printf("hostile_net %s v%d: %s\n", scenario, version, rc ? "FAIL" : "ok");
+  return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
   int version = 12, c;
   const char *scenario = "calls";
@@ -218,7 +484,10 @@ int main(int argc, char **argv) {
       continue;
     }
     if (c != 'v') {
-      fprintf(stderr, "usage: %s [-v 8..12] [-s calls|half_open]\n", argv[0]);
+      fprintf(stderr,
+              "usage: %s [-v 8..12] [-s calls|half_open|stale_req|double_close|double_dereg|"
+              "stale_mh|reconnect]\n",
+              argv[0]);
       return 2;
     }
     version = atoi(optarg);
@@ -230,6 +499,7 @@ int main(int argc, char **argv) {
     printf("hostile_net half_open v%d: %s\n", version, rc ? "FAIL" : "ok");
     return rc ? 1 : 0;
   }
+  if (strcmp(scenario, "calls")) return stale_scenario(version, scenario);
   drv_net_t net;
   if (drv_load(NULL, version, &net)) return 1;
   int bad = raw_props(version);
