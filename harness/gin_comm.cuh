@@ -18,6 +18,7 @@
 
 #include "check_call.h"
 #include "gin_proc.h"
+#include "nccl_compat.cuh"
 #include "proc.h"
 
 static ncclComm_t gc_comm_for_errors; /* for ncclGetLastError in messages */
@@ -42,6 +43,7 @@ struct gc_world {
   cudaStream_t stream;
   ncclDevComm dev;
   ncclGinBarrierHandle world_bar; /* one GIN barrier over every rank */
+  int world_bar_signals;          /* the GIN signals it uses from signal0 */
   int have_dev;
 };
 
@@ -123,22 +125,21 @@ static inline void gc_window_destroy(gc_world *w, gc_window *win)
  * GIN (ncclGinConnectOnce: the plugin's listen/connect and, for the proxy,
  * createContext per GIN context) and register every existing window with it;
  * ginForceEnable says so explicitly. The world GIN barrier is a resource
- * requirement: its signals and epochs come from the devcomm's resources, and
- * its handle is filled in during ncclDevCommCreate. Returns NCCL's result so
- * a refused strategy can be reported as such. */
+ * requirement: its signals (and, in 2.28, its epochs) come from the devcomm's
+ * resources, [nsignals, +world_bar_signals) from 2.29 (nccl_compat.cuh).
+ * Returns NCCL's result so a refused strategy can be reported as such. */
 static inline ncclResult_t gc_devcomm_create(gc_world *w, int nsignals, int ncounters)
 {
   ncclDevCommRequirements reqs;
   ncclDevResourceRequirements bar_req;
-  memset(&reqs, 0, sizeof(reqs));
-  GC_NCCL(ncclGinBarrierCreateRequirement(w->comm, ncclTeamWorld(w->comm), 1, &w->world_bar,
-                                          &bar_req), "world team of %d ranks, 1 barrier",
-          w->nranks);
-  reqs.resourceRequirementsList = &bar_req;
+  ps_devcomm_reqs_init(&reqs);
   reqs.ginForceEnable = true;
-  reqs.ginContextCount = NCCL_GIN_MAX_CONTEXTS; /* a hint; dev.ginContextCount says */
-  reqs.ginSignalCount = nsignals;
+  reqs.ginContextCount = PS_GIN_CONTEXTS; /* a hint; dev.ginContextCount says */
+  reqs.ginSignalCount = nsignals; /* before the barrier's, which may follow (nccl_compat.cuh) */
   reqs.ginCounterCount = ncounters;
+  GC_NCCL(ps_gin_barrier_requirement(w->comm, ncclTeamWorld(w->comm), &reqs, &w->world_bar,
+                                     &bar_req, &w->world_bar_signals),
+          "world team of %d ranks, 1 barrier", w->nranks);
   gp_progress(NULL, -1, "ncclDevCommCreate(%d GIN signals, %d counters): GIN connect", nsignals,
               ncounters);
   ncclResult_t r = ncclDevCommCreate(w->comm, &reqs, &w->dev);
@@ -151,9 +152,9 @@ static inline ncclResult_t gc_devcomm_create(gc_world *w, int nsignals, int ncou
   w->have_dev = 1;
   if (w->dev.ginContextCount < 1)
     gc_die(__FILE__, __LINE__, "ncclDevCommCreate gave no GIN context (ginContextCount 0)");
-  if (w->dev.ginTypes[0] != NCCL_NET_DEVICE_GIN_PROXY)
+  if (ps_gin_backend(w->dev) != NCCL_NET_DEVICE_GIN_PROXY)
     fprintf(stderr, "%s: rank %d: warning: GIN backend type %d, not the proxy (%d)\n", gp_prog,
-            w->rank, (int)w->dev.ginTypes[0], (int)NCCL_NET_DEVICE_GIN_PROXY);
+            w->rank, ps_gin_backend(w->dev), (int)NCCL_NET_DEVICE_GIN_PROXY);
   return ncclSuccess;
 }
 
@@ -345,7 +346,8 @@ __global__ void gc_barrier_kernel(ncclDevComm dc, ncclGinBarrierHandle bar)
  * context. Only safe when no put that adds to them is in flight. */
 /* User signals start at GC_SIG_FIRST: NCCL 2.28.9 may give the world GIN
  * barrier signal0 = 0, so signal 0 is left to the barrier (its epochs must
- * never be reset). */
+ * never be reset). From 2.29 the barrier's signals follow the program's
+ * (ps_gin_barrier_requirement) and signal 0 is merely unused. */
 #define GC_SIG_FIRST 1
 
 __global__ void gc_reset_kernel(ncclDevComm dc, int nsignals, int ncounters)

@@ -174,14 +174,14 @@ static inline ncclResult_t tt_devcomm_create(gc_world *w, int path, perseus_batc
 {
   ncclDevCommRequirements reqs;
   ncclDevResourceRequirements breq, barreq;
-  memset(&reqs, 0, sizeof(reqs));
+  ps_devcomm_reqs_init(&reqs);
   if (path == TT_GIN) {
-    GC_NCCL(ncclGinBarrierCreateRequirement(w->comm, ncclTeamWorld(w->comm), 1, &w->world_bar,
-                                            &barreq), "world team of %d ranks", w->nranks);
-    reqs.resourceRequirementsList = &barreq;
     reqs.ginForceEnable = true; /* one node: nothing else makes NCCL connect GIN */
     reqs.ginContextCount = 1;
-    reqs.ginSignalCount = TT_OWN_SIGNALS; /* ours first; the library's follow */
+    reqs.ginSignalCount = TT_OWN_SIGNALS; /* ours first; the barrier's (2.29) and library's follow */
+    GC_NCCL(ps_gin_barrier_requirement(w->comm, ncclTeamWorld(w->comm), &reqs, &w->world_bar,
+                                       &barreq, &w->world_bar_signals),
+            "world team of %d ranks", w->nranks);
   }
   /* no GIN on the lsa path: no signals reserved (every peer must be LSA,
    * checked below) */
@@ -209,13 +209,14 @@ static inline ncclResult_t tt_devcomm_create(gc_world *w, int path, perseus_batc
              "reachable by stores (P2P off? more than one NVLink domain?)", dc.lsaSize, w->nranks);
     return ncclSuccess;
   }
-  unsigned b0 = (unsigned)w->world_bar.signal0;
+  unsigned b0 = (unsigned)w->world_bar.signal0, bn = (unsigned)w->world_bar_signals;
   if (w->rank == 0)
-    printf("# gin: program signals %d..%d, world GIN barrier signal0 %u\n", GC_SIG_FIRST,
-           TT_OWN_SIGNALS - 1, b0);
+    printf("# gin: program signals %d..%d, world GIN barrier signals %u..%u\n", GC_SIG_FIRST,
+           TT_OWN_SIGNALS - 1, b0, b0 + bn - 1);
   /* The resource buffers of the barrier and the library must not overlap:
-   * NCCL assigns them in list order, 128-byte aligned. */
-  size_t bo = ncclGetResourceBufferOffset(w->world_bar.bufHandle),
+   * NCCL assigns them in list order, 128-byte aligned (from 2.29 the
+   * barrier's is empty). */
+  size_t bo = ncclGetResourceBufferOffset(ps_gin_barrier_buffer(w->world_bar)),
          lo = ncclGetResourceBufferOffset(h->buf);
   if (w->rank == 0)
     printf("# gin: resource buffers: world barrier [%zu, +%zu), batch counters [%zu, +%zu)\n", bo,
@@ -224,16 +225,17 @@ static inline ncclResult_t tt_devcomm_create(gc_world *w, int path, perseus_batc
     gc_die(__FILE__, __LINE__, "resource buffers overlap: world barrier [%zu, +%zu), batch "
            "counters [%zu, +%zu)", bo, barreq.bufferSize, lo, breq.bufferSize);
   /* the library takes the user signals after ours (TT_OWN_SIGNALS). NCCL's
-   * barrier handle is reported as is: 2.28.9 drops the GIN signal counts of
+   * barrier handle is reported as is: NCCL drops the GIN signal counts of
    * resource requirements when it copies them (deepCopyDevCommRequirements
-   * keeps only the buffer fields), so the barrier's signal0 stays 0 and is
-   * never allocated; user signal 0 is left to it (GC_SIG_FIRST). */
+   * keeps only the buffer fields), so in 2.28 the barrier's signal0 stays 0
+   * and is never allocated; user signal 0 is left to it (GC_SIG_FIRST). From
+   * 2.29 its signals are user signals after ours (ps_gin_barrier_requirement). */
   if (s0 < TT_OWN_SIGNALS)
     gc_die(__FILE__, __LINE__, "batch signals %u..%u overlap the program's signals 0..%d", s0,
            s0 + n - 1, TT_OWN_SIGNALS - 1);
-  if (b0 >= s0 && b0 < s0 + n) /* the barrier takes one signal */
-    gc_die(__FILE__, __LINE__, "batch signals %u..%u overlap the world barrier's %u", s0,
-           s0 + n - 1, b0);
+  if (b0 < s0 + n && s0 < b0 + bn)
+    gc_die(__FILE__, __LINE__, "batch signals %u..%u overlap the world barrier's %u..%u", s0,
+           s0 + n - 1, b0, b0 + bn - 1);
   if (s0 + n > (unsigned)dc.ginSignalCount)
     gc_die(__FILE__, __LINE__, "batch signals %u..%u beyond the devcomm's %d signals", s0,
            s0 + n - 1, dc.ginSignalCount);

@@ -419,8 +419,9 @@ static int test_child(int rank, void *arg)
   if (gc_devcomm_create(&r->w, gt_signal_count(n), gt_counter_count(n)) != ncclSuccess) return 1;
   if (rank == 0)
     printf("# GIN: %d context(s) (using %d), backend type %d, windows 2 x %zu bytes, world "
-           "barrier signal %u\n", r->w.dev.ginContextCount, c->nctx, (int)r->w.dev.ginTypes[0],
-           (size_t)n * r->region, r->w.world_bar.signal0);
+           "barrier signals %u..%u\n", (int)r->w.dev.ginContextCount, c->nctx,
+           ps_gin_backend(r->w.dev), (size_t)n * r->region, r->w.world_bar.signal0,
+           r->w.world_bar.signal0 + r->w.world_bar_signals - 1);
   r->plan_bytes = 2 * (size_t)n * sizeof(gt_peer) + 2 * (size_t)n * c->tmax * sizeof(gt_tile);
   GC_CUDA(cudaMallocHost((void **)&r->h_plans, r->plan_bytes), "%zu bytes", r->plan_bytes);
   GC_CUDA(cudaMalloc((void **)&r->d_plans, r->plan_bytes), "%zu bytes", r->plan_bytes);
@@ -485,7 +486,7 @@ int main(int argc, char **argv)
     PS_OPT_SEED('s', &c.seed, NULL), /* from the clock */
     PS_OPT_NAME('m', &c.sigmode, "mixed", gt_sig_names, NULL, GT_SIG_N),
     PS_OPT_FLAG('r', &c.ring),
-    PS_OPT_INT('C', &c.nctx, "1", 1, NCCL_GIN_MAX_CONTEXTS),
+    PS_OPT_INT('C', &c.nctx, "1", 1, PS_GIN_CONTEXTS),
     PS_OPT_INT('w', &c.watchdog_s, "120", 1, 24 * 3600),
   };
   ps_opts_parse(argc, argv, "perseus_gin_test", opts, PS_OPTS_N(opts), usage, 0);
