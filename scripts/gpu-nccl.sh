@@ -2,14 +2,15 @@
 # A real client over perseus: NCCL built from source, NCCL EP (contrib/nccl_ep,
 # NCCL 2.30+) built against it, and ep_bench run through the plugin under each
 # ordering strategy, side by side with the NVLink run, in one call on a GPU
-# host. NCCL loads perseus as its RMA plugin (v14) and runs its own GIN proxy
+# host; then perseus' own GIN programs on that NCCL. A source without NCCL EP
+# (2.29) runs only those. NCCL loads perseus as its RMA plugin (v14) and runs its own GIN proxy
 # over it, so this exercises the path MoE libraries take. Run from the
 # repository root of a tree whose plugin was built (and carried over):
 #
 #   scripts/gpu-nccl.sh [LOGDIR [BUILDDIR]]   (defaults: ./nccl-logs, $PERSEUS_BUILD_DIR or build)
 #
 # Environment (optional):
-#   NCCL_SRC        the NCCL source tarball (default: the newest
+#   NCCL_SRC        the NCCL source tarball, 2.29 or later (default: the newest
 #                   nccl-2.3*.tar.gz in ../shared/third_party or .nccl/src)
 #   NCCL_WORK       where NCCL is unpacked and built (default .nccl, git-ignored;
 #                   a build already there is reused)
@@ -62,7 +63,7 @@ if [ -z "$src" ]; then
     sort -V | tail -1)
 fi
 if [ -z "$src" ] || [ ! -f "$src" ]; then
-  echo "gpu-nccl.sh: no NCCL 2.30+ source tarball (set NCCL_SRC)" >&2
+  echo "gpu-nccl.sh: no NCCL source tarball (set NCCL_SRC)" >&2
   exit 1
 fi
 tree=$NCCL_WORK/$(tar -tzf "$src" | head -1 | cut -d/ -f1)
@@ -117,7 +118,9 @@ if [ ! -e "$nccl_home/lib/libnccl.so" ]; then
     ONLY_FUNCS="SendRecv|AllReduce * * RING SIMPLE|AllGather RING SIMPLE|Broadcast RING SIMPLE"
 fi
 ep_bench=$nccl_home/test/nccl_ep/ep_bench
-if [ ! -x "$ep_bench" ]; then
+has_ep=1
+[ -d "$tree/contrib/nccl_ep" ] || has_ep=0
+if [ "$has_ep" = 1 ] && [ ! -x "$ep_bench" ]; then
   build_step ep-build make -C "$tree/contrib/nccl_ep" -j "$jobs" lib ep_bench MPI=1 \
     MPI_HOME="$mpi_home" BUILDDIR="$nccl_home" NVCC_GENCODE="$gencode"
 fi
@@ -135,7 +138,13 @@ unset NCCL_NET_PLUGIN
 export CUDA_MODULE_LOADING=EAGER NCCL_ALGO=Ring NCCL_PROTO=Simple
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 TEST_BIN=$ep_bench
+[ "$has_ep" = 1 ] || TEST_BIN=${gin_test:-$ep_bench}
 gpu_start
+if [ "$has_ep" = 0 ] && [ -z "$gin_build" ]; then
+  echo "gpu-nccl.sh: $(basename "$tree") has no NCCL EP (contrib/nccl_ep) and no perseus GIN programs" \
+    "were built against it (PERSEUS_NCCL_BUILD): nothing to run" >&2
+  exit 1
+fi
 
 iters=${EP_ITERS:-20}
 ranks=${EP_RANKS:-2}
@@ -179,9 +188,14 @@ ep() {
   grep -E '^(Dispatch|Combine|Total)|bw=' "$LOGDIR/$name.log" | head -8 | sed 's/^/    /'
 }
 
-ep ep-nvlink "" ""
 new_plugin=$(cd "$PLUGIN_DIR" && pwd)/libnccl-net-perseus.so
 plugins="new=$new_plugin ${EP_PLUGINS:-}"
+if [ "$has_ep" = 1 ]; then
+  ep ep-nvlink "" ""
+else
+  echo "# $(basename "$tree") has no NCCL EP (contrib/nccl_ep): ep_bench not run" | tee -a "$LOGDIR/summary.txt"
+  plugins=""
+fi
 for pv in $plugins; do
   pname=${pv%%=*} path=${pv#*=}
   for s in ${EP_STRATEGIES:-ordered target drain}; do
@@ -214,7 +228,7 @@ fi
 # peer, one signal per 64: 64 x size / round time, the better of the two),
 # and each ep_bench phase against the time its bytes need at that bandwidth.
 tile_perf=$BUILD/bench/perseus_tile_perf
-if [ -x "$tile_perf" ]; then
+if [ -x "$tile_perf" ] && [ "$has_ep" = 1 ]; then
   run tile-perf-bound env LD_LIBRARY_PATH="$PLUGIN_DIR${bound_nccl:+:$bound_nccl}${fab_dir:+:$fab_dir}" \
     NCCL_NET_PLUGIN=perseus PERSEUS_ORDERING=ordered "$tile_perf" -g 2 -p gin -b 1M -e 4M -f 4 \
     -B 64 -t 64 -n 10 -w 2
