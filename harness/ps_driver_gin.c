@@ -42,6 +42,19 @@ int drv_gin_opt(int opt, const char *arg, const char **abi, const char **plugin,
  * context for v13/v14, so map it back. */
 static void *cc(void *coll) { return (gin_ctx && coll == gin_ctx) ? coll_comm : coll; }
 
+/* NCCL's GIN proxy carries a window's ginHandle to the GPU and back in a
+ * 63-bit field of its descriptors (the top bit is the descriptor's flag:
+ * "63 bit VAs", gin_proxy_device_host_common.h, 2.28-2.30): a handle with
+ * bit 63 set would come back to iput changed. */
+static ncclResult_t fits_descriptor(ncclResult_t rc, void *const *mh) {
+  if (rc == ncclSuccess && ((uint64_t)(uintptr_t)*mh >> 63)) {
+    fprintf(stderr, "regMrSym: handle %p has bit 63 set: NCCL's GIN proxy descriptors carry 63 bits\n",
+            *mh);
+    return ncclInternalError;
+  }
+  return rc;
+}
+
 /* NCCL hands the ginHandle to operations and the mhandle to deregMrSym;
  * the driver hands out one, so they must be the same. */
 static ncclResult_t one_handle(ncclResult_t rc, void **mh, void *const *gh) {
@@ -49,7 +62,7 @@ static ncclResult_t one_handle(ncclResult_t rc, void **mh, void *const *gh) {
     fprintf(stderr, "regMrSym: mhandle %p and ginHandle %p differ\n", *mh, *gh);
     return ncclInternalError;
   }
-  return rc;
+  return fits_descriptor(rc, mh);
 }
 
 #define REG_GH(v)                                                                          \
@@ -61,7 +74,7 @@ REG_GH(11)
 REG_GH(12)
 REG_GH(13)
 static ncclResult_t reg_v14(void *c, void *d, size_t s, int t, uint64_t f, void **mh) {
-  return T14->regMrSym(cc(c), d, s, t, f, mh);
+  return fits_descriptor(T14->regMrSym(cc(c), d, s, t, f, mh), mh); /* 2.30: ginHandle = mhandle */
 }
 
 /* Fields whose shape every version shares (the first argument differs). */

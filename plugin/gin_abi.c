@@ -3,47 +3,67 @@
  * serves them all; each entry validates and translates its version's
  * arguments, nothing more.
  *
- * What NCCL holds of ours:
- *  - collComm (connect): a gin_coll_t wrapping the engine's comm;
- *  - ctx (createContext; v13/v14 operations take it): a gin_ctx_t naming
- *    its collComm and how many `context` indexes NCCL may use;
- *  - mhandle == ginHandle: the engine's region. NCCL puts the ginHandle into
- *    its descriptors and hands it back to iput/iputSignal, so both are one. */
+ * What NCCL holds of ours is a handle of a table (ps_handle.h), never a
+ * pointer, looked up on every call: a stale (closed, destroyed, finalized),
+ * foreign or wrong-kind one is refused by name without touching the memory
+ * it once named. Here: the init context (wrapping the net layer's), the
+ * collComm (a gin_coll_t wrapping the engine's comm) and the ctx of
+ * createContext (a gin_ctx_t naming its collComm and how many `context`
+ * indexes NCCL may use). The engine's: listenComm, requests, and mhandle ==
+ * ginHandle (NCCL puts the ginHandle into its descriptors and hands it back
+ * to iput/iputSignal, so both are one). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "perseus/perseus_rma.h"
 #include "ps_abi.h"
 #include "ps_gin_abi.h"
+#include "ps_handle.h"
 #include "ps_log.h"
 #include "ps_net.h"
 #include "ps_rma.h"
 
-#define GIN_COLL_MAGIC 0x47434f4cu /* "GCOL" */
-#define GIN_CTX_MAGIC 0x47435458u  /* "GCTX" */
+/* Tags (ps_handle.h): distinct from the net tables' and the engine's. */
+static ps_htab_t coll_tab = PS_HTAB_INIT(0x63, "one-sided collComm", "closed");
+static ps_htab_t ctx_tab = PS_HTAB_INIT(0x78, "one-sided context", "destroyed");
+static ps_htab_t init_tab = PS_HTAB_INIT(0x69, "one-sided init context", "finalized");
 
 typedef struct gin_ctx gin_ctx_t;
 
 typedef struct {
-  uint32_t magic;
+  uint32_t slot;   /* in coll_tab */
   int nconn;       /* v12: connections NCCL may name; 1 on other versions */
   void *eng;       /* the engine's collective comm */
   gin_ctx_t *ctxs; /* live contexts, cut loose when this comm closes */
 } gin_coll_t;
 
 struct gin_ctx {
-  uint32_t magic;
+  uint32_t slot;    /* in ctx_tab */
   int ncontexts;    /* valid `context` arguments: [0, ncontexts) */
   gin_coll_t *coll; /* NULL once its comm closed: operations are refused */
   gin_ctx_t *next;
 };
 
-/* Both wrappers start with their magic, so one load tells them apart. */
-static uint32_t magic_of(const void *p) { return p ? *(const uint32_t *)p : 0; }
+typedef struct {
+  uint32_t slot; /* in init_tab */
+  void *net_ctx; /* ps_abi_init_ctx's */
+} gin_init_t;
+
+/* Logs why h is not a live object of table t (for `fn`). */
+static void refused(ps_htab_t *t, const void *h, const char *fn) {
+  char why[200];
+  ps_htab_explain(t, h, why, sizeof why);
+  PS_WARN("%s: %s", fn, why);
+}
 
 static gin_coll_t *as_coll(void *p, const char *fn) {
-  if (magic_of(p) == GIN_COLL_MAGIC) return p;
-  PS_WARN("%s: %p is not a live perseus one-sided collComm", fn, p);
+  gin_coll_t *c = ps_htab_get(&coll_tab, p);
+  if (c) return c;
+  if (ps_htab_get(&ctx_tab, p))
+    PS_WARN("%s: %p is a context, where a collComm is expected", fn, p);
+  else
+    refused(&coll_tab, p, fn);
   return NULL;
 }
 
@@ -51,17 +71,29 @@ static gin_coll_t *as_coll(void *p, const char *fn) {
  * depending on the version (and 2.30 passes the collComm to test), so
  * either is taken. */
 static gin_coll_t *any_coll(void *p, const char *fn) {
-  uint32_t m = magic_of(p);
-  gin_coll_t *c = m == GIN_COLL_MAGIC ? p : m == GIN_CTX_MAGIC ? ((gin_ctx_t *)p)->coll : NULL;
-  if (!c) PS_WARN("%s: %p is not a live perseus one-sided collComm or context", fn, p);
-  return c;
+  gin_coll_t *c = ps_htab_get(&coll_tab, p);
+  if (c) return c;
+  gin_ctx_t *x = ps_htab_get(&ctx_tab, p);
+  if (x && x->coll) return x->coll;
+  if (x)
+    PS_WARN("%s: context %p belongs to a collComm that was closed", fn, p);
+  else if (((uint64_t)(uintptr_t)p >> 56) == ctx_tab.tag)
+    refused(&ctx_tab, p, fn);
+  else
+    refused(&coll_tab, p, fn);
+  return NULL;
 }
 
 /* v13/v14 operations: a live context and a context index inside it. */
 static void *ctx_eng(void *p, int context, const char *fn) {
-  gin_ctx_t *x = p;
-  if (magic_of(p) != GIN_CTX_MAGIC || !x->coll) {
-    PS_WARN("%s: %p is not a live context from createContext", fn, p);
+  gin_ctx_t *x = ps_htab_get(&ctx_tab, p);
+  if (!x || !x->coll) {
+    if (x)
+      PS_WARN("%s: context %p belongs to a collComm that was closed", fn, p);
+    else if (ps_htab_get(&coll_tab, p))
+      PS_WARN("%s: %p is a collComm, where a context from createContext is expected", fn, p);
+    else
+      refused(&ctx_tab, p, fn);
     return NULL;
   }
   if (context < 0 || context >= x->ncontexts) {
@@ -97,7 +129,34 @@ static ncclResult_t gin_init(void **ctx, uint64_t comm_id, ncclDebugLogger_t log
     PS_WARN("one-sided init: NULL context pointer");
     return ncclInvalidArgument;
   }
-  return ps_abi_init_ctx(ctx, comm_id, NULL, log, NULL);
+  *ctx = NULL;
+  gin_init_t *g = calloc(1, sizeof *g);
+  if (!g) {
+    ps_log_set(log);
+    PS_WARN("one-sided init: out of memory");
+    return ncclSystemError;
+  }
+  ncclResult_t rc = ps_abi_init_ctx(&g->net_ctx, comm_id, NULL, log, NULL);
+  if (rc == ncclSuccess) rc = ps_htab_reserve(&init_tab, 1, &g->slot);
+  if (rc != ncclSuccess) {
+    if (g->net_ctx) ps_abi_finalize_ctx(g->net_ctx);
+    free(g);
+    return rc;
+  }
+  *ctx = ps_htab_bind(&init_tab, g->slot, g);
+  return ncclSuccess;
+}
+
+static ncclResult_t gin_finalize(void *ctx) {
+  gin_init_t *g = ps_htab_get(&init_tab, ctx);
+  if (!g) {
+    refused(&init_tab, ctx, "one-sided finalize");
+    return ncclInvalidArgument;
+  }
+  ps_htab_release(&init_tab, g->slot, 1);
+  ncclResult_t rc = ps_abi_finalize_ctx(g->net_ctx);
+  free(g);
+  return rc;
 }
 
 static ncclResult_t gin_devices(int *ndev) {
@@ -155,15 +214,18 @@ static ncclResult_t connect_any(void *handles[], int nranks, int rank, int nconn
     }
   *coll = NULL;
   gin_coll_t *c = calloc(1, sizeof *c);
-  if (!c) return ncclSystemError;
-  ncclResult_t rc = ps_rma_connect(handles, nranks, rank, lc, &c->eng);
+  if (!c) PS_WARN("one-sided connect: out of memory");
+  ncclResult_t rc = c ? ps_htab_reserve(&coll_tab, 1, &c->slot) : ncclSystemError;
+  if (rc == ncclSuccess) {
+    rc = ps_rma_connect(handles, nranks, rank, lc, &c->eng);
+    if (rc != ncclSuccess) ps_htab_release(&coll_tab, c->slot, 1);
+  }
   if (rc != ncclSuccess) {
     free(c);
     return rc;
   }
-  c->magic = GIN_COLL_MAGIC;
   c->nconn = nconn;
-  *coll = c;
+  *coll = ps_htab_bind(&coll_tab, c->slot, c);
   return ncclSuccess;
 }
 
@@ -194,10 +256,15 @@ static ncclResult_t ctx_create(void *coll, int ncontexts, void **out) {
     return ncclInvalidArgument;
   }
   gin_ctx_t *x = calloc(1, sizeof *x);
-  if (!x) return ncclSystemError;
-  *x = (gin_ctx_t){.magic = GIN_CTX_MAGIC, .ncontexts = ncontexts, .coll = c, .next = c->ctxs};
+  if (!x) PS_WARN("createContext: out of memory");
+  ncclResult_t rc = x ? ps_htab_reserve(&ctx_tab, 1, &x->slot) : ncclSystemError;
+  if (rc != ncclSuccess) {
+    free(x);
+    return rc;
+  }
+  x->ncontexts = ncontexts, x->coll = c, x->next = c->ctxs;
   c->ctxs = x;
-  *out = x;
+  *out = ps_htab_bind(&ctx_tab, x->slot, x);
   return ncclSuccess;
 }
 
@@ -239,9 +306,12 @@ static ncclResult_t ctx_v14(void *coll, ps_rma_config_v14_t *cfg, void **out) {
 }
 
 static ncclResult_t ctx_destroy(void *ctx) {
-  gin_ctx_t *x = ctx;
-  if (magic_of(ctx) != GIN_CTX_MAGIC) {
-    PS_WARN("destroyContext: %p is not a live context", ctx);
+  gin_ctx_t *x = ps_htab_get(&ctx_tab, ctx);
+  if (!x) {
+    if (ps_htab_get(&coll_tab, ctx))
+      PS_WARN("destroyContext: %p is a collComm, not a context", ctx);
+    else
+      refused(&ctx_tab, ctx, "destroyContext");
     return ncclInvalidArgument;
   }
   if (x->coll) /* unlink; a closed comm already let go of it */
@@ -250,7 +320,7 @@ static ncclResult_t ctx_destroy(void *ctx) {
         *pp = x->next;
         break;
       }
-  x->magic = 0;
+  ps_htab_release(&ctx_tab, x->slot, 1);
   free(x);
   return ncclSuccess;
 }
@@ -258,19 +328,11 @@ static ncclResult_t ctx_destroy(void *ctx) {
 static ncclResult_t gin_close_coll(void *coll) {
   gin_coll_t *c = as_coll(coll, "closeColl");
   if (!c) return ncclInvalidArgument;
+  ps_htab_release(&coll_tab, c->slot, 1); /* stale first: a second close is refused */
   for (gin_ctx_t *x = c->ctxs; x; x = x->next) x->coll = NULL;
   ncclResult_t rc = ps_rma_close_coll(c->eng);
-  c->magic = 0;
   free(c);
   return rc;
-}
-
-static ncclResult_t gin_close_listen(void *lc) {
-  if (!lc) {
-    PS_WARN("closeListen: NULL listenComm");
-    return ncclInvalidArgument;
-  }
-  return ps_rma_close_listen(lc);
 }
 
 /* --- registration: collective, on the collComm in every version --- */
@@ -464,8 +526,8 @@ static ncclResult_t gin_last_error(void *ctx, bool *has_error) {
 #define GIN_COMMON                                                                        \
   .name = PS_PLUGIN_NAME, .init = gin_init, .devices = gin_devices, .listen = gin_listen, \
   .deregMrSym = dereg_sym, .destroyContext = ctx_destroy, .closeColl = gin_close_coll,    \
-  .closeListen = gin_close_listen, .test = gin_test, .queryLastError = gin_last_error,    \
-  .finalize = ps_abi_finalize_ctx
+  .closeListen = ps_rma_close_listen, .test = gin_test, .queryLastError = gin_last_error, \
+  .finalize = gin_finalize
 
 PS_EXPORT const ncclGin_v11_t ncclGinPlugin_v11 = {
     GIN_COMMON, .getProperties = gin_props_v11, .connect = connect_v11, .createContext = ctx_v11,

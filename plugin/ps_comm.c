@@ -8,9 +8,9 @@
 #include "ps_log.h"
 #include "ps_model_nic.h"
 
-/* Tags (ps_handle.h): any distinct values >= 0x80. */
-ps_htab_t ps_comm_tab = PS_HTAB_INIT(0xc0, "comm", "closed");
-ps_htab_t ps_req_tab = PS_HTAB_INIT(0xd0, "request", "completed, or its comm closed");
+/* Tags (ps_handle.h): distinct values in 0x01..0x7f. */
+ps_htab_t ps_comm_tab = PS_HTAB_INIT(0x43, "comm", "closed");
+ps_htab_t ps_req_tab = PS_HTAB_INIT(0x52, "request", "completed, or its comm closed");
 
 static const char *kind_name(int kind) {
   return kind == PS_COMM_LISTEN ? "listen" : kind == PS_COMM_SEND ? "send" : "recv";
@@ -198,6 +198,13 @@ static void check_liveness(ps_comm_t *c, uint64_t now) {
     return;
   }
   if (now - c->last_activity_ns < (uint64_t)c->cfg->keepalive_ms * 1000000ULL) return;
+  int pid = 0;
+  if (ps_ep_peer_gone(&c->ep, c->peer_str, &pid)) { /* shm: no probe could tell */
+    char msg[96];
+    snprintf(msg, sizeof msg, "its process %d is gone", pid);
+    fail_comm(c, ncclRemoteError, msg);
+    return;
+  }
   int posted = 0;
   if (ps_ep_tsend(&c->ep, NULL, 0, NULL, c->peer, PS_TAG_PROBE, &c->probe_tx, &posted) !=
       ncclSuccess) {

@@ -72,7 +72,11 @@ struct ps_comm {
                              * the same contents (and device) resumes this one */
   uint64_t connect_ns;     /* when the handshake started (connect, or accepting its CONNECT) */
   ps_comm_t *next_connecting;
+  uint64_t connect_polled_ns; /* send side: the caller's last connect() for it (ps_conn.c) */
+  int connect_polling;        /* send side: a connect() call is driving it now */
   ps_comm_t *accepting; /* listen side: recv comm whose ACCEPT is still leaving */
+  struct ps_nack *nacks; /* listen side: refusals of wrong listen ids in flight (ps_conn.c) */
+  int nnacks;
 };
 
 ncclResult_t ps_comm_alloc(int kind, int dev, ps_comm_t **out);

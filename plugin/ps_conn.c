@@ -6,22 +6,27 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h> /* malloc_trim */
+#endif
 
 #include "ps_clock.h"
 #include "ps_comm.h"
 #include "ps_log.h"
 #include "ps_net.h"
 
-/* Connects under way, at most this many: a caller that abandons connects
- * (never calls again until one is done) would otherwise hold an endpoint
- * and its fds for each, without bound. Repeated calls for one listener
- * handle resume one connect, so only connects to distinct listeners count;
- * NCCL has one per connection it is setting up. */
+/* Connects under way, at most this many. Abandoned ones are closed after
+ * PERSEUS_PEER_TIMEOUT_MS (connecting_reap), but a caller starting connects
+ * faster than that would still hold an endpoint and its fds for each.
+ * Repeated calls for one listener handle resume one connect, so only
+ * connects to distinct listeners count; NCCL has one per connection it is
+ * setting up. */
 #define PS_CONNECT_PENDING_MAX 4096
 
 static pthread_mutex_t connecting_lock = PTHREAD_MUTEX_INITIALIZER;
 static ps_comm_t *connecting; /* send comms whose handshake is under way */
 static int nconnecting;
+static uint64_t last_trim_ns; /* of the heap, after reaping (connecting_reap) */
 
 static void ctrl_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
   ps_ctrl_slot_t *s = op->owner;
@@ -99,15 +104,70 @@ ncclResult_t ps_net_listen(int dev, void *handle, void **listen_comm) {
   return ncclSuccess;
 }
 
-static void connecting_remove(ps_comm_t *c) {
+/* Hands a connect back after a connect() call drove it: done (a comm or
+ * an error) takes it off the list, else its abandonment clock restarts. */
+static void connecting_release(ps_comm_t *c, int done) {
   pthread_mutex_lock(&connecting_lock);
-  for (ps_comm_t **p = &connecting; *p; p = &(*p)->next_connecting)
+  c->connect_polling = 0;
+  c->connect_polled_ns = ps_now_ns();
+  for (ps_comm_t **p = &connecting; done && *p; p = &(*p)->next_connecting)
     if (*p == c) {
       *p = c->next_connecting;
       nconnecting--;
       break;
     }
   pthread_mutex_unlock(&connecting_lock);
+}
+
+/* NCCL calls connect in a loop until it returns a comm, so a connect whose
+ * caller has not called for it in PERSEUS_PEER_TIMEOUT_MS was abandoned
+ * (the caller gave up, or failed elsewhere). Every connect() call closes
+ * those: abandoned connects then hold at most what one timeout's worth of
+ * calls can start, where before each kept an endpoint, its fds and buffers
+ * until the process ended. A caller that comes back later starts afresh; the
+ * listener may then hold a recv comm of the closed connect, whose peer is
+ * gone (its probes fail if it is ever used). */
+static void connecting_reap(void) {
+  uint64_t limit_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
+  ps_comm_t *reaped = NULL;
+  int n = 0;
+  pthread_mutex_lock(&connecting_lock);
+  uint64_t now = ps_now_ns(); /* under the lock: no release stamps a later time meanwhile */
+  for (ps_comm_t **p = &connecting; *p;) {
+    ps_comm_t *c = *p;
+    if (c->connect_polling || now - c->connect_polled_ns <= limit_ns) {
+      p = &c->next_connecting;
+      continue;
+    }
+    *p = c->next_connecting;
+    nconnecting--;
+    c->next_connecting = reaped;
+    reaped = c;
+    n++;
+  }
+  int trim = n && now - last_trim_ns > limit_ns;
+  if (trim) last_trim_ns = now;
+  pthread_mutex_unlock(&connecting_lock);
+  (void)trim;
+  if (!n) return;
+  PS_WARN("connect: %d connect(s) not called again for %lld ms (PERSEUS_PEER_TIMEOUT_MS) were "
+          "abandoned; closed (one was to the listener at %s)",
+          n, (long long)ps_fabric_config()->peer_timeout_ms, reaped->peer_str);
+  while (reaped) {
+    ps_comm_t *next = reaped->next_connecting;
+    ps_comm_free(reaped);
+    reaped = next;
+  }
+#ifdef __GLIBC__
+  /* libfabric 1.17's rxm callocs 12 MiB per endpoint at fi_enable. Once such
+   * a block is freed, glibc raises its mmap threshold and serves the next
+   * from its heap, zeroing (touching) it there, and keeps freed heap memory
+   * resident: without a trim the reaped endpoints' memory stayed in RSS
+   * (830 MB after 1000 abandoned connects, 18 MB with it). A trim on every
+   * reap made each new endpoint fault its 12 MiB in again (8x slower
+   * connects), hence at most one per PERSEUS_PEER_TIMEOUT_MS. */
+  if (trim) malloc_trim(0);
+#endif
 }
 
 /* A connect is known by what the handle says (listener id and address) and
@@ -118,10 +178,16 @@ static int same_listener(const ps_comm_t *c, int dev, const ps_handle_t *h) {
          c->connect_to.addrlen == h->addrlen && !memcmp(c->connect_to.addr, h->addr, h->addrlen);
 }
 
-static ps_comm_t *connecting_find(int dev, const ps_handle_t *h) {
+/* The connect under way for this listener, claimed for this call (nothing
+ * frees it meanwhile); NULL with *busy set when another thread drives it
+ * right now, NULL alone when there is none. */
+static ps_comm_t *connecting_claim(int dev, const ps_handle_t *h, int *busy) {
   pthread_mutex_lock(&connecting_lock);
   ps_comm_t *c = connecting;
   while (c && !same_listener(c, dev, h)) c = c->next_connecting;
+  *busy = c && c->connect_polling;
+  if (*busy) c = NULL;
+  if (c) c->connect_polling = 1;
   pthread_mutex_unlock(&connecting_lock);
   return c;
 }
@@ -143,7 +209,7 @@ static ncclResult_t connect_start(int dev, const ps_handle_t *h) {
   c->conn_id = ps_random64();
   c->connect_to = *h;
   c->connect_ns = ps_now_ns();
-  ncclResult_t rc = ps_ep_insert(&c->ep, h->addr, &c->peer);
+  ncclResult_t rc = ps_ep_insert_len(&c->ep, h->addr, h->addrlen, &c->peer);
   if (rc == ncclSuccess) ps_ep_addr_str(&c->ep, h->addr, c->peer_str, sizeof c->peer_str);
   if (rc == ncclSuccess) rc = post_ctrl_recv(c, PS_TAG_ACCEPT);
   if (rc == ncclSuccess) rc = send_ctrl(c, PS_CTRL_CONNECT, PS_TAG_CONNECT);
@@ -152,6 +218,7 @@ static ncclResult_t connect_start(int dev, const ps_handle_t *h) {
     return rc;
   }
   pthread_mutex_lock(&connecting_lock);
+  c->connect_polled_ns = ps_now_ns();
   c->next_connecting = connecting;
   connecting = c;
   nconnecting++;
@@ -184,13 +251,19 @@ static ncclResult_t connect_poll(ps_comm_t *c, int *ready) {
   if (c->ctrl_rx.done == 0 || c->ctrl_tx.done == 0) return ncclSuccess;
   ps_ctrl_msg_t m;
   PS_CHECK(ps_ctrl_decode(&c->ctrl_rx.msg, c->ctrl_rx.len, PS_CTRL_ACCEPT, ps_fabric_wire_hash(), &m));
+  if (m.conn_id == c->conn_id && m.listen_id != c->listen_id) { /* the listener's refusal */
+    PS_WARN("connect: the listener at %s has no listen id 0x%llx (its id is 0x%llx): the handle "
+            "is stale, corrupt or another listener's",
+            c->peer_str, (unsigned long long)c->listen_id, (unsigned long long)m.listen_id);
+    return ncclInvalidArgument;
+  }
   if (m.conn_id != c->conn_id || m.listen_id != c->listen_id) {
     PS_WARN("handshake rejected: ACCEPT for connection 0x%llx, expected 0x%llx",
             (unsigned long long)m.conn_id, (unsigned long long)c->conn_id);
     return ncclRemoteError;
   }
   /* From now on the peer is the recv comm's own endpoint. */
-  PS_CHECK(ps_ep_insert(&c->ep, m.addr, &c->peer));
+  PS_CHECK(ps_ep_insert_len(&c->ep, m.addr, m.addrlen, &c->peer));
   ps_ep_addr_str(&c->ep, m.addr, c->peer_str, sizeof c->peer_str);
   PS_CHECK(ps_comm_start_liveness(c));
   *ready = 1;
@@ -204,16 +277,19 @@ ncclResult_t ps_net_connect(int dev, void *handle, void **send_comm) {
     return ncclInvalidArgument;
   }
   *send_comm = NULL;
+  connecting_reap();
   PS_CHECK(ps_handle_decode(handle, NCCL_NET_HANDLE_MAXSIZE, ps_fabric_wire_hash(), &h));
   if (!ps_fabric_dev(dev)) {
     PS_WARN("connect: device %d does not exist (this plugin has %d)", dev, ps_fabric_ndev());
     return ncclInvalidArgument;
   }
-  ps_comm_t *c = connecting_find(dev, &h);
+  int busy = 0;
+  ps_comm_t *c = connecting_claim(dev, &h, &busy);
+  if (busy) return ncclSuccess; /* a NULL comm: call again */
   if (!c) return connect_start(dev, &h);
   int ready = 0;
   ncclResult_t rc = connect_poll(c, &ready);
-  if (rc != ncclSuccess || ready) connecting_remove(c);
+  connecting_release(c, rc != ncclSuccess || ready);
   if (rc != ncclSuccess) {
     PS_WARN("connect to listener 0x%llx failed", (unsigned long long)h.listen_id);
     ps_comm_free(c);
@@ -226,6 +302,93 @@ ncclResult_t ps_net_connect(int dev, void *handle, void **send_comm) {
   return ncclSuccess;
 }
 
+/* A refusal on its way to a connector whose CONNECT named a listen id this
+ * listener does not have (a stale, corrupt or other listener's handle). The
+ * connector's CONNECT was delivered, so without an answer it would wait for
+ * an ACCEPT for ever. The refusal is an ACCEPT that echoes the connector's
+ * conn_id under the listener's own listen id: the wire format stays as it
+ * is, and a connector of any version fails on the mismatch. */
+typedef struct ps_nack {
+  ps_ctrl_slot_t s;
+  fi_addr_t peer;
+  int in_av, unposted;
+  uint64_t start_ns;
+  struct ps_nack *next;
+} ps_nack_t;
+
+/* Refusals in flight per listener; more wrong CONNECTs meanwhile are only
+ * logged. A refusal the provider holds (to a connector gone, rxm retries
+ * for ever) keeps its slot until the listener closes. */
+#define PS_NACK_MAX 16
+
+static void nack_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
+  ps_ctrl_slot_t *s = op->owner;
+  (void)e;
+  if (err && err != -FI_ECANCELED)
+    PS_INFO(NCCL_NET, "a refusal of a wrong listen id did not reach its connector: %s", errstr);
+  s->done = err ? -1 : 1;
+}
+
+static void nack_free(ps_comm_t *l, ps_nack_t *n) {
+  if (n->in_av && l) fi_av_remove(l->ep.av, &n->peer, 1, 0);
+  if (n->s.mr) fi_close(&n->s.mr->fid);
+  free(n);
+}
+
+static ncclResult_t nack_post(ps_comm_t *l, ps_nack_t *n) {
+  int posted = 0;
+  PS_CHECK(ps_ep_tsend(&l->ep, &n->s.msg, sizeof n->s.msg, n->s.mr ? fi_mr_desc(n->s.mr) : NULL,
+                       n->peer, PS_TAG_ACCEPT, &n->s.op, &posted));
+  n->unposted = !posted; /* the provider still connects: try again on the next accept */
+  return ncclSuccess;
+}
+
+/* Frees the refusals that are done, and those the provider never took
+ * within PERSEUS_PEER_TIMEOUT_MS; posts the others again. */
+static void nack_progress(ps_comm_t *l) {
+  uint64_t now = ps_now_ns(), limit_ns = (uint64_t)l->cfg->peer_timeout_ms * 1000000ULL;
+  for (ps_nack_t **p = &l->nacks; *p;) {
+    ps_nack_t *n = *p;
+    if (n->unposted && nack_post(l, n) != ncclSuccess) n->s.done = -1;
+    if (!n->s.done && !(n->unposted && now - n->start_ns > limit_ns)) {
+      p = &n->next;
+      continue;
+    }
+    *p = n->next;
+    l->nnacks--;
+    nack_free(l, n);
+  }
+}
+
+static ncclResult_t nack_send(ps_comm_t *l, const ps_ctrl_msg_t *m) {
+  if (l->nnacks >= PS_NACK_MAX) {
+    PS_WARN("accept: %d refusals of wrong listen ids still in flight; this one is not answered",
+            l->nnacks);
+    return ncclSystemError;
+  }
+  ps_nack_t *n = calloc(1, sizeof *n);
+  if (!n) {
+    PS_WARN("accept: out of memory for a refusal");
+    return ncclSystemError;
+  }
+  n->s.op = (ps_op_t){.cb = nack_done, .owner = &n->s};
+  n->start_ns = ps_now_ns();
+  ncclResult_t rc = ps_ctrl_encode(&n->s.msg, PS_CTRL_ACCEPT, ps_fabric_wire_hash(), l->listen_id,
+                                   m->conn_id, l->ep.addr, l->ep.addrlen);
+  if (rc == ncclSuccess) rc = ps_ep_reg_local(&l->ep, &n->s.msg, sizeof n->s.msg, &n->s.mr);
+  if (rc == ncclSuccess) rc = ps_ep_insert_len(&l->ep, m->addr, m->addrlen, &n->peer);
+  n->in_av = rc == ncclSuccess;
+  if (rc == ncclSuccess) rc = nack_post(l, n);
+  if (rc != ncclSuccess) {
+    nack_free(l, n);
+    return rc;
+  }
+  n->next = l->nacks;
+  l->nacks = n;
+  l->nnacks++;
+  return ncclSuccess;
+}
+
 /* Builds the recv comm for one validated CONNECT and answers it. */
 static ncclResult_t accept_one(ps_comm_t *l, const ps_ctrl_msg_t *m, ps_comm_t **out) {
   ps_comm_t *c = NULL;
@@ -233,7 +396,7 @@ static ncclResult_t accept_one(ps_comm_t *l, const ps_ctrl_msg_t *m, ps_comm_t *
   c->listen_id = l->listen_id;
   c->conn_id = m->conn_id;
   c->connect_ns = ps_now_ns();
-  ncclResult_t rc = ps_ep_insert(&c->ep, m->addr, &c->peer);
+  ncclResult_t rc = ps_ep_insert_len(&c->ep, m->addr, m->addrlen, &c->peer);
   if (rc == ncclSuccess) rc = ps_comm_start_liveness(c);
   if (rc == ncclSuccess) rc = send_ctrl(c, PS_CTRL_ACCEPT, PS_TAG_ACCEPT);
   if (rc != ncclSuccess) {
@@ -280,6 +443,10 @@ ncclResult_t ps_net_accept(void *listen_comm, void **recv_comm) {
     ps_comm_refused("accept", listen_comm, PS_COMM_LISTEN);
     return ncclInvalidArgument;
   }
+  if (l->nacks) { /* refusals leave through the listener's endpoint */
+    PS_CHECK(ps_ep_progress(&l->ep, 64, NULL));
+    nack_progress(l);
+  }
   if (l->accepting) return accept_poll(l, recv_comm);
   PS_CHECK(ps_ep_progress(&l->ep, 64, NULL));
   if (l->ctrl_rx.done == 0) return ncclSuccess;
@@ -290,8 +457,9 @@ ncclResult_t ps_net_accept(void *listen_comm, void **recv_comm) {
   else
     rc = ps_ctrl_decode(&l->ctrl_rx.msg, l->ctrl_rx.len, PS_CTRL_CONNECT, ps_fabric_wire_hash(), &m);
   if (rc == ncclSuccess && m.listen_id != l->listen_id) {
-    PS_WARN("CONNECT for listener 0x%llx arrived at 0x%llx; ignored",
+    PS_WARN("accept: a CONNECT for listen id 0x%llx arrived at listener 0x%llx; refused",
             (unsigned long long)m.listen_id, (unsigned long long)l->listen_id);
+    if (nack_send(l, &m) != ncclSuccess) PS_WARN("accept: the refusal could not be sent");
     rc = ncclInvalidArgument;
   }
   if (rc == ncclSuccess && accept_one(l, &m, &l->accepting) != ncclSuccess)
@@ -308,7 +476,13 @@ ncclResult_t ps_net_close_listen(void *listen_comm) {
     return ncclInvalidArgument;
   }
   if (l->accepting) ps_comm_free(l->accepting);
-  ps_comm_free(l);
+  ps_nack_t *n = l->nacks;
+  ps_comm_free(l); /* its endpoint first: the provider lets go of the refusals' buffers */
+  while (n) {
+    ps_nack_t *next = n->next;
+    nack_free(NULL, n);
+    n = next;
+  }
   return ncclSuccess;
 }
 

@@ -1,15 +1,19 @@
 #include "ps_ep.h"
 
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include "ps_clock.h"
 #include "ps_log.h"
 #include "ps_model_nic.h"
 
 /* NULL in the shipped plugin: a test plugin's ps_model_nic.c sets it at load. */
 const ps_model_nic_t *ps_model_nic;
+
+static int is_shm(const ps_ep_t *e) { return !strcmp(e->dev->info->fabric_attr->prov_name, "shm"); }
 
 ncclResult_t ps_ep_open(ps_device_t *dev, int eagain_retries, ps_ep_t *e) {
   int rc;
@@ -21,12 +25,13 @@ ncclResult_t ps_ep_open(ps_device_t *dev, int eagain_retries, ps_ep_t *e) {
   if (ava.type == FI_AV_UNSPEC) ava.type = FI_AV_TABLE;
   const char *step = "fi_endpoint";
   if ((rc = fi_endpoint(dev->domain, dev->info, &e->ep, NULL))) goto fail;
-  if (!strcmp(dev->info->fabric_attr->prov_name, "shm")) {
+  if (is_shm(e)) {
     /* shm names its segment "<pid>:<uid>:<n>": a process killed before it
      * closed leaves that file behind, and a later process given the same pid
-     * then fails fi_enable (EBUSY). A random name cannot collide. */
+     * then fails fi_enable (EBUSY). A random name cannot collide, and ours
+     * name their owner, so init removes those of dead processes. */
     char name[64];
-    snprintf(name, sizeof name, "perseus_%d_%016llx", (int)getpid(), (unsigned long long)ps_random64());
+    ps_fabric_shm_name(name, sizeof name);
     step = "fi_setname";
     if ((rc = fi_setname(&e->ep->fid, name, strlen(name) + 1))) goto fail;
   }
@@ -58,7 +63,53 @@ void ps_ep_close(ps_ep_t *e) {
   e->ep = NULL, e->av = NULL, e->cq = NULL;
 }
 
+/* An shm address is the peer endpoint's name, a C string that libfabric
+ * 1.17 reads with strlen and inserts without checking that its segment
+ * exists (a closed listener's handle crashed in the first send). So it must
+ * be a printable name, NUL-terminated within its `len` bytes, without '/',
+ * whose file is in /dev/shm; and, when it is one of ours, its process must
+ * live (a SIGKILLed one's file stays, and shm completes sends into it). */
+static ncclResult_t shm_addr_check(const ps_ep_t *e, const char *a, size_t len) {
+  const char *nul = memchr(a, 0, len);
+  size_t n = nul ? (size_t)(nul - a) : 0;
+  int printable = n > 0;
+  for (size_t i = 0; i < n; i++) printable &= a[i] > ' ' && a[i] < 0x7f && a[i] != '/';
+  if (!printable) {
+    PS_WARN("shm address rejected on %s: %s within its %zu bytes, not an endpoint name", e->dev->name,
+            !nul ? "no NUL" : !n ? "empty" : "a byte that is not printable, or '/',", len);
+    return ncclInvalidArgument;
+  }
+  const char *name = strstr(a, "://") ? strstr(a, "://") + 3 : a; /* libfabric drops a prefix */
+  char path[PS_CTRL_ADDR_MAX + 16];
+  struct stat st;
+  pid_t pid;
+  snprintf(path, sizeof path, "/dev/shm/%s", name);
+  if (stat(path, &st)) {
+    PS_WARN("shm address %s rejected on %s: no %s (%s): its endpoint was closed, or it is not an "
+            "shm endpoint of this host", a, e->dev->name, path, strerror(errno));
+    return ncclRemoteError;
+  }
+  if (ps_fabric_shm_owner(name, &pid) && kill(pid, 0) && errno == ESRCH) {
+    PS_WARN("shm address %s rejected on %s: process %d, whose endpoint it is, is gone", a,
+            e->dev->name, (int)pid);
+    return ncclRemoteError;
+  }
+  return ncclSuccess;
+}
+
+int ps_ep_peer_gone(const ps_ep_t *e, const char *addr_str, int *pid) {
+  pid_t p;
+  if (!is_shm(e) || !ps_fabric_shm_owner(addr_str, &p) || !kill(p, 0) || errno != ESRCH) return 0;
+  *pid = (int)p;
+  return 1;
+}
+
 ncclResult_t ps_ep_insert(ps_ep_t *e, const void *addr, fi_addr_t *out) {
+  return ps_ep_insert_len(e, addr, PS_HANDLE_ADDR_MAX, out);
+}
+
+ncclResult_t ps_ep_insert_len(ps_ep_t *e, const void *addr, size_t len, fi_addr_t *out) {
+  if (is_shm(e)) PS_CHECK(shm_addr_check(e, addr, len));
   int rc = fi_av_insert(e->av, addr, 1, out, 0, NULL);
   if (rc != 1) {
     char s[128];

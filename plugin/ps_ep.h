@@ -42,6 +42,12 @@ typedef struct {
 
 ncclResult_t ps_ep_open(ps_device_t *dev, int eagain_retries, ps_ep_t *ep);
 void ps_ep_close(ps_ep_t *ep);
+/* Inserts a peer's address of `len` bytes (from a handle or a handshake
+ * message: untrusted). On shm it is checked first (a name, NUL-terminated
+ * within len, of an existing endpoint): libfabric would read past it or
+ * crash on a closed endpoint's. ps_ep_insert: len = PS_HANDLE_ADDR_MAX, for
+ * the address field of a ps_handle_t or a ps_ctrl_msg_t. */
+ncclResult_t ps_ep_insert_len(ps_ep_t *ep, const void *addr, size_t len, fi_addr_t *out);
 ncclResult_t ps_ep_insert(ps_ep_t *ep, const void *addr, fi_addr_t *out);
 /* Reads completions until the CQ is empty or `budget` were handled. */
 ncclResult_t ps_ep_progress(ps_ep_t *ep, int budget, int *handled);
@@ -71,6 +77,11 @@ ncclResult_t ps_ep_reg(ps_ep_t *ep, void *buf, size_t len, uint64_t access, stru
 /* Registers [buf, +len) for send/recv when the provider needs it (FI_MR_LOCAL
  * or FI_MR_ENDPOINT). *mr stays NULL otherwise. */
 ncclResult_t ps_ep_reg_local(ps_ep_t *ep, void *buf, size_t len, struct fid_mr **mr);
+/* 1 with *pid when the peer named `addr_str` (ps_ep_addr_str's form) is an
+ * shm endpoint of ours whose process is gone. shm completes sends into a
+ * dead process's memory, so no probe finds it; other providers report a
+ * dead peer themselves (0 here). */
+int ps_ep_peer_gone(const ps_ep_t *e, const char *addr_str, int *pid);
 /* Human-readable form of an endpoint address (for logs). */
 void ps_ep_addr_str(ps_ep_t *ep, const void *addr, char *out, size_t outlen);
 

@@ -1,13 +1,20 @@
 #include "ps_fabric.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "ps_clock.h"
 #include "ps_log.h"
 
 /* Fastest hardware providers first; tcp;ofi_rxm is the portable floor. shm
@@ -192,6 +199,94 @@ static void apply_tcp_passthru(void) {
           v && strcmp(v, "0") ? "on" : "off", v ? v : "unset");
 }
 
+/* --- shm segments ---
+ * An shm endpoint is a file in /dev/shm named after the endpoint (16 MiB in
+ * libfabric 1.17), and while a large message crosses, "<name>_<message id>"
+ * too. A process killed before it closed its endpoints leaves them behind,
+ * and nothing removes them. Our names say whose they are:
+ * "perseus_<pid namespace>_<pid>_<16 hex>", so a later init can remove those
+ * of dead owners. The namespace keeps a process from judging the pids of
+ * another (containers sharing /dev/shm see different pids). */
+#define PS_SHM_DIR "/dev/shm"
+#define PS_SHM_PREFIX "perseus_"
+
+/* The inode of this process's pid namespace; 0 when /proc cannot say. */
+static unsigned long long pid_ns(void) {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) ? 0 : (unsigned long long)st.st_ino;
+}
+
+void ps_fabric_shm_name(char *out, size_t n) {
+  snprintf(out, n, PS_SHM_PREFIX "%llu_%d_%016llx", pid_ns(), (int)getpid(),
+           (unsigned long long)ps_random64());
+}
+
+/* Reads 1 to `max` digits of `base` (lower-case hex) at *s; 0 if none. */
+static int take_num(const char **s, int base, int max, unsigned long long *v) {
+  const char *p = *s;
+  unsigned long long x = 0;
+  int n = 0;
+  for (; n < max; n++, p++) {
+    int d = *p >= '0' && *p <= '9' ? *p - '0' : base == 16 && *p >= 'a' && *p <= 'f' ? *p - 'a' + 10 : -1;
+    if (d < 0) break;
+    x = x * (unsigned)base + (unsigned)d;
+  }
+  *s = p, *v = x;
+  return n;
+}
+
+int ps_fabric_shm_owner(const char *name, pid_t *pid) {
+  unsigned long long ns = 0, p = 0, rnd = 0, msg = 0;
+  const char *s = name;
+  if (strncmp(s, PS_SHM_PREFIX, strlen(PS_SHM_PREFIX))) return 0;
+  s += strlen(PS_SHM_PREFIX);
+  if (!take_num(&s, 10, 20, &ns) || *s++ != '_' || !take_num(&s, 10, 10, &p) || *s++ != '_' ||
+      take_num(&s, 16, 16, &rnd) != 16)
+    return 0;
+  if (*s == '_') { /* a message's file: "_<message id>" (libfabric prints it signed) */
+    s += 1 + (s[1] == '-');
+    if (!take_num(&s, 10, 20, &msg)) return 0;
+  }
+  if (*s || !ns || ns != pid_ns() || !p || p > INT_MAX) return 0;
+  *pid = (pid_t)p;
+  return 1;
+}
+
+/* Removes the /dev/shm files of ours whose owner is dead: only names of our
+ * format from this pid namespace, regular files of this user, and only when
+ * the pid named is gone (a live pid, even another program that took it
+ * since, keeps its file). */
+static void shm_reap_stale(void) {
+  DIR *d = opendir(PS_SHM_DIR);
+  if (!d) {
+    PS_INFO(NCCL_INIT | NCCL_NET, "shm: cannot read %s (%s): stale segments not looked for",
+            PS_SHM_DIR, strerror(errno));
+    return;
+  }
+  int removed = 0;
+  unsigned long long bytes = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    pid_t pid;
+    struct stat st;
+    if (!ps_fabric_shm_owner(e->d_name, &pid)) continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue; /* alive (EPERM: someone else's) */
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode) ||
+        st.st_uid != getuid())
+      continue;
+    if (unlinkat(dirfd(d), e->d_name, 0)) {
+      PS_INFO(NCCL_INIT | NCCL_NET, "shm: cannot remove stale %s/%s: %s", PS_SHM_DIR, e->d_name,
+              strerror(errno));
+      continue;
+    }
+    removed++;
+    bytes += (unsigned long long)st.st_size;
+  }
+  closedir(d);
+  if (removed)
+    PS_INFO(NCCL_INIT | NCCL_NET, "shm: removed %d segment(s) of dead processes from %s (%llu MiB)",
+            removed, PS_SHM_DIR, bytes >> 20);
+}
+
 static ncclResult_t do_init(void) {
   PS_CHECK(ps_config_load(&config));
   apply_tcp_passthru();
@@ -217,6 +312,7 @@ static ncclResult_t do_init(void) {
     return ncclSystemError;
   }
   snprintf(provider, sizeof provider, "%s", chosen);
+  if (!strcmp(provider, "shm")) shm_reap_stale();
   ncclResult_t res = open_domains(list, provider);
   fi_freeinfo(list);
   if (res != ncclSuccess) return res;

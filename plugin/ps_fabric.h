@@ -4,6 +4,7 @@
 #define PS_FABRIC_H
 
 #include <pthread.h>
+#include <sys/types.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 
@@ -50,6 +51,13 @@ const ps_config_t *ps_fabric_config(void);
 uint32_t ps_fabric_wire_hash(void);
 const char *ps_fabric_provider(void);
 uint64_t ps_fabric_next_key(void);
+
+/* shm endpoint names (= their /dev/shm file names), which say whose they
+ * are; init removes those of dead processes. ps_fabric_shm_owner: 1 with
+ * *pid when `name` is an endpoint's name of ours or one of its message
+ * files, made in this pid namespace; 0 otherwise. */
+void ps_fabric_shm_name(char *out, size_t n);
+int ps_fabric_shm_owner(const char *name, pid_t *pid);
 
 /* Provider preference when neither PERSEUS_PROVIDER nor FI_PROVIDER is set. */
 extern const char *const ps_provider_preference[];

@@ -8,9 +8,12 @@
  * caught only while freed memory happened to be overwritten.
  *
  * Value layout (64 bits): tag (8) | generation (32) | index (24). Tags are
- * >= 0x80: a user-space pointer has its top bits clear (x86-64, AArch64
- * without pointer tags), so it is refused by the tag alone, and a handle is
- * never NULL. A slot's generation wraps after 2^32 reuses. */
+ * 0x01..0x7f. Not 0: a user-space pointer has its top byte clear (x86-64,
+ * AArch64 without pointer tags), so it is refused by the tag alone, and a
+ * handle is never NULL. Bit 63 clear: NCCL's GIN proxy carries a window
+ * handle to the GPU and back in a 63-bit field of its descriptors (the top
+ * bit is the descriptor's flag, gin_proxy_device_host_common.h, 2.28-2.30).
+ * A slot's generation wraps after 2^32 reuses. */
 #ifndef PS_HANDLE_H
 #define PS_HANDLE_H
 
@@ -47,8 +50,10 @@ typedef struct {
   ps_hslot_t *chunks[PS_HTAB_NCHUNKS];
 } ps_htab_t;
 
-#define PS_HTAB_INIT(tag_, what_, gone_) \
-  {.tag = (tag_), .what = (what_), .gone = (gone_), .lock = PTHREAD_MUTEX_INITIALIZER}
+/* A tag outside 0x01..0x7f does not compile (a negative array size). */
+#define PS_HTAB_INIT(tag_, what_, gone_)                                                  \
+  {.tag = (uint8_t)((tag_) + 0 * sizeof(char[(tag_) > 0 && (tag_) < 0x80 ? 1 : -1])),     \
+   .what = (what_), .gone = (gone_), .lock = PTHREAD_MUTEX_INITIALIZER}
 
 /* Reserves n consecutive slots (n >= 1, nothing bound); *first receives the
  * first index. ncclSystemError (logged) when memory or the index space runs out. */

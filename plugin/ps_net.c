@@ -12,7 +12,7 @@
 
 /* NCCL holds memory handles by handle (ps_handle.h): a deregistered or
  * foreign one is refused without reading freed memory. */
-static ps_htab_t mr_tab = PS_HTAB_INIT(0xe0, "memory handle", "deregistered");
+static ps_htab_t mr_tab = PS_HTAB_INIT(0x4d, "memory handle", "deregistered");
 
 typedef struct {
   uint32_t slot; /* in mr_tab */

@@ -1,7 +1,13 @@
 /* The one-sided engine (GIN/RMA): a collective communicator over all ranks,
  * symmetric registration, puts, and put+signal whose signal is kept behind
  * its data by one of the ordering strategies. Version-neutral: the exported
- * ncclGin/ncclRma tables (once complete) only translate into these calls. */
+ * ncclGin/ncclRma tables (gin_abi.c) only translate into these calls.
+ *
+ * `coll` is the engine's comm, which gin_abi.c found through its own handle
+ * table: it is trusted to be live. What the engine hands out (listen_comm,
+ * mh, req) is a handle (ps_handle.h), never a pointer, and is looked up on
+ * every call: a stale, foreign or other comm's one is ncclInvalidArgument
+ * with a warning naming it. */
 #ifndef PS_RMA_H
 #define PS_RMA_H
 
@@ -29,7 +35,9 @@ ncclResult_t ps_rma_listen(int dev, void *handle, void **listen_comm);
 /* Collective: every rank calls it with all ranks' handles. */
 ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_comm,
                             void **coll_comm);
-/* Collective: every rank registers its region of one symmetric window. */
+/* Collective: every rank registers its region of one symmetric window.
+ * A window flagged NCCL_NET_MR_FLAG_FORCE_SO (signal words) must be 8-byte
+ * aligned. */
 ncclResult_t ps_rma_reg_sym(void *coll, void *data, size_t size, int type, uint64_t mr_flags,
                             void **mh);
 ncclResult_t ps_rma_dereg_sym(void *coll, void *mh);

@@ -14,6 +14,16 @@ static void print_stats(ps_rma_comm_t *c);
 static void close_comm(ps_rma_comm_t *c, int report);
 static void dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r);
 
+/* Tag (ps_handle.h): distinct from the net tables', gin_abi.c's and the
+ * engine's others (ps_rma_ops.c). */
+static ps_htab_t listen_tab = PS_HTAB_INIT(0x6c, "one-sided listenComm", "closed");
+
+/* A listenComm: the endpoint connect takes over. */
+typedef struct {
+  ps_ep_t ep;
+  uint32_t slot;
+} rma_listen_t;
+
 /* Process-wide totals (perseus_rma_process_stats): live comms are summed
  * on demand, closed ones were folded in when they closed. */
 static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -77,40 +87,66 @@ ncclResult_t ps_rma_listen(int dev, void *handle, void **listen_comm) {
     PS_WARN("one-sided listen: device %d has no RMA-capable endpoint", dev);
     return ncclInvalidArgument;
   }
-  ps_ep_t *ep = calloc(1, sizeof *ep);
-  if (!ep) return ncclSystemError;
-  ncclResult_t rc = ps_ep_open(d, (int)ps_fabric_config()->eagain_retries, ep);
-  if (rc == ncclSuccess)
-    rc = ps_handle_encode(handle, ps_fabric_wire_hash(), (uint32_t)dev, ps_random64(), ep->addr,
-                          ep->addrlen);
+  rma_listen_t *l = calloc(1, sizeof *l);
+  if (!l) {
+    PS_WARN("one-sided listen: out of memory");
+    return ncclSystemError;
+  }
+  ncclResult_t rc = ps_htab_reserve(&listen_tab, 1, &l->slot);
   if (rc != ncclSuccess) {
-    ps_ep_close(ep);
-    free(ep);
+    free(l);
     return rc;
   }
-  *listen_comm = ep;
+  rc = ps_ep_open(d, (int)ps_fabric_config()->eagain_retries, &l->ep);
+  if (rc == ncclSuccess)
+    rc = ps_handle_encode(handle, ps_fabric_wire_hash(), (uint32_t)dev, ps_random64(), l->ep.addr,
+                          l->ep.addrlen);
+  if (rc != ncclSuccess) {
+    ps_ep_close(&l->ep);
+    ps_htab_release(&listen_tab, l->slot, 1);
+    free(l);
+    return rc;
+  }
+  *listen_comm = ps_htab_bind(&listen_tab, l->slot, l);
   return ncclSuccess;
 }
 
+static rma_listen_t *listen_of(void *listen_comm, const char *call) {
+  rma_listen_t *l = ps_htab_get(&listen_tab, listen_comm);
+  if (!l) {
+    char why[200];
+    ps_htab_explain(&listen_tab, listen_comm, why, sizeof why);
+    PS_WARN("%s: %s", call, why);
+  }
+  return l;
+}
+
 ncclResult_t ps_rma_close_listen(void *listen_comm) {
-  ps_ep_t *ep = listen_comm;
-  if (!ep) return ncclInvalidArgument;
-  ps_ep_close(ep); /* a no-op once connect took the endpoint over */
-  free(ep);
+  rma_listen_t *l = listen_of(listen_comm, "one-sided closeListen");
+  if (!l) return ncclInvalidArgument;
+  ps_htab_release(&listen_tab, l->slot, 1); /* stale first: a second close is refused */
+  ps_ep_close(&l->ep); /* a no-op once connect took the endpoint over */
+  free(l);
   return ncclSuccess;
 }
 
 ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_comm,
                             void **coll_comm) {
-  ps_ep_t *lep = listen_comm;
-  if (!handles || !coll_comm || !lep || !lep->ep || nranks < 1 || rank < 0 || rank >= nranks) {
+  rma_listen_t *l = listen_of(listen_comm, "one-sided connect");
+  if (!l) return ncclInvalidArgument;
+  ps_ep_t *lep = &l->ep;
+  if (!lep->ep) {
+    PS_WARN("one-sided connect: listenComm %p was already connected (one connect per listen)",
+            listen_comm);
+    return ncclInvalidArgument;
+  }
+  if (!handles || !coll_comm || nranks < 1 || rank < 0 || rank >= nranks) {
     PS_WARN("one-sided connect: bad arguments (rank %d of %d)", rank, nranks);
     return ncclInvalidArgument;
   }
   *coll_comm = NULL;
   ps_rma_comm_t *c = calloc(1, sizeof *c);
   if (!c) return ncclSystemError;
-  c->magic = PS_RMA_MAGIC;
   pthread_mutexattr_t attr;
   pthread_mutexattr_init(&attr);
   pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
@@ -159,9 +195,10 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   return ncclSuccess;
 }
 
+/* gin_abi.c made its handle stale first: nothing reaches c once this starts. */
 ncclResult_t ps_rma_close_coll(void *coll) {
   ps_rma_comm_t *c = coll;
-  if (!c || c->magic != PS_RMA_MAGIC) return ncclInvalidArgument;
+  if (!c) return ncclInvalidArgument;
   close_comm(c, 1);
   return ncclSuccess;
 }
@@ -186,8 +223,9 @@ static void close_comm(ps_rma_comm_t *c, int report) {
   ps_rma_model_close(c);
   ps_rma_free_reqs(c);
   if (c->sig_slots_mr) fi_close(&c->sig_slots_mr->fid);
+  if (c->nacks_mr) fi_close(&c->nacks_mr->fid);
+  free(c->nacks);
   free(c->regions), free(c->addr), free(c->peers), free(c->opstats);
-  c->magic = 0;
   pthread_mutex_destroy(&c->lock);
   free(c);
 }
@@ -293,14 +331,17 @@ static ncclResult_t reg_region(ps_rma_comm_t *c, void *data, size_t size, int st
   }
   ps_rma_region_t *r = calloc(1, sizeof *r);
   size_t P = (size_t)c->nranks;
-  if (!r || !(r->raddr = calloc(P, 8)) || !(r->rkey = calloc(P, 8)) || !(r->rsize = calloc(P, 8))) {
+  if (!r || !(r->raddr = calloc(P, 8)) || !(r->rkey = calloc(P, 8)) || !(r->rsize = calloc(P, 8)) ||
+      ps_htab_reserve(&ps_rma_win_tab, 1, &r->slot) != ncclSuccess) {
+    PS_WARN("regMrSym: out of memory or window handles");
     if (r) free(r->raddr), free(r->rkey), free(r->rsize);
     free(r);
     return ncclSystemError;
   }
-  *r = (ps_rma_region_t){.magic = PS_RMA_REG_MAGIC, .id = c->nregions, .comm = c, .base = data,
+  *r = (ps_rma_region_t){.id = c->nregions, .slot = r->slot, .comm = c, .base = data,
                          .size = size, .raddr = r->raddr, .rkey = r->rkey,
                          .rsize = r->rsize, .staged = staged};
+  r->handle = ps_htab_bind(&ps_rma_win_tab, r->slot, r);
   uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
   if (!staged && ps_ep_reg(&c->ep, data, size ? size : 1, access, &r->mr) != ncclSuccess) {
     dereg_region(c, r);
@@ -330,10 +371,20 @@ static ncclResult_t stage_setup(ps_rma_comm_t *c, const void *gpu_ptr) {
 static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, uint64_t mr_flags,
                             void **mh) {
   ps_rma_comm_t *c = coll;
-  if (!c || c->magic != PS_RMA_MAGIC || !mh || (!data && size)) return ncclInvalidArgument;
+  if (!c || !mh) return ncclInvalidArgument; /* gin_abi.c logged it */
+  if (!data && size) {
+    PS_WARN("regMrSym: NULL buffer of %zu bytes", size);
+    return ncclInvalidArgument;
+  }
   /* FORCE_SO marks signal words: host ones take CPU atomics; staged GPU
-   * ones are written in copy-stream order behind their data anyway. */
-  (void)mr_flags;
+   * ones are written in copy-stream order behind their data anyway. Either
+   * way an 8-byte word must be 8-byte aligned (an offset checks only the
+   * distance from the base): a split atomic is a bus lock on x86 and a fault
+   * elsewhere. */
+  if ((mr_flags & NCCL_NET_MR_FLAG_FORCE_SO) && (uintptr_t)data % 8) {
+    PS_WARN("regMrSym: signal window %p (NCCL_NET_MR_FLAG_FORCE_SO) is not 8-byte aligned", data);
+    return ncclInvalidArgument;
+  }
   if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
     PS_WARN("regMrSym: pointer type %d is not supported (expected %d host or %d CUDA)", type,
             NCCL_PTR_HOST, NCCL_PTR_CUDA);
@@ -348,23 +399,23 @@ static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, 
   }
   ps_rma_region_t *r;
   PS_CHECK(reg_region(c, data, size, staged, &r));
-  *mh = r;
+  *mh = r->handle;
   return ncclSuccess;
 }
 
 static void dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
+  ps_htab_release(&ps_rma_win_tab, r->slot, 1); /* its handle is stale from here on */
   if (r->id < c->nregions && c->regions[r->id] == r) c->regions[r->id] = NULL;
   if (r->mr) fi_close(&r->mr->fid);
   free(r->raddr), free(r->rkey), free(r->rsize);
-  r->magic = 0;
   free(r);
 }
 
 static ncclResult_t dereg_sym_body(void *coll, void *mh) {
   ps_rma_comm_t *c = coll;
-  ps_rma_region_t *r = mh;
-  if (!c || c->magic != PS_RMA_MAGIC || !r || r->magic != PS_RMA_REG_MAGIC || r->comm != c) {
-    PS_WARN("deregMrSym: %p is not a region of this comm", mh);
+  ps_rma_region_t *r = ps_rma_window(c, mh);
+  if (!r) {
+    ps_rma_window_refused(c, "deregMrSym", "the", mh);
     return ncclInvalidArgument;
   }
   if (r->staged) ps_stage_quiesce(c); /* the GPU memory may be unmapped right after */

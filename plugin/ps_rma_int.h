@@ -8,8 +8,8 @@
  *                       the put/get/put+signal/flush entry points
  *   4 ps_rma_order.c    the ordering strategies: which one, when a queued
  *                       signal may go, how it is posted, fence accounting
- *   5 ps_rma_target.c   target side: signal messages applied, write arrivals
- *                       counted
+ *   5 ps_rma_target.c   target side: signal messages applied (or refused,
+ *                       and the refusal sent back), write arrivals counted
  *   6 ps_rma_stage.c    staging for GPU windows: setup and the origin side
  *     ps_rma_stage_rx.c staging's target side
  *   7 ps_rma_post.c     the one place writes, reads, atomics and messages are
@@ -27,15 +27,14 @@
 #include "ps_cuda.h"
 #include "ps_ep.h"
 #include "ps_gin_abi.h"
+#include "ps_handle.h"
 #include "ps_hist.h"
 #include "ps_model_nic.h"
 #include "ps_rma.h"
 #include "ps_seqwin.h"
 
-#define PS_RMA_MAGIC 0x524d4143u     /* "RMAC" */
-#define PS_RMA_REQ_MAGIC 0x524d5251u /* "RMRQ" */
-#define PS_RMA_REG_MAGIC 0x524d4752u /* "RMGR" */
 #define PS_RMA_SIG_SLOTS 64          /* signal receives kept posted */
+#define PS_RMA_NACK_SLOTS 4          /* receives kept posted for peers' refusals of our signals */
 #define PS_RMA_REQ_CHUNK 1024        /* requests are allocated (and registered) this many at a time */
 #define PS_RMA_MAX_REQS (1u << 20)   /* more outstanding than this is a caller bug */
 #define PS_RMA_MAX_WINDOW (1u << 22) /* a peer's writes can be this far ahead of its oldest missing one */
@@ -47,13 +46,23 @@
 
 /* Tags of the engine's own messages (bit 63: control, as in ps_wire.h). */
 #define PS_TAG_RMA_SIG (PS_TAG_CTRL | 0x20)
+/* A target's refusal of one of our signals: the refused signal message
+ * (ps_sig_msg_t) sent back, src_rank naming the target. */
+#define PS_TAG_RMA_NACK (PS_TAG_CTRL | 0x21)
 #define PS_TAG_RMA_REG(id) (PS_TAG_CTRL | 0x100000000ULL | (uint64_t)(id))
 
 typedef struct ps_rma_comm ps_rma_comm_t;
 
+/* What NCCL holds of a window, a request or a listenComm is a handle of
+ * these tables (ps_handle.h), never a pointer: a stale (deregistered,
+ * reported done, closed) or foreign one is refused without touching the
+ * memory it once named, however that memory was reused since. */
+extern ps_htab_t ps_rma_win_tab, ps_rma_req_tab;
+
 typedef struct {
-  uint32_t magic;
   uint32_t id; /* same on every rank: registrations are collective, in order */
+  uint32_t slot; /* in ps_rma_win_tab */
+  void *handle;  /* what regMrSym handed out */
   ps_rma_comm_t *comm;
   char *base;
   size_t size;
@@ -77,7 +86,7 @@ typedef struct {
 } ps_rma_stamps_t;
 
 typedef struct ps_rma_req {
-  uint32_t magic;
+  uint32_t slot; /* in ps_rma_req_tab: kept across reuse, like chunk_desc */
   uint8_t is_get;
   uint8_t data_stage, sig_stage; /* PS_STAGE_*: the put/get, and the signal */
   ncclResult_t status;
@@ -104,6 +113,7 @@ typedef struct ps_rma_req {
   uint64_t tested_pass;     /* the progress pass in which test() last saw it not done */
   ps_op_t data_op, sig_op;
   ps_rma_comm_t *comm;
+  void *handle;                 /* what NCCL tests: bound while the request is live */
   struct ps_rma_req *next;      /* free list / the peer's data queue */
   struct ps_rma_req *next_sig;  /* the peer's signal queue */
   ps_rma_stamps_t ts;           /* last: set (and cleared) only when PERSEUS_STATS is on */
@@ -112,6 +122,7 @@ typedef struct ps_rma_req {
 typedef struct ps_rma_req_chunk {
   struct ps_rma_req_chunk *next;
   struct fid_mr *mr;
+  uint32_t first_slot; /* its requests' slots in ps_rma_req_tab, one block */
   ps_rma_req_t reqs[PS_RMA_REQ_CHUNK];
 } ps_rma_req_chunk_t;
 
@@ -266,8 +277,16 @@ typedef struct {
   ps_rma_comm_t *comm;
 } ps_rma_sig_slot_t;
 
+/* Our refusal of a peer's signal, on its way back to it (one at a time per
+ * peer: the first one already fails the peer's comm). */
+enum { PS_NACK_IDLE = 0, PS_NACK_QUEUED, PS_NACK_SENT };
+typedef struct {
+  ps_sig_msg_t msg; /* registered (nacks_mr) */
+  ps_op_t op;
+  int state;
+} ps_rma_nack_t;
+
 struct ps_rma_comm {
-  uint32_t magic;
   pthread_mutex_t lock; /* recursive; taken by every entry point */
   int rank, nranks;
   ps_ordering_t ordering;
@@ -280,9 +299,14 @@ struct ps_rma_comm {
   ps_rma_req_t *free_reqs;
   ps_rma_req_chunk_t *chunks;
   uint32_t nreqs;
-  ps_rma_sig_slot_t sig_slots[PS_RMA_SIG_SLOTS];
+  /* signal receives, then PS_RMA_NACK_SLOTS receives of refusals */
+  ps_rma_sig_slot_t sig_slots[PS_RMA_SIG_SLOTS + PS_RMA_NACK_SLOTS];
   struct fid_mr *sig_slots_mr;
   void *sig_slots_desc;
+  ps_rma_nack_t *nacks; /* per peer */
+  struct fid_mr *nacks_mr;
+  void *nacks_desc;
+  int nack_pending;     /* a refusal is queued: progress sends it */
   ps_stage_t *stage;    /* NULL until a GPU window is staged */
   ps_model_t *model;     /* a test plugin's model NIC; NULL in the shipped plugin */
   int backlog;          /* something is queued: progress must try to post it */
@@ -296,7 +320,7 @@ struct ps_rma_comm {
   uint64_t max_posted;  /* per peer, posted and not completed (PERSEUS_RMA_INFLIGHT); 0 = no bound */
   ps_rma_opstats_t *opstats; /* PERSEUS_STATS (read at connect): per peer; NULL when off */
   ncclResult_t error;
-  char error_msg[256];
+  char error_msg[384];
 };
 
 /* The peer has as many operations posted as PERSEUS_RMA_INFLIGHT allows:
@@ -305,9 +329,16 @@ static inline int ps_rma_peer_full(const ps_rma_comm_t *c, const ps_rma_peer_t *
   return c->max_posted && p->outstanding >= c->max_posted;
 }
 
-static inline ps_rma_comm_t *ps_rma_live(void *coll) {
-  ps_rma_comm_t *c = coll;
-  return (c && c->magic == PS_RMA_MAGIC) ? c : NULL;
+/* The engine's comm comes from gin_abi.c, which looked the caller's handle
+ * up in its table: it is live, so only NULL is checked here. */
+static inline ps_rma_comm_t *ps_rma_live(void *coll) { return coll; }
+
+/* The window handle mh names, when it is a live one of comm c; NULL
+ * otherwise, without a message (ps_rma_window_refused says why). The data
+ * path's cost: the table lookup and one compare. */
+static inline ps_rma_region_t *ps_rma_window(ps_rma_comm_t *c, void *mh) {
+  ps_rma_region_t *r = ps_htab_get(&ps_rma_win_tab, mh);
+  return r && r->comm == c ? r : NULL;
 }
 
 /* Entry points take the comm's lock: NCCL's progress thread (test,
@@ -315,9 +346,9 @@ static inline ps_rma_comm_t *ps_rma_live(void *coll) {
  * the same time. Recursive, since drain and registration progress inside. */
 #define PS_RMA_LOCKED(coll, call)                                     \
   do {                                                                \
-    ps_rma_comm_t *c_ = ps_rma_live(coll);                               \
+    ps_rma_comm_t *c_ = ps_rma_live(coll);                            \
     if (!c_) {                                                        \
-      PS_WARN("one-sided call on %p, which is not a live comm", coll); \
+      PS_WARN("one-sided call on a NULL engine comm");                \
       return ncclInvalidArgument;                                     \
     }                                                                 \
     pthread_mutex_lock(&c_->lock);                                    \
@@ -328,6 +359,8 @@ static inline ps_rma_comm_t *ps_rma_live(void *coll) {
 
 /* --- floor 3, ps_rma_ops.c --- */
 void ps_rma_free_reqs(ps_rma_comm_t *c);
+/* Logs why mh is not a window of c that `call` can use as its `role`. */
+void ps_rma_window_refused(ps_rma_comm_t *c, const char *call, const char *role, void *mh);
 
 /* --- floor 4, ps_rma_order.c: the strategies --- */
 ncclResult_t ps_order_choose(const ps_device_t *d, ps_ordering_t *out);
@@ -343,7 +376,10 @@ int ps_order_sig_may_ride(const ps_rma_comm_t *c);
 int ps_order_count_fence(ps_rma_comm_t *c, ps_rma_peer_t *p, const ps_rma_req_t *r);
 
 /* --- floor 5, ps_rma_target.c: the target side --- */
+/* The signal receives and the refusal path (both directions). */
 ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c);
+/* Sends the refusals queued since the last pass (c->nack_pending). */
+void ps_rma_send_nacks(ps_rma_comm_t *c);
 /* Staging's part of a progress pass, and the signals and credits it frees. */
 void ps_rma_target_progress(ps_rma_comm_t *c);
 
@@ -407,7 +443,6 @@ ncclResult_t ps_rma_post_credit(ps_rma_comm_t *c, uint32_t peer, void *buf, size
 /* --- floor 8, ps_rma_peer.c: the lowest --- */
 void ps_rma_fail(ps_rma_comm_t *c, ncclResult_t rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-ps_rma_region_t *ps_rma_region(ps_rma_comm_t *c, void *mh);
 void ps_rma_op_started(ps_rma_comm_t *c, ps_rma_peer_t *p);
 void ps_rma_op_finished(ps_rma_comm_t *c, ps_rma_peer_t *p);
 void ps_rma_wake(ps_rma_peer_t *p);

@@ -19,6 +19,28 @@ static ps_rma_comm_t *rma_comm(void *coll) { return ps_rma_live(coll); }
 
 /* --- requests: allocated in registered chunks, recycled through a free list --- */
 
+/* A request's handle is bound while NCCL may test it, from the call that
+ * made it until test() reports it done: a later test() of that value is
+ * refused, even once the request's memory serves a new request. */
+ps_htab_t ps_rma_req_tab = PS_HTAB_INIT(0x72, "one-sided request",
+                                        "reported done by test(), or its comm closed");
+/* A window's handle is bound from regMrSym until deregMrSym (ps_rma_comm.c). */
+ps_htab_t ps_rma_win_tab = PS_HTAB_INIT(0x77, "one-sided window (mhandle)",
+                                        "deregistered, or its comm closed");
+
+void ps_rma_window_refused(ps_rma_comm_t *c, const char *call, const char *role, void *mh) {
+  ps_rma_region_t *r = ps_htab_get(&ps_rma_win_tab, mh);
+  if (r) {
+    PS_WARN("%s: %s window %p (window %u, %zu B at %p) belongs to another one-sided comm (rank %d "
+            "of %d), not this one (rank %d of %d)", call, role, mh, r->id, r->size,
+            (void *)r->base, r->comm->rank, r->comm->nranks, c->rank, c->nranks);
+    return;
+  }
+  char why[200];
+  ps_htab_explain(&ps_rma_win_tab, mh, why, sizeof why);
+  PS_WARN("%s: %s window: %s", call, role, why);
+}
+
 static ncclResult_t grow_reqs(ps_rma_comm_t *c) {
   if (c->nreqs >= PS_RMA_MAX_REQS) {
     PS_WARN("one-sided comm: over %u operations outstanding; test() completed requests first",
@@ -26,13 +48,23 @@ static ncclResult_t grow_reqs(ps_rma_comm_t *c) {
     return ncclInvalidUsage;
   }
   ps_rma_req_chunk_t *k = calloc(1, sizeof *k);
-  if (!k) return ncclSystemError;
+  if (!k) {
+    PS_WARN("one-sided comm: out of memory for %u more requests", PS_RMA_REQ_CHUNK);
+    return ncclSystemError;
+  }
+  ncclResult_t rc = ps_htab_reserve(&ps_rma_req_tab, PS_RMA_REQ_CHUNK, &k->first_slot);
+  if (rc != ncclSuccess) {
+    free(k);
+    return rc;
+  }
   if (ps_ep_reg_local(&c->ep, k->reqs, sizeof k->reqs, &k->mr) != ncclSuccess) {
+    ps_htab_release(&ps_rma_req_tab, k->first_slot, PS_RMA_REQ_CHUNK);
     free(k);
     return ncclSystemError;
   }
   void *desc = k->mr ? fi_mr_desc(k->mr) : NULL;
   for (int i = PS_RMA_REQ_CHUNK - 1; i >= 0; i--) {
+    k->reqs[i].slot = k->first_slot + (uint32_t)i;
     k->reqs[i].chunk_desc = desc;
     k->reqs[i].next = c->free_reqs;
     c->free_reqs = &k->reqs[i];
@@ -47,6 +79,8 @@ void ps_rma_free_reqs(ps_rma_comm_t *c) {
   while (c->chunks) {
     ps_rma_req_chunk_t *k = c->chunks;
     c->chunks = k->next;
+    /* requests still outstanding go stale with their comm */
+    ps_htab_release(&ps_rma_req_tab, k->first_slot, PS_RMA_REQ_CHUNK);
     if (k->mr) fi_close(&k->mr->fid);
     free(k);
   }
@@ -58,17 +92,19 @@ static ncclResult_t req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out)
   ps_rma_req_t *r = c->free_reqs;
   c->free_reqs = r->next;
   void *desc = r->chunk_desc;
+  uint32_t slot = r->slot;
   memset(r, 0, offsetof(ps_rma_req_t, ts)); /* start() clears ts when stats are on */
-  r->magic = PS_RMA_REQ_MAGIC;
+  r->slot = slot;
   r->chunk_desc = desc;
   r->comm = c;
   r->peer = peer;
+  r->handle = ps_htab_bind(&ps_rma_req_tab, slot, r);
   *out = r;
   return ncclSuccess;
 }
 
 static void req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
-  r->magic = 0;
+  ps_htab_unbind(&ps_rma_req_tab, r->slot);
   r->next = c->free_reqs;
   c->free_reqs = r;
 }
@@ -188,17 +224,26 @@ static void dq_append(ps_rma_peer_t *p, ps_rma_req_t *r) {
   p->dq_tail = r;
 }
 
-/* Checks the regions and queues the put (or get) part of a request. */
+/* Checks the regions and queues the put (or get) part of a request: the
+ * local part against our registration, the remote one against the size the
+ * peer advertised for its part of the window. */
 static ncclResult_t queue_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, uint64_t local_off,
                                void *local_mh, size_t size, uint64_t remote_off, void *remote_mh) {
-  ps_rma_region_t *loc = ps_rma_region(c, local_mh), *rem = ps_rma_region(c, remote_mh);
+  ps_rma_region_t *loc = ps_rma_window(c, local_mh), *rem = ps_rma_window(c, remote_mh);
   uint32_t peer = r->peer;
-  if (!loc || !rem || local_off > loc->size || loc->size - local_off < size ||
-      remote_off > rem->rsize[peer] || rem->rsize[peer] - remote_off < size) {
-    PS_WARN("%s of %zu B at local offset %llu, rank %u offset %llu falls outside its regions "
-            "(local %zu B, remote %llu B)", is_get ? "get" : "put", size,
-            (unsigned long long)local_off, peer, (unsigned long long)remote_off,
-            loc ? loc->size : (size_t)0, rem ? (unsigned long long)rem->rsize[peer] : 0ULL);
+  if (!loc || !rem) {
+    const char *call = is_get ? "iget" : "iput";
+    if (!loc) ps_rma_window_refused(c, call, is_get ? "local destination" : "source", local_mh);
+    if (!rem) ps_rma_window_refused(c, call, is_get ? "remote source" : "destination", remote_mh);
+    return ncclInvalidArgument;
+  }
+  if (local_off > loc->size || loc->size - local_off < size || remote_off > rem->rsize[peer] ||
+      rem->rsize[peer] - remote_off < size) {
+    PS_WARN("%s of %zu B at local offset %llu, rank %u offset %llu falls outside its windows "
+            "(local window %u: %zu B, rank %u's part of window %u: %llu B)",
+            is_get ? "get" : "put", size, (unsigned long long)local_off, peer,
+            (unsigned long long)remote_off, loc->id, loc->size, peer, rem->id,
+            (unsigned long long)rem->rsize[peer]);
     return ncclInvalidArgument;
   }
   if (is_get && (loc->staged || rem->staged)) {
@@ -253,7 +298,7 @@ static ncclResult_t data_body(void *coll, int is_get, uint64_t local_off, void *
     return rc;
   }
   pump(c, &c->peers[rank]);
-  *req = r;
+  *req = r->handle;
   return c->error;
 }
 
@@ -261,8 +306,13 @@ static ncclResult_t data_body(void *coll, int is_get, uint64_t local_off, void *
  * a GPU reading host memory. NCCL takes a NULL request as already done. */
 static ncclResult_t iflush_body(void *coll, void *mh, uint32_t rank, void **req) {
   ps_rma_comm_t *c = rma_comm(coll);
-  if (!c || !req || !ps_rma_region(c, mh) || rank >= (uint32_t)c->nranks) {
-    PS_WARN("iflush: bad comm, region %p or rank %u", mh, rank);
+  if (!c || !req) return ncclInvalidArgument;
+  if (!ps_rma_window(c, mh)) {
+    ps_rma_window_refused(c, "iflush", "flushed", mh);
+    return ncclInvalidArgument;
+  }
+  if (rank >= (uint32_t)c->nranks) {
+    PS_WARN("iflush: rank %u, but the comm has %d ranks", rank, c->nranks);
     return ncclInvalidArgument;
   }
   *req = NULL;
@@ -283,12 +333,18 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
   ps_rma_comm_t *c = rma_comm(coll);
   if (!c || !req) return ncclInvalidArgument;
   *req = NULL;
-  ps_rma_region_t *sig = ps_rma_region(c, sig_mh);
-  if (!sig || (op != NCCL_NET_SIGNAL_OP_INC && op != NCCL_NET_SIGNAL_OP_ADD) ||
+  ps_rma_region_t *sig = ps_rma_window(c, sig_mh);
+  if (!sig) {
+    ps_rma_window_refused(c, "iputSignal", "signal", sig_mh);
+    return ncclInvalidArgument;
+  }
+  if ((op != NCCL_NET_SIGNAL_OP_INC && op != NCCL_NET_SIGNAL_OP_ADD) ||
       rank >= (uint32_t)c->nranks || sig_off % 8 || sig_off > sig->rsize[rank] ||
       sig->rsize[rank] - sig_off < 8) {
     PS_WARN("putSignal: signal at offset %llu (op %u, expected 1 INC or 2 ADD) is not an aligned "
-            "8-byte word of a region of rank %u", (unsigned long long)sig_off, op, rank);
+            "8-byte word of rank %u's part of window %u (%llu B; the comm has %d ranks)",
+            (unsigned long long)sig_off, op, rank, sig->id,
+            rank < (uint32_t)c->nranks ? (unsigned long long)sig->rsize[rank] : 0ULL, c->nranks);
     return ncclInvalidArgument;
   }
   ps_rma_req_t *r;
@@ -329,7 +385,7 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
   }
   pump(c, p);
   if (ps_order_count_fence(c, p, r)) PS_CHECK(drain(c, p, r->need));
-  *req = r;
+  *req = r->handle;
   return c->error;
 }
 
@@ -371,6 +427,7 @@ static ncclResult_t progress_body(void *coll) {
   ps_rma_release_held(c);
   if (ps_ep_progress(&c->ep, 256, NULL) != ncclSuccess) ps_rma_fail(c, ncclRemoteError, "%s", c->ep.fatal);
   if (c->stage && !c->error) ps_rma_target_progress(c);
+  if (c->nack_pending && !c->error) ps_rma_send_nacks(c);
   if (c->backlog && !c->error) {
     c->backlog = 0;
     if (c->stage) ps_stage_fill(c);
@@ -389,11 +446,25 @@ static int req_done(const ps_rma_req_t *r) {
          (!r->sig_stage || r->sig_stage == PS_STAGE_DONE);
 }
 
+/* Why test() refused `request`: never reads what a stale handle once named. */
+static void PS_COLD req_refused(ps_rma_comm_t *c, const void *request) {
+  ps_rma_req_t *r = ps_htab_get(&ps_rma_req_tab, request);
+  if (r) {
+    PS_WARN("one-sided test: %p is a live request of another comm (rank %d of %d), not of this "
+            "one (rank %d of %d)", request, r->comm->rank, r->comm->nranks, c->rank, c->nranks);
+    return;
+  }
+  char why[200];
+  ps_htab_explain(&ps_rma_req_tab, request, why, sizeof why);
+  PS_WARN("one-sided test: %s", why);
+}
+
 static ncclResult_t test_body(void *coll, void *request, int *done) {
   ps_rma_comm_t *c = rma_comm(coll);
-  ps_rma_req_t *r = request;
-  if (!c || !done || !r || r->magic != PS_RMA_REQ_MAGIC || r->comm != c) {
-    PS_WARN("one-sided test: %p is not a live request of this comm", request);
+  ps_rma_req_t *r = ps_htab_get(&ps_rma_req_tab, request);
+  if (!c || !done) return ncclInvalidArgument; /* gin_abi.c logged it */
+  if (!r || r->comm != c) {
+    req_refused(c, request);
     return ncclInvalidArgument;
   }
   *done = 0;

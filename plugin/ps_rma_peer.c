@@ -18,11 +18,6 @@ void ps_rma_fail(ps_rma_comm_t *c, ncclResult_t rc, const char *fmt, ...) {
   PS_WARN("one-sided comm rank %d: %s", c->rank, c->error_msg);
 }
 
-ps_rma_region_t *ps_rma_region(ps_rma_comm_t *c, void *mh) {
-  ps_rma_region_t *r = mh;
-  return (r && r->magic == PS_RMA_REG_MAGIC && r->comm == c) ? r : NULL;
-}
-
 /* PERSEUS_STATS: one more operation posted to p */
 static void PS_COLD __attribute__((noinline)) note_started(ps_rma_peer_t *p) {
   ps_hist_small_add(&p->ops->depth, p->outstanding);

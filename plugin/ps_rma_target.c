@@ -2,21 +2,61 @@
  * here, after validation against the registered regions; under the target
  * strategy a signal also waits until the writes it covers have arrived,
  * counted from their remote CQ data, and behind staged writes until they
- * are in the GPU (ps_rma_stage_rx.c). Nothing a peer sends is trusted. */
+ * are in the GPU (ps_rma_stage_rx.c). Nothing a peer sends is trusted.
+ *
+ * A signal into a window we deregistered, or into a word we registered
+ * misaligned, is refused and sent back to its origin (PS_TAG_RMA_NACK),
+ * whose comm fails naming the window: the origin's request completed when
+ * its message left, so without this the origin would report success for a
+ * signal nobody will ever see. Our own comm goes on: nothing here was
+ * touched. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
-/* 0: applied (or, on a GPU word, queued behind the copies before it);
- * 1: no room to track the GPU word now, keep it held. */
+/* Why a signal was refused; travels back in the refusal's `covers`. */
+enum { PS_NACK_DEREGISTERED = 1, PS_NACK_MISALIGNED = 2 };
+
+/* Queues m's refusal back to its origin (sent by the next progress pass). */
+static void refuse_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m, int reason) {
+  const char *why = reason == PS_NACK_DEREGISTERED
+                        ? "the window was deregistered here"
+                        : "the word is not 8-byte aligned here (the window was registered at a "
+                          "misaligned address)";
+  ps_rma_nack_t *n = &c->nacks[m->src_rank];
+  PS_WARN("one-sided comm rank %d: signal from rank %u into window %u at offset %llu refused: %s; "
+          "rank %u is told", c->rank, m->src_rank, m->region_id, (unsigned long long)m->offset, why,
+          m->src_rank);
+  if (n->state != PS_NACK_IDLE) return; /* one on its way already fails that comm */
+  n->msg = *m;
+  n->msg.src_rank = (uint32_t)c->rank;
+  n->msg.covers = (uint64_t)reason;
+  n->msg.covers_staged = 0;
+  n->state = PS_NACK_QUEUED;
+  c->nack_pending = 1;
+}
+
+/* 0: applied, or refused (or, on a GPU word, queued behind the copies
+ * before it); 1: no room to track the GPU word now, keep it held. */
 static int apply_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m) {
+  if (m->region_id < c->nregions && !c->regions[m->region_id]) {
+    refuse_signal(c, m, PS_NACK_DEREGISTERED);
+    return 0;
+  }
   ps_rma_region_t *r = m->region_id < c->nregions ? c->regions[m->region_id] : NULL;
   if (!r || m->offset % 8 || m->offset > r->size || r->size - m->offset < 8) {
+    /* the origin checked the offset against the size we advertised: a peer
+     * that names a window never registered or a word outside it is broken */
     ps_rma_fail(c, ncclRemoteError,
                 "signal from rank %u rejected: region %u offset %llu outside its %zu bytes",
                 m->src_rank, m->region_id, (unsigned long long)m->offset, r ? r->size : (size_t)0);
+    return 0;
+  }
+  if ((uintptr_t)(r->base + m->offset) % 8) {
+    refuse_signal(c, m, PS_NACK_MISALIGNED);
     return 0;
   }
   uint64_t add = m->op == NCCL_NET_SIGNAL_OP_INC ? 1 : m->value;
@@ -145,17 +185,86 @@ static void sig_rx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err
 
 static ncclResult_t post_sig_slot(ps_rma_comm_t *c, ps_rma_sig_slot_t *s) {
   int ok = 0;
-  PS_CHECK(ps_ep_trecv(&c->ep, &s->msg, sizeof s->msg, c->sig_slots_desc, PS_TAG_RMA_SIG, &s->op, &ok));
+  uint64_t tag = s->op.idx < PS_RMA_SIG_SLOTS ? PS_TAG_RMA_SIG : PS_TAG_RMA_NACK;
+  PS_CHECK(ps_ep_trecv(&c->ep, &s->msg, sizeof s->msg, c->sig_slots_desc, tag, &s->op, &ok));
+  if (!ok) PS_WARN("one-sided comm: the provider refused a signal receive");
   return ok ? ncclSuccess : ncclSystemError;
+}
+
+/* A peer refused one of our signals (refuse_signal): the caller believes it
+ * landed, so the comm fails, naming the window and, where it is still
+ * registered here, its local address. */
+static void nack_rx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err,
+                         const char *errstr) {
+  ps_rma_sig_slot_t *s = op->owner;
+  ps_rma_comm_t *c = s->comm;
+  ps_sig_msg_t m;
+  if (err) {
+    if (err != -FI_ECANCELED) ps_rma_fail(c, ncclRemoteError, "refusal receive failed: %s", errstr);
+    return;
+  }
+  if (ps_sig_decode(&s->msg, e->len, (uint32_t)c->nranks, &m) != ncclSuccess ||
+      m.op == PS_SIG_OP_CREDIT) {
+    ps_rma_fail(c, ncclRemoteError, "malformed refusal message dropped");
+    return;
+  }
+  ps_rma_region_t *r = m.region_id < c->nregions ? c->regions[m.region_id] : NULL;
+  char here[96] = "deregistered here too";
+  if (r) snprintf(here, sizeof here, "here at %p, %zu B, still registered", (void *)r->base, r->size);
+  const char *why = m.covers == PS_NACK_DEREGISTERED
+                        ? "the window is deregistered there: every rank must stop signalling a "
+                          "window before any rank deregisters it"
+                    : m.covers == PS_NACK_MISALIGNED
+                        ? "the word is not 8-byte aligned there: that rank registered the window "
+                          "at a misaligned address"
+                        : "no reason given";
+  ps_rma_fail(c, ncclRemoteError, "rank %u refused our signal (%s %llu) into window %u (%s) at "
+              "offset %llu: %s", m.src_rank, m.op == NCCL_NET_SIGNAL_OP_INC ? "INC" : "ADD",
+              (unsigned long long)m.value, m.region_id, here, (unsigned long long)m.offset, why);
+}
+
+static void nack_sent(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
+  ps_rma_comm_t *c = op->owner;
+  (void)e;
+  c->nacks[op->idx].state = PS_NACK_IDLE;
+  if (err) /* the origin is gone: its own liveness check, or ours, says so */
+    PS_WARN("one-sided comm rank %d: the refusal to rank %d was not delivered: %s", c->rank,
+            op->idx, errstr);
+}
+
+void ps_rma_send_nacks(ps_rma_comm_t *c) {
+  c->nack_pending = 0;
+  for (int i = 0; i < c->nranks; i++) {
+    ps_rma_nack_t *n = &c->nacks[i];
+    if (n->state != PS_NACK_QUEUED) continue;
+    n->op = (ps_op_t){.cb = nack_sent, .owner = c, .idx = i};
+    int posted = 0;
+    if (ps_rma_post_sig_send(c, (uint32_t)i, &n->msg, sizeof n->msg, c->nacks_desc,
+                             PS_TAG_RMA_NACK, &n->op, &posted) != ncclSuccess) {
+      PS_WARN("one-sided comm rank %d: the provider refused the refusal to rank %d", c->rank, i);
+      n->state = PS_NACK_IDLE;
+      continue;
+    }
+    if (posted) n->state = PS_NACK_SENT;
+    else c->nack_pending = 1; /* the provider is full: next pass */
+  }
 }
 
 ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c) {
   PS_CHECK(ps_ep_reg_local(&c->ep, c->sig_slots, sizeof c->sig_slots, &c->sig_slots_mr));
   c->sig_slots_desc = c->sig_slots_mr ? fi_mr_desc(c->sig_slots_mr) : NULL;
+  c->nacks = calloc((size_t)c->nranks, sizeof *c->nacks);
+  if (!c->nacks) {
+    PS_WARN("one-sided comm: out of memory for %d refusal slots", c->nranks);
+    return ncclSystemError;
+  }
+  PS_CHECK(ps_ep_reg_local(&c->ep, c->nacks, (size_t)c->nranks * sizeof *c->nacks, &c->nacks_mr));
+  c->nacks_desc = c->nacks_mr ? fi_mr_desc(c->nacks_mr) : NULL;
   c->ep.remote_write = remote_write;
   c->ep.remote_owner = c;
-  for (int i = 0; i < PS_RMA_SIG_SLOTS; i++) {
-    c->sig_slots[i].op = (ps_op_t){.cb = sig_rx_done, .owner = &c->sig_slots[i], .idx = i};
+  for (int i = 0; i < PS_RMA_SIG_SLOTS + PS_RMA_NACK_SLOTS; i++) {
+    ps_op_cb cb = i < PS_RMA_SIG_SLOTS ? sig_rx_done : nack_rx_done;
+    c->sig_slots[i].op = (ps_op_t){.cb = cb, .owner = &c->sig_slots[i], .idx = i};
     c->sig_slots[i].comm = c;
     PS_CHECK(post_sig_slot(c, &c->sig_slots[i]));
   }

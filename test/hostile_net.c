@@ -28,6 +28,8 @@
  *     the listener does not accept: they resume one connect, so the open fds
  *     stay flat and the listener accepts exactly one comm, which carries data.
  * In each, the new owner must still work afterwards.
+ * Connection setup that needs several connections or a dead process
+ * (abandon, wrong_id, shm_stale, shm_addr, shm_dead_peer) is in hostile_conn.c.
  * Usage: perseus_hostile_net -v VERSION [-s SCENARIO] (the harness's plugin
  * and loader). */
 #include <dirent.h>
@@ -475,6 +477,8 @@ static int stale_scenario(int version, const char *scenario) {
   return rc ? 1 : 0;
 }
 
+int hostile_conn_scenario(int version, const char *scenario); /* hostile_conn.c; 2: unknown */
+
 int main(int argc, char **argv) {
   int version = 12, c;
   const char *scenario = "calls";
@@ -486,7 +490,7 @@ int main(int argc, char **argv) {
     if (c != 'v') {
       fprintf(stderr,
               "usage: %s [-v 8..12] [-s calls|half_open|stale_req|double_close|double_dereg|"
-              "stale_mh|reconnect]\n",
+              "stale_mh|reconnect|abandon|wrong_id|shm_stale|shm_addr|shm_dead_peer]\n",
               argv[0]);
       return 2;
     }
@@ -499,6 +503,8 @@ int main(int argc, char **argv) {
     printf("hostile_net half_open v%d: %s\n", version, rc ? "FAIL" : "ok");
     return rc ? 1 : 0;
   }
+  int conn = hostile_conn_scenario(version, scenario);
+  if (conn != 2) return conn;
   if (strcmp(scenario, "calls")) return stale_scenario(version, scenario);
   drv_net_t net;
   if (drv_load(NULL, version, &net)) return 1;
