@@ -31,17 +31,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "hostile_net.h"
 #include "ps_driver.h"
 #include "ps_wire.h"
 
-#define FAIL_IF(cond, ...)                               \
-  do {                                                   \
-    if (cond) {                                          \
-      fprintf(stderr, __VA_ARGS__);                      \
-      fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__); \
-      return 1;                                          \
-    }                                                    \
-  } while (0)
 
 static double peer_timeout_s(void) {
   const char *t = getenv("PERSEUS_PEER_TIMEOUT_MS");
@@ -368,8 +361,6 @@ static int shm_dead_peer(drv_rank_t *r, void *arg) {
         src, sdone, rrc, rdone, took, limit);
   return 0;
 }
-
-int hostile_conn_scenario(int version, const char *scenario);
 
 /* 2: no such scenario */
 int hostile_conn_scenario(int version, const char *scenario) {

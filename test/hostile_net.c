@@ -42,6 +42,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "hostile_net.h"
 #include "ps_driver.h"
 #include "ps_driver_int.h"
 
@@ -229,14 +230,6 @@ static int half_open(drv_rank_t *r, void *arg) {
 
 /* --- stale objects, on one connection within this process --- */
 
-#define FAIL_IF(cond, ...)                                   \
-  do {                                                       \
-    if (cond) {                                              \
-      fprintf(stderr, __VA_ARGS__);                          \
-      fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);     \
-      return 1;                                              \
-    }                                                        \
-  } while (0)
 
 typedef struct {
   drv_net_t *net;
@@ -477,7 +470,6 @@ static int stale_scenario(int version, const char *scenario) {
   return rc ? 1 : 0;
 }
 
-int hostile_conn_scenario(int version, const char *scenario); /* hostile_conn.c; 2: unknown */
 
 int main(int argc, char **argv) {
   int version = 12, c;
