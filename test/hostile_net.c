@@ -32,7 +32,6 @@
  * (abandon, wrong_id, shm_stale, shm_addr, shm_dead_peer) is in hostile_conn.c.
  * Usage: perseus_hostile_net -v VERSION [-s SCENARIO] (the harness's plugin
  * and loader). */
-#include <dirent.h>
 #include <dlfcn.h>
 #include <getopt.h>
 #include <signal.h>
@@ -230,7 +229,6 @@ static int half_open(drv_rank_t *r, void *arg) {
 
 /* --- stale objects, on one connection within this process --- */
 
-
 typedef struct {
   drv_net_t *net;
   char handle[NCCL_NET_HANDLE_MAXSIZE];
@@ -393,15 +391,6 @@ static int stale_mh(loop_t *l) {
   return 0;
 }
 
-static int open_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  int n = 0;
-  if (!d) return -1;
-  while (readdir(d)) n++;
-  closedir(d);
-  return n;
-}
-
 #define RECONNECTS 500
 
 static int reconnect(drv_net_t *net) {
@@ -418,10 +407,10 @@ static int reconnect(drv_net_t *net) {
     ncclResult_t res = net->connect(0, copies[i], &sc);
     FAIL_IF(res != ncclSuccess || sc, "connect %d with a copy of the handle: rc %d, comm %p", i,
             res, sc);
-    if (i == 0) fds0 = open_fds();
+    if (i == 0) fds0 = hostile_open_fds();
   }
   free(copies);
-  fds = open_fds();
+  fds = hostile_open_fds();
   FAIL_IF(fds > fds0 + 4, "%d connects with copies of one handle: %d open fds after the first, "
           "%d after the last", RECONNECTS, fds0, fds);
   /* The listener got one CONNECT: one comm, and nothing more to accept. */
@@ -469,7 +458,6 @@ static int stale_scenario(int version, const char *scenario) {
   printf("hostile_net %s v%d: %s\n", scenario, version, rc ? "FAIL" : "ok");
   return rc ? 1 : 0;
 }
-
 
 int main(int argc, char **argv) {
   int version = 12, c;

@@ -15,6 +15,9 @@
     }                                                    \
   } while (0)
 
+/* Entries in /proc/self/fd, -1 where it cannot be read (hostile_conn.c). */
+int hostile_open_fds(void);
+
 /* hostile_conn.c's scenarios (abandon, wrong_id, shm_stale, shm_addr,
  * shm_dead_peer): 0 passed, 1 failed, 77 skipped, 2 not one of them. */
 int hostile_conn_scenario(int version, const char *scenario);
