@@ -200,16 +200,25 @@ static void req_put(ps_req_t *r) {
   c->free_reqs[c->nfree++] = r;
 }
 
-ncclResult_t ps_net_isend(void *send_comm, void *data, size_t size, int tag, void *mh, void **req) {
-  ps_comm_t *c = ps_comm_get(send_comm, PS_COMM_SEND);
-  if (!req || !c) {
-    if (c)
-      PS_WARN("isend: NULL request pointer");
-    else
-      ps_comm_refused("isend", send_comm, PS_COMM_SEND);
-    return ncclInvalidArgument;
+/* The comm of an isend/irecv, with *req cleared; NULL (logged) for a handle
+ * that is not a live comm of that kind or a NULL request pointer. */
+static ps_comm_t *data_call_comm(const char *call, void *h, int kind, void **req) {
+  ps_comm_t *c = ps_comm_get(h, kind);
+  if (!c) {
+    ps_comm_refused(call, h, kind);
+    return NULL;
+  }
+  if (!req) {
+    PS_WARN("%s: NULL request pointer", call);
+    return NULL;
   }
   *req = NULL;
+  return c;
+}
+
+ncclResult_t ps_net_isend(void *send_comm, void *data, size_t size, int tag, void *mh, void **req) {
+  ps_comm_t *c = data_call_comm("isend", send_comm, PS_COMM_SEND, req);
+  if (!c) return ncclInvalidArgument;
   void *desc;
   PS_CHECK(mr_desc(c, mh, data, size, &desc));
   if (c->failed) return c->failed; /* completions are read by test(), not here */
@@ -231,15 +240,8 @@ ncclResult_t ps_net_isend(void *send_comm, void *data, size_t size, int tag, voi
 
 ncclResult_t ps_net_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const int *tags,
                           void **mhs, void **req) {
-  ps_comm_t *c = ps_comm_get(recv_comm, PS_COMM_RECV);
-  if (!req || !c) {
-    if (c)
-      PS_WARN("irecv: NULL request pointer");
-    else
-      ps_comm_refused("irecv", recv_comm, PS_COMM_RECV);
-    return ncclInvalidArgument;
-  }
-  *req = NULL;
+  ps_comm_t *c = data_call_comm("irecv", recv_comm, PS_COMM_RECV, req);
+  if (!c) return ncclInvalidArgument;
   if (n < 1 || n > c->cfg->max_recvs || !data || !sizes || !tags) {
     PS_WARN("irecv: %d grouped receives, this device takes 1..%lld", n,
             (long long)c->cfg->max_recvs);

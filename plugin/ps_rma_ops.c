@@ -470,8 +470,8 @@ static ncclResult_t test_body(void *coll, void *request, int *done) {
   *done = 0;
   if (r->status) return r->status;
   if (!req_done(r)) {
-    /* NCCL tests every outstanding request each round and calls progress
-     * once a round: a test makes a progress pass only when this request was
+    /* NCCL tests every outstanding request each round besides calling
+     * progress (progress_body): a test makes a progress pass only when this request was
      * already seen not done since the last one, so a round costs one pass
      * however many requests are outstanding, and a caller that only tests
      * still drives progress. */
