@@ -10,9 +10,24 @@ static int pct_bucket(const uint64_t *b, int nb, uint64_t n, unsigned pct) {
   return nb - 1;
 }
 
+/* v < 8 is its own bucket; above, the power of two of v's top bit and the
+ * two bits below it pick one of four buckets. */
+static int bucket_of(uint64_t v) {
+  if (v < 8) return (int)v;
+  int top = 63 - __builtin_clzll(v);
+  int k = 8 + 4 * (top - 3) + (int)((v >> (top - 2)) & 3);
+  return k < PS_HIST_BUCKETS ? k : PS_HIST_BUCKETS - 1;
+}
+
+/* The largest value bucket k holds (k below the last). */
+static uint64_t bucket_upper(int k) {
+  if (k < 8) return (uint64_t)k;
+  int top = 3 + (k - 8) / 4, quarter = (k - 8) % 4;
+  return ((uint64_t)(5 + quarter) << (top - 2)) - 1;
+}
+
 void ps_hist_add(ps_hist_t *h, uint64_t v) {
-  int k = v ? 64 - __builtin_clzll(v) : 0;
-  h->b[k < PS_HIST_BUCKETS ? k : PS_HIST_BUCKETS - 1]++;
+  h->b[bucket_of(v)]++;
   h->n++, h->sum += v;
   if (v > h->max) h->max = v;
 }
@@ -20,7 +35,7 @@ void ps_hist_add(ps_hist_t *h, uint64_t v) {
 uint64_t ps_hist_pct(const ps_hist_t *h, unsigned pct) {
   if (!h->n) return 0;
   int k = pct_bucket(h->b, PS_HIST_BUCKETS, h->n, pct);
-  uint64_t upper = k == PS_HIST_BUCKETS - 1 ? h->max : (1ULL << k) - 1;
+  uint64_t upper = k == PS_HIST_BUCKETS - 1 ? h->max : bucket_upper(k);
   return upper < h->max ? upper : h->max;
 }
 

@@ -1,10 +1,11 @@
 /* Fixed-size histograms for PERSEUS_STATS: adding a sample never allocates.
  * Below the one-sided engine, like ps_seqwin.h.
  *
- * ps_hist_t, log2 buckets of a duration in ns: bucket 0 holds 0, bucket k
- * holds [2^(k-1), 2^k), the last also everything longer (2^40 ns is 18
- * minutes). A percentile is the upper bound of the bucket it falls in, at
- * most the exact maximum, which is kept (so is the sum, for the mean).
+ * ps_hist_t, quarter-octave buckets of a duration in ns: 0..7 exactly, then
+ * four buckets per power of two (each at most 25% wide), the last also
+ * everything from 2^40 ns (18 minutes) up. A percentile is the upper bound
+ * of the bucket it falls in, at most the exact maximum, which is kept (so
+ * is the sum, for the mean).
  *
  * ps_hist_small_t, exact counts of small values (a queue depth): 0 ..
  * PS_HIST_SMALL - 2 each in their own bucket, the last bucket everything
@@ -14,7 +15,7 @@
 
 #include <stdint.h>
 
-#define PS_HIST_BUCKETS 42
+#define PS_HIST_BUCKETS (8 + 4 * 37 + 1)
 #define PS_HIST_SMALL 64
 
 typedef struct {

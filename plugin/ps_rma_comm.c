@@ -159,8 +159,12 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   c->peers = calloc((size_t)nranks, sizeof *c->peers);
   c->timeout_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
   c->pass_interval_ns = (uint64_t)ps_fabric_config()->progress_interval_us * 1000;
-  if (ps_fabric_config()->stats) c->opstats = calloc((size_t)nranks, sizeof *c->opstats);
-  ncclResult_t rc = (c->addr && c->peers && (c->opstats || !ps_fabric_config()->stats))
+  if (ps_fabric_config()->stats) {
+    c->opstats = calloc((size_t)nranks, sizeof *c->opstats);
+    c->calls = calloc(1, sizeof *c->calls);
+  }
+  ncclResult_t rc = (c->addr && c->peers && (c->opstats || !ps_fabric_config()->stats) &&
+                     (c->calls || !ps_fabric_config()->stats))
                         ? ncclSuccess : ncclSystemError;
   if (rc == ncclSuccess) rc = ps_order_choose(c->ep.dev, &c->ordering);
   if (rc == ncclSuccess) rc = ps_rma_model_open(c);
@@ -225,7 +229,7 @@ static void close_comm(ps_rma_comm_t *c, int report) {
   if (c->sig_slots_mr) fi_close(&c->sig_slots_mr->fid);
   if (c->nacks_mr) fi_close(&c->nacks_mr->fid);
   free(c->nacks);
-  free(c->regions), free(c->addr), free(c->peers), free(c->opstats);
+  free(c->regions), free(c->addr), free(c->peers), free(c->opstats), free(c->calls);
   pthread_mutex_destroy(&c->lock);
   free(c);
 }
@@ -418,6 +422,14 @@ static ncclResult_t dereg_sym_body(void *coll, void *mh) {
     ps_rma_window_refused(c, "deregMrSym", "the", mh);
     return ncclInvalidArgument;
   }
+  /* Operations still moving bytes through it would write freed memory or
+   * be dropped unseen: the window stays until they completed (test() them
+   * first). A failed comm completes nothing more, so then it goes. */
+  if (r->busy && !c->error) {
+    PS_WARN("deregMrSym: window %u is named by %u operations not yet completed; it stays "
+            "registered (deregister it once test() reported them done)", r->id, r->busy);
+    return ncclInvalidUsage;
+  }
   if (r->staged) ps_stage_quiesce(c); /* the GPU memory may be unmapped right after */
   dereg_region(c, r);
   return ncclSuccess;
@@ -467,12 +479,41 @@ static void print_opstats(ps_rma_comm_t *c, int p) {
           (unsigned long long)o->depth.max);
 }
 
+/* The calls line: how NCCL's calls were spaced and what they cost inside
+ * perseus while work was outstanding. */
+static void print_calls(const ps_rma_comm_t *c) {
+  const ps_rma_callstats_t *s = c->calls;
+  static const char *const name[PS_CALL_N] = {"data", "test", "progress"};
+  char line[512], gap[160];
+  int len = 0;
+  uint64_t inside = 0;
+  for (int k = 0; k < PS_CALL_N; k++) {
+    inside += s->ns[k];
+    len += snprintf(line + len, sizeof line - (size_t)len, "%s %s %llu (%.2f us each)",
+                    k ? "," : "", name[k], (unsigned long long)s->n[k],
+                    s->n[k] ? (double)s->ns[k] / (double)s->n[k] / 1e3 : 0.0);
+  }
+  print_interval(gap, sizeof gap, "gap between data calls", &s->data_gap);
+  char steps[200];
+  double np = s->passes ? (double)s->passes : 1.0;
+  snprintf(steps, sizeof steps, "%llu passes (us each: completions %.2f, target %.2f, posts %.2f, "
+           "copies %.2f)", (unsigned long long)s->passes, (double)s->pass_ns[PS_PASS_CQ] / np / 1e3,
+           (double)s->pass_ns[PS_PASS_TARGET] / np / 1e3, (double)s->pass_ns[PS_PASS_POST] / np / 1e3,
+           (double)s->pass_ns[PS_PASS_COPIES] / np / 1e3);
+  fprintf(stderr, "perseus stats: rank %d: NCCL's calls while work was outstanding (%.1f ms, %.0f%% "
+          "of it inside perseus):%s; %llu progress calls came after a new data call; %s;%s "
+          "(us p50/p90/p99/max)\n", c->rank, (double)s->busy_ns / 1e6,
+          s->busy_ns ? 100.0 * (double)inside / (double)s->busy_ns : 0.0, line,
+          (unsigned long long)s->progress_new, steps, gap);
+}
+
 /* PERSEUS_STATS=1: what each peer cost, when the comm closes. Written to
  * stderr, not the logger: the user asked for it whatever NCCL_DEBUG says. */
 static void print_stats(ps_rma_comm_t *c) {
   fprintf(stderr, "perseus stats: rank %d: %llu progress calls, %llu passes (PERSEUS_PROGRESS_INTERVAL_US "
           "%llu)\n", c->rank, (unsigned long long)c->progress_calls, (unsigned long long)c->passes,
           (unsigned long long)(c->pass_interval_ns / 1000));
+  if (c->calls) print_calls(c);
   for (int p = 0; p < c->nranks; p++) {
     const ps_rma_peer_stats_t *s = &c->peers[p].st;
     if (p == c->rank && !s->puts && !s->signals) continue;

@@ -70,6 +70,7 @@ typedef struct {
   void *desc;
   uint64_t *raddr, *rkey, *rsize; /* per rank: target address (or 0), key, size */
   int staged; /* GPU memory the provider cannot reach: staged (same on every rank) */
+  uint32_t busy; /* operations naming it (either side, or its signal) not yet completed */
 } ps_rma_region_t;
 
 enum { PS_STAGE_NONE = 0, PS_STAGE_QUEUED, PS_STAGE_POSTED, PS_STAGE_DONE };
@@ -111,6 +112,8 @@ typedef struct ps_rma_req {
   uint32_t dst_region;      /* destination window id, and offset in it */
   uint64_t dst_off;
   uint64_t tested_pass;     /* the progress pass in which test() last saw it not done */
+  uint32_t uses[3];         /* ids of the windows it counts in (busy) until it completes */
+  uint8_t nuses, settled;
   ps_op_t data_op, sig_op;
   ps_rma_comm_t *comm;
   void *handle;                 /* what NCCL tests: bound while the request is live */
@@ -236,6 +239,29 @@ typedef struct {
   ps_hist_small_t depth;  /* operations posted and not completed, at each post */
 } ps_rma_opstats_t;
 
+/* PERSEUS_STATS: NCCL's calls as the engine sees them while work is
+ * outstanding (busy: a request handed out and not yet reported done), to
+ * tell a slow engine from a caller that hands it work slowly: the time each
+ * kind of call spent inside perseus, the spacing of data calls, and whether
+ * progress calls brought new work. Idle polling (setup, between kernels) is
+ * left out. */
+enum { PS_CALL_DATA, PS_CALL_TEST, PS_CALL_PROGRESS, PS_CALL_N };
+/* A progress pass's steps, timed: the completion queue, the target's side
+ * (staged writes in, refusals out), posting what is queued, the copies and
+ * marks handed to the driver. */
+enum { PS_PASS_CQ, PS_PASS_TARGET, PS_PASS_POST, PS_PASS_COPIES, PS_PASS_N };
+typedef struct {
+  uint64_t n[PS_CALL_N], ns[PS_CALL_N]; /* calls while busy, and their time inside */
+  uint64_t busy_ns, last_ns;            /* busy wall time; the last call's begin or end */
+  uint64_t live;                        /* requests handed out, not yet reported done */
+  uint64_t last_data_ns;                /* the last data call's begin, while busy */
+  uint64_t progress_new;                /* progress calls with a data call since the previous */
+  int data_since_progress, was_busy;
+  int depth;                            /* entries nested (drain progresses inside a call) */
+  ps_hist_t data_gap;                   /* begin to begin of successive data calls, while busy */
+  uint64_t passes, pass_ns[PS_PASS_N];  /* passes that began while busy, and their steps */
+} ps_rma_callstats_t;
+
 /* A signal that arrived before the writes it covers (target strategy). */
 typedef struct {
   ps_sig_msg_t msg;
@@ -319,6 +345,7 @@ struct ps_rma_comm {
   uint64_t timeout_ns;  /* PERSEUS_PEER_TIMEOUT_MS */
   uint64_t max_posted;  /* per peer, posted and not completed (PERSEUS_RMA_INFLIGHT); 0 = no bound */
   ps_rma_opstats_t *opstats; /* PERSEUS_STATS (read at connect): per peer; NULL when off */
+  ps_rma_callstats_t *calls; /* PERSEUS_STATS: NCCL's calls; NULL when off */
   ncclResult_t error;
   char error_msg[384];
 };
@@ -344,7 +371,9 @@ static inline ps_rma_region_t *ps_rma_window(ps_rma_comm_t *c, void *mh) {
 /* Entry points take the comm's lock: NCCL's progress thread (test,
  * ginProgress, puts) and the user's thread (window registration) may call at
  * the same time. Recursive, since drain and registration progress inside. */
-#define PS_RMA_LOCKED(coll, call)                                     \
+#define PS_RMA_LOCKED(coll, call) PS_RMA_LOCKED_CALL(coll, PS_CALL_N, call)
+/* The same for the calls PERSEUS_STATS times (kind: PS_CALL_*). */
+#define PS_RMA_LOCKED_CALL(coll, kind, call)                          \
   do {                                                                \
     ps_rma_comm_t *c_ = ps_rma_live(coll);                            \
     if (!c_) {                                                        \
@@ -352,7 +381,9 @@ static inline ps_rma_region_t *ps_rma_window(ps_rma_comm_t *c, void *mh) {
       return ncclInvalidArgument;                                     \
     }                                                                 \
     pthread_mutex_lock(&c_->lock);                                    \
+    uint64_t t0_ = (kind) < PS_CALL_N && c_->calls ? ps_rma_call_begins(c_) : 0; \
     ncclResult_t rc_ = (call);                                        \
+    if (t0_) ps_rma_call_ends(c_, (kind), t0_);                       \
     pthread_mutex_unlock(&c_->lock);                                  \
     return rc_;                                                       \
   } while (0)
@@ -448,6 +479,11 @@ void ps_rma_op_finished(ps_rma_comm_t *c, ps_rma_peer_t *p);
 void ps_rma_wake(ps_rma_peer_t *p);
 /* 1 (and the comm failed) when err says the operation failed. */
 int ps_rma_op_failed(ps_rma_req_t *r, int err, const char *what, const char *errstr);
+/* r names window g: g counts it as busy until r completes. */
+static inline void ps_rma_use_window(ps_rma_req_t *r, ps_rma_region_t *g) {
+  g->busy++;
+  r->uses[r->nuses++] = g->id;
+}
 void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr);
 /* r's signal completed (a message, an atomic or a staged write). */
 void ps_rma_sig_done(ps_rma_req_t *r, int err, const char *errstr);
@@ -476,5 +512,12 @@ static inline void ps_rma_note_held(ps_rma_peer_t *p, int why) {
 /* test() reported r done: its intervals go into its peer's histograms (the
  * caller checks c->opstats). */
 void ps_rma_note_reported(ps_rma_comm_t *c, const ps_rma_req_t *r) PS_COLD;
+/* An entry point timed for c->calls begins (returns its clock, never 0) and
+ * ends. */
+uint64_t ps_rma_call_begins(ps_rma_comm_t *c) PS_COLD;
+/* A pass's step `which` (PS_PASS_*) ended: its time since *t goes into
+ * step[which], and *t moves to now. */
+void ps_rma_note_step(uint64_t *step, int which, uint64_t *t) PS_COLD;
+void ps_rma_call_ends(ps_rma_comm_t *c, int kind, uint64_t t0) PS_COLD;
 
 #endif

@@ -99,12 +99,14 @@ static ncclResult_t req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out)
   r->comm = c;
   r->peer = peer;
   r->handle = ps_htab_bind(&ps_rma_req_tab, slot, r);
+  if (c->calls) c->calls->live++;
   *out = r;
   return ncclSuccess;
 }
 
 static void req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
   ps_htab_unbind(&ps_rma_req_tab, r->slot);
+  if (c->calls) c->calls->live--;
   r->next = c->free_reqs;
   c->free_reqs = r;
 }
@@ -265,6 +267,8 @@ static ncclResult_t queue_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, ui
     if (size > c->stage->chunk) r->nchunks = (uint32_t)((size + c->stage->chunk - 1) / c->stage->chunk);
   }
   if (!is_get) r->seq = p->next_seq, p->next_seq += r->nchunks;
+  ps_rma_use_window(r, loc);
+  ps_rma_use_window(r, rem);
   r->data_stage = PS_STAGE_QUEUED;
   ps_rma_wake(p);
   dq_append(p, r);
@@ -347,6 +351,15 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
             rank < (uint32_t)c->nranks ? (unsigned long long)sig->rsize[rank] : 0ULL, c->nranks);
     return ncclInvalidArgument;
   }
+  /* A signal alone moves no data, and NCCL passes NULL data windows with
+   * it; anything else must still be a live window of this comm. */
+  for (int i = 0; i < 2 && !size; i++) {
+    void *mh = i ? dst_mh : src_mh;
+    if (mh && !ps_rma_window(c, mh)) {
+      ps_rma_window_refused(c, "iputSignal without data", i ? "destination" : "source", mh);
+      return ncclInvalidArgument;
+    }
+  }
   ps_rma_req_t *r;
   PS_CHECK(start(c, rank, &r));
   ps_rma_peer_t *p = &c->peers[rank];
@@ -365,6 +378,7 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
   r->sig_rma = (struct fi_rma_ioc){.addr = sig->raddr[rank] + sig_off, .count = 1,
                                    .key = sig->rkey[rank]};
   r->sig_stage = PS_STAGE_QUEUED;
+  ps_rma_use_window(r, sig);
   r->next_sig = NULL;
   ps_rma_wake(p);
   /* Behind a staged put, where the strategy allows, the signal is one more
@@ -424,19 +438,26 @@ static ncclResult_t progress_body(void *coll) {
   if (now - c->last_pass_ns < c->pass_interval_ns) return ncclSuccess;
   c->last_pass_ns = c->now_ns = now;
   c->passes++;
+  /* PERSEUS_STATS: the steps of passes that found work outstanding */
+  uint64_t *step = c->calls && c->calls->live ? c->calls->pass_ns : NULL, t = now;
+  if (step) c->calls->passes++;
   ps_rma_release_held(c);
   if (ps_ep_progress(&c->ep, 256, NULL) != ncclSuccess) ps_rma_fail(c, ncclRemoteError, "%s", c->ep.fatal);
+  if (step) ps_rma_note_step(step, PS_PASS_CQ, &t);
   if (c->stage && !c->error) ps_rma_target_progress(c);
   if (c->nack_pending && !c->error) ps_rma_send_nacks(c);
+  if (step) ps_rma_note_step(step, PS_PASS_TARGET, &t);
   if (c->backlog && !c->error) {
     c->backlog = 0;
     if (c->stage) ps_stage_fill(c);
     for (int p = 0; p < c->nranks && !c->error; p++)
       if (c->peers[p].dq_head || c->peers[p].sq_head) pump(c, &c->peers[p]);
   }
+  if (step) ps_rma_note_step(step, PS_PASS_POST, &t);
   /* the copies and signal writes this pass and the calls since the last one
    * enqueued go to the GPU together */
   ps_stage_flush(c);
+  if (step) ps_rma_note_step(step, PS_PASS_COPIES, &t);
   if (!c->error) check_liveness(c);
   return c->error;
 }
@@ -508,11 +529,13 @@ static ncclResult_t peer_stats_body(void *coll, uint32_t rank, ps_rma_peer_stats
 
 ncclResult_t ps_rma_iput(void *coll, uint64_t src_off, void *src_mh, size_t size,
                          uint64_t dst_off, void *dst_mh, uint32_t rank, void **req) {
-  PS_RMA_LOCKED(coll, data_body(coll, 0, src_off, src_mh, size, dst_off, dst_mh, rank, req));
+  PS_RMA_LOCKED_CALL(coll, PS_CALL_DATA,
+                     data_body(coll, 0, src_off, src_mh, size, dst_off, dst_mh, rank, req));
 }
 ncclResult_t ps_rma_iget(void *coll, uint64_t remote_off, void *remote_mh, size_t size,
                          uint64_t local_off, void *local_mh, uint32_t rank, void **req) {
-  PS_RMA_LOCKED(coll, data_body(coll, 1, local_off, local_mh, size, remote_off, remote_mh, rank, req));
+  PS_RMA_LOCKED_CALL(coll, PS_CALL_DATA,
+                     data_body(coll, 1, local_off, local_mh, size, remote_off, remote_mh, rank, req));
 }
 ncclResult_t ps_rma_iflush(void *coll, void *mh, uint32_t rank, void **req) {
   PS_RMA_LOCKED(coll, iflush_body(coll, mh, rank, req));
@@ -520,12 +543,15 @@ ncclResult_t ps_rma_iflush(void *coll, void *mh, uint32_t rank, void **req) {
 ncclResult_t ps_rma_iput_signal(void *coll, uint64_t src_off, void *src_mh, size_t size,
                                 uint64_t dst_off, void *dst_mh, uint32_t rank, uint64_t sig_off,
                                 void *sig_mh, uint64_t value, uint32_t op, void **req) {
-  PS_RMA_LOCKED(coll, iput_signal_body(coll, src_off, src_mh, size, dst_off, dst_mh, rank, sig_off,
-                                       sig_mh, value, op, req));
+  PS_RMA_LOCKED_CALL(coll, PS_CALL_DATA,
+                     iput_signal_body(coll, src_off, src_mh, size, dst_off, dst_mh, rank, sig_off,
+                                      sig_mh, value, op, req));
 }
-ncclResult_t ps_rma_progress(void *coll) { PS_RMA_LOCKED(coll, progress_body(coll)); }
+ncclResult_t ps_rma_progress(void *coll) {
+  PS_RMA_LOCKED_CALL(coll, PS_CALL_PROGRESS, progress_body(coll));
+}
 ncclResult_t ps_rma_test(void *coll, void *request, int *done) {
-  PS_RMA_LOCKED(coll, test_body(coll, request, done));
+  PS_RMA_LOCKED_CALL(coll, PS_CALL_TEST, test_body(coll, request, done));
 }
 ncclResult_t ps_rma_last_error(void *coll, bool *has_error) {
   PS_RMA_LOCKED(coll, last_error_body(coll, has_error));

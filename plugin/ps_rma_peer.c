@@ -48,6 +48,18 @@ int ps_rma_op_failed(ps_rma_req_t *r, int err, const char *what, const char *err
   return 1;
 }
 
+/* Once r's data and signal both completed, its windows stop counting it. */
+static void settle(ps_rma_comm_t *c, ps_rma_req_t *r) {
+  if (r->settled || (r->data_stage && r->data_stage != PS_STAGE_DONE) ||
+      (r->sig_stage && r->sig_stage != PS_STAGE_DONE))
+    return;
+  r->settled = 1;
+  for (int i = 0; i < r->nuses; i++) {
+    ps_rma_region_t *g = r->uses[i] < c->nregions ? c->regions[r->uses[i]] : NULL;
+    if (g && g->busy) g->busy--; /* gone: deregistered once the comm had failed */
+  }
+}
+
 /* A put's chunk (seq) completed; the whole put once every chunk has. */
 void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr) {
   ps_rma_comm_t *c = r->comm;
@@ -61,6 +73,7 @@ void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr)
     else if (p->sq_head)
       c->backlog = 1; /* a deferred signal may be free to go */
   }
+  settle(c, r);
   /* last, where only r and p are live: nothing more to keep across a call */
   if (p->ops && r->data_stage == PS_STAGE_DONE) r->ts.data_done = ps_rma_stats_now();
 }
@@ -70,6 +83,7 @@ void ps_rma_sig_done(ps_rma_req_t *r, int err, const char *errstr) {
   if (p->ops) r->ts.sig_done = ps_rma_stats_now();
   ps_rma_op_finished(r->comm, p);
   r->sig_stage = PS_STAGE_DONE;
+  settle(r->comm, r);
   ps_rma_op_failed(r, err, "signal", errstr);
 }
 
@@ -107,4 +121,46 @@ void ps_rma_note_reported(ps_rma_comm_t *c, const ps_rma_req_t *r) {
   add_span(&o->iv[PS_IV_SIGWAIT], t->call, t->sig_posted);
   add_span(&o->iv[PS_IV_LAG], last, now);
   add_span(&o->iv[PS_IV_TOTAL], t->call, now);
+}
+
+/* c->calls: wall time counts as busy from a call that found or left a
+ * request outstanding to the next call. A nested entry (drain progresses
+ * inside a put) is part of the outer call. */
+uint64_t ps_rma_call_begins(ps_rma_comm_t *c) {
+  ps_rma_callstats_t *s = c->calls;
+  if (s->depth++) return 1;
+  uint64_t now = ps_now_ns();
+  s->was_busy = s->live > 0;
+  if (s->was_busy) s->busy_ns += now - s->last_ns;
+  s->last_ns = now;
+  return now;
+}
+
+void ps_rma_call_ends(ps_rma_comm_t *c, int kind, uint64_t t0) {
+  ps_rma_callstats_t *s = c->calls;
+  if (--s->depth) return;
+  uint64_t now = ps_now_ns();
+  if (!s->was_busy && !s->live) {
+    s->last_ns = now, s->last_data_ns = 0;
+    return;
+  }
+  s->busy_ns += now - s->last_ns;
+  s->last_ns = now;
+  s->n[kind]++, s->ns[kind] += now - t0;
+  if (kind == PS_CALL_DATA) {
+    /* live only grows by data calls: busy at this one's begin means busy
+     * since the last one */
+    if (s->was_busy && s->last_data_ns) ps_hist_add(&s->data_gap, t0 - s->last_data_ns);
+    s->last_data_ns = t0;
+    s->data_since_progress = 1;
+  } else if (kind == PS_CALL_PROGRESS) {
+    s->progress_new += s->data_since_progress;
+    s->data_since_progress = 0;
+  }
+}
+
+void ps_rma_note_step(uint64_t *step, int which, uint64_t *t) {
+  uint64_t now = ps_now_ns();
+  step[which] += now - *t;
+  *t = now;
 }

@@ -13,7 +13,10 @@
 #     some peer has copies out of the GPU timed and a post held back for a
 #     send slot, a copy or a credit, and some peer's chunks went in fewer
 #     staged writes than there were chunks (packed into one write);
-#   - every comm's "progress calls, passes" line reads 1 <= passes <= calls;
+#   - every comm's "progress calls, passes" line reads 1 <= passes <= calls,
+#     and is followed by its calls line: a share inside perseus of 0-100%,
+#     data calls timed where the comm was busy (some comm was), and the gap
+#     between data calls in order;
 #     with --throttled (a long PERSEUS_PROGRESS_INTERVAL_US) some comm made
 #     at least twice as many calls as passes.
 staged=0 throttled=0
@@ -49,6 +52,19 @@ function interval(line, name, v,   s, n) {
   ncomms++
   if (!($8 + 0 >= 1 && $8 + 0 <= $5 + 0)) fail("rank " $4 " " $5 " progress calls but " $8 " passes")
   if ($5 + 0 >= 2 * ($8 + 0)) fewer++
+}
+/^perseus stats: rank [0-9]+: NCCL.s calls while work was outstanding / {
+  ncalls++
+  pct = $0; sub(/.*ms, /, "", pct); sub(/% of it inside perseus.*/, "", pct)
+  if (!(pct + 0 >= 0 && pct + 0 <= 100)) fail("rank " $4 " inside perseus " pct "%")
+  nd = $0; sub(/.*: data /, "", nd); sub(/ .*/, "", nd)
+  busy = $0; sub(/.*outstanding \(/, "", busy); sub(/ ms.*/, "", busy)
+  if (busy + 0 > 0 && !(nd + 0 >= 1)) fail("rank " $4 ": busy, but no data call timed: " $0)
+  if (nd + 0 >= 1) datacalls++
+  what = interval($0, "gap between data calls", v)
+  if (what == "") fail("rank " $4 ": no gap interval in: " $0)
+  else if (what == "timed" && !(v[1] + 0 <= v[2] + 0 && v[2] + 0 <= v[3] + 0 && v[3] + 0 <= v[4] + 0 && v[5] + 0 <= v[4] + 0))
+    fail("rank " $4 ": gap between data calls out of order: " v[1] "/" v[2] "/" v[3] "/" v[4] " mean " v[5])
 }
 /^perseus stats: rank [0-9]+ -> [0-9]+ \(/ {
   key = $4 "->" $6
@@ -114,6 +130,8 @@ END {
   }
   if (!npeers) fail("no peer with puts: is PERSEUS_STATS read?")
   if (!ncomms) fail("no progress calls line")
+  if (ncalls != ncomms) fail(ncomms " progress calls lines but " ncalls " calls lines")
+  if (!datacalls) fail("no comm timed a data call")
   if (throttled && !fewer) fail("throttled, but no comm made twice as many progress calls as passes")
   if (staged && !copies) fail("staged, but no copy out of the GPU was timed")
   if (staged && !waits) fail("staged, but nothing was held back for a send slot, a copy or a credit")

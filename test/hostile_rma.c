@@ -5,9 +5,11 @@
  * comm must still move a valid put+signal around a ring of ranks. -s:
  *   stale_req     test() of a done request after its slot serves a new one,
  *                 which must still complete through its own handle
- *   double_dereg  deregMrSym twice, after the buffer was registered anew
+ *   double_dereg  deregMrSym twice, after the buffer was registered anew; of a
+ *                 window a put+signal in flight names (refused until it is done)
  *   stale_window  iput/iputSignal/iget/iflush naming a deregistered window
- *                 (source, destination, signal) after it was registered anew
+ *                 (source, destination, signal; a signal alone naming data
+ *                 windows too) after it was registered anew
  *   double_close  closeListen, destroyContext, closeColl, finalize twice, also
  *                 once a new comm may hold their memory; calls on a closed
  *                 comm; wrong kinds; another comm's request and window
@@ -262,8 +264,17 @@ static int ring_into(drv_rank_t *r, win_t *w, void *mh, unsigned char *buf) {
 static int double_dereg(drv_rank_t *r, win_t *w) {
   drv_gin_t *g = w->g;
   unsigned char *buf = calloc((size_t)r->nranks, SZ);
-  void *old, *fresh;
+  void *old, *fresh, *req;
+  ncclResult_t rc = ncclSuccess;
   CHECK(buf, "out of memory");
+  /* windows an operation in flight names stay until it completed */
+  if (ring_issue(r, w, 0, &req)) return 1;
+  REFUSED(g->dereg_sym(w->reg, w->src_mh), "not yet completed",
+          "deregMrSym of the source window of a put+signal in flight");
+  REFUSED(g->dereg_sym(w->reg, w->sig_mh), "not yet completed",
+          "deregMrSym of the signal window of a put+signal in flight");
+  CHECK(!drv_gin_wait(g, w->ops, req, 30, &rc), "put+signal did not complete (rc %d)", rc);
+  if (ring_check(r, w, 0)) return 1;
   if (reg_again(r, w, buf, &old, &fresh)) return 1;
   REFUSED(g->dereg_sym(w->reg, old), "stale one-sided window", "a second deregMrSym");
   if (ring_into(r, w, fresh, buf)) return 1;
@@ -294,6 +305,12 @@ static int stale_window(drv_rank_t *r, win_t *w) {
           "put+signal into a deregistered destination window");
   REFUSED(g->iput_signal(w->ops, 0, NULL, 0, 0, NULL, next, 0, old, 1, INC, &req), st,
           "signal-only into a deregistered signal window");
+  REFUSED(g->iput_signal(w->ops, 0, old, 0, 0, NULL, next, 0, w->sig_mh, 1, INC, &req), st,
+          "signal-only naming a deregistered source window");
+  REFUSED(g->iput_signal(w->ops, 0, NULL, 0, 0, old, next, 0, w->sig_mh, 1, INC, &req), st,
+          "signal-only naming a deregistered destination window");
+  REFUSED(g->iput_signal(w->ops, 0, w->ops, 0, 0, NULL, next, 0, w->sig_mh, 1, INC, &req),
+          "is not a perseus one-sided window", "signal-only naming a comm as its source window");
   if (g->iget) {
     REFUSED(g->iget(w->ops, 0, old, 8, 0, w->dst_mh, next, &req), st,
             "iget from a deregistered window");

@@ -14,6 +14,8 @@
  *   - other peers: ncclGin::put with no remote action; the batch's signal is
  *     ncclGin::signal(SignalAdd{count}) on the same GIN context, which NCCL
  *     makes visible only after every earlier put on that context to that peer.
+ *     A batch of one tile carries its signal in the put itself (one proxy
+ *     descriptor per tile, not two).
  *
  * Counts are cumulative (never reset between iterations): a receiver waits
  * for "at least N tiles from source s in total", compared with wrap-safe
@@ -183,8 +185,17 @@ struct perseus_batch {
     coop.sync(); /* every lane's part of the tile is written */
     if (coop.thread_rank() == 0) {
       ncclGin gin{dc, h.ctx};
-      gin.put(ncclTeamWorld(dc), peer, dst, dst_off, src, src_off, bytes);
-      count(peer, l, 1);
+      if (batch == 1) {
+        /* a batch of one: its signal rides in the put, one proxy descriptor
+         * and one network operation instead of two; NCCL applies it after
+         * the put's bytes */
+        gin.put(ncclTeamWorld(dc), peer, dst, dst_off, src, src_off, bytes,
+                ncclGin_SignalAdd{h.signal0 + (ncclGinSignal_t)dc.rank, 1});
+        atomicAdd((unsigned long long *)perseus_batch_word(dc, h, PERSEUS_BATCH_ADDED, peer), 1ULL);
+      } else {
+        gin.put(ncclTeamWorld(dc), peer, dst, dst_off, src, src_off, bytes);
+        count(peer, l, 1);
+      }
     }
     coop.sync();
   }
