@@ -87,6 +87,8 @@ ncclResult_t ps_config_load(ps_config_t *cfg) {
   PS_CHECK(ps_env_int("PERSEUS_STAGING_CHUNK", 512 << 10, 4096, 64 << 20, &cfg->staging_chunk));
   PS_CHECK(ps_env_int("PERSEUS_STAGING_COALESCE_US", 20, 0, 10000, &cfg->staging_coalesce_us));
   PS_CHECK(ps_env_int("PERSEUS_PROGRESS_INTERVAL_US", 4, 0, 1000, &cfg->progress_interval_us));
+  static const char *const thread_choices[] = {"0", "1", "auto", NULL};
+  PS_CHECK(ps_env_enum("PERSEUS_PROGRESS_THREAD", thread_choices, 2, &cfg->progress_thread));
   PS_CHECK(ps_env_int("PERSEUS_RMA_INFLIGHT", -1, 0, 65536, &cfg->rma_inflight));
   return ncclSuccess;
 }

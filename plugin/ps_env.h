@@ -27,6 +27,7 @@ typedef struct {
   int64_t eagain_retries;  /* PERSEUS_EAGAIN_RETRIES: progress+retry before backpressure */
   int tcp_passthru;        /* PERSEUS_TCP_PASSTHRU: rxm hands tagged calls straight to tcp */
   int stats;               /* PERSEUS_STATS: one-sided per-peer statistics at close */
+  int progress_thread;     /* PERSEUS_PROGRESS_THREAD: 0 off, 1 on, 2 auto (ps_rma_thread.c) */
   int64_t staging_bytes;   /* PERSEUS_STAGING_BYTES: pinned memory per comm for GPU windows */
   int64_t staging_chunk;   /* PERSEUS_STAGING_CHUNK: bytes a staged write carries at most */
   int64_t staging_coalesce_us; /* PERSEUS_STAGING_COALESCE_US: how long a slot copying out of

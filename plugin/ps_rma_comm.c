@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "ps_clock.h"
 #include "ps_log.h"
@@ -12,6 +13,7 @@
 
 static void print_stats(ps_rma_comm_t *c);
 static void close_comm(ps_rma_comm_t *c, int report);
+static int want_thread(void);
 static void dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r);
 
 /* Tag (ps_handle.h): distinct from the net tables', gin_abi.c's and the
@@ -152,6 +154,10 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
   pthread_mutex_init(&c->lock, &attr);
   pthread_mutexattr_destroy(&attr);
+  pthread_rwlock_init(&c->win_lock, NULL);
+  pthread_mutex_init(&c->reqs_lock, NULL);
+  pthread_mutex_init(&c->inbox_lock, NULL);
+  c->threaded = want_thread();
   c->rank = rank, c->nranks = nranks;
   c->ep = *lep;            /* the endpoint listen opened becomes the comm's */
   memset(lep, 0, sizeof *lep);
@@ -187,14 +193,16 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   }
   if (rc == ncclSuccess) rc = ps_rma_post_sig_slots(c);
   if (rc == ncclSuccess) rc = live_add(c);
+  if (rc == ncclSuccess) rc = ps_rma_thread_start(c);
   if (rc != ncclSuccess) {
     close_comm(c, 0); /* never handed out: nothing to report */
     return rc;
   }
   char bound[24] = "no bound";
   if (c->max_posted) snprintf(bound, sizeof bound, "%llu", (unsigned long long)c->max_posted);
-  PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: rank %d of %d on %s, ordering %s, posted operations per peer: %s",
-          rank, nranks, c->ep.dev->name, ps_ordering_names[c->ordering], bound);
+  PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: rank %d of %d on %s, ordering %s, posted operations per peer: %s, "
+          "engine thread %s", rank, nranks, c->ep.dev->name, ps_ordering_names[c->ordering], bound,
+          c->threaded ? "on" : "off");
   *coll_comm = c;
   return ncclSuccess;
 }
@@ -207,8 +215,16 @@ ncclResult_t ps_rma_close_coll(void *coll) {
   return ncclSuccess;
 }
 
+/* PERSEUS_PROGRESS_THREAD: auto runs an engine thread where there are CPUs
+ * to spare for it (it spins while work is outstanding), at least 8. */
+static int want_thread(void) {
+  int v = ps_fabric_config()->progress_thread;
+  return v == 2 ? sysconf(_SC_NPROCESSORS_ONLN) >= 8 : v;
+}
+
 /* report: PERSEUS_STATS for a comm that connected */
 static void close_comm(ps_rma_comm_t *c, int report) {
+  ps_rma_thread_stop(c); /* first: nothing else runs passes over what is freed below */
   if (report && ps_fabric_config()->stats) print_stats(c);
   live_remove(c);
   for (int p = 0; c->lanes && p < c->nranks; p++) /* lanes first: they use ep's CQ and AV */
@@ -231,6 +247,8 @@ static void close_comm(ps_rma_comm_t *c, int report) {
   free(c->nacks);
   free(c->regions), free(c->addr), free(c->peers), free(c->opstats), free(c->calls);
   pthread_mutex_destroy(&c->lock);
+  pthread_rwlock_destroy(&c->win_lock);
+  pthread_mutex_destroy(&c->reqs_lock), pthread_mutex_destroy(&c->inbox_lock);
   free(c);
 }
 
@@ -274,7 +292,9 @@ static ncclResult_t allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
    * PERSEUS_PEER_TIMEOUT_MS is not registering (or is gone) */
   uint64_t deadline = ps_now_ns() + c->timeout_ns;
   for (int left = 1; rc == ncclSuccess && left;) {
-    rc = ps_rma_progress(c);
+    ps_rma_progress_pass(c);
+    __atomic_add_fetch(&c->progress_calls, 1, __ATOMIC_RELAXED); /* a wait of ours counts as a call */
+    rc = c->error;
     left = 0;
     for (int p = 0; rc == ncclSuccess && p < P; p++) {
       if (p == c->rank) continue;
@@ -435,6 +455,26 @@ static ncclResult_t dereg_sym_body(void *coll, void *mh) {
   return ncclSuccess;
 }
 
+/* Registration changes the windows (and the staging set-up) that NCCL's
+ * data calls read without the comm's lock when an engine thread runs:
+ * both hold win_lock for writing. */
+static ncclResult_t reg_sym_locked(void *coll, void *data, size_t size, int type,
+                                   uint64_t mr_flags, void **mh) {
+  ps_rma_comm_t *c = coll;
+  pthread_rwlock_wrlock(&c->win_lock);
+  ncclResult_t rc = reg_sym_body(coll, data, size, type, mr_flags, mh);
+  pthread_rwlock_unlock(&c->win_lock);
+  return rc;
+}
+
+static ncclResult_t dereg_sym_locked(void *coll, void *mh) {
+  ps_rma_comm_t *c = coll;
+  pthread_rwlock_wrlock(&c->win_lock);
+  ncclResult_t rc = dereg_sym_body(coll, mh);
+  pthread_rwlock_unlock(&c->win_lock);
+  return rc;
+}
+
 ps_ordering_t ps_rma_ordering(void *coll) { return ((ps_rma_comm_t *)coll)->ordering; }
 
 /* A duration in microseconds, short: one decimal below 10 us. */
@@ -510,9 +550,9 @@ static void print_calls(const ps_rma_comm_t *c) {
 /* PERSEUS_STATS=1: what each peer cost, when the comm closes. Written to
  * stderr, not the logger: the user asked for it whatever NCCL_DEBUG says. */
 static void print_stats(ps_rma_comm_t *c) {
-  fprintf(stderr, "perseus stats: rank %d: %llu progress calls, %llu passes (PERSEUS_PROGRESS_INTERVAL_US "
-          "%llu)\n", c->rank, (unsigned long long)c->progress_calls, (unsigned long long)c->passes,
-          (unsigned long long)(c->pass_interval_ns / 1000));
+  fprintf(stderr, "perseus stats: rank %d: %llu progress calls, %llu passes (%s)\n", c->rank,
+          (unsigned long long)c->progress_calls, (unsigned long long)c->passes,
+          c->threaded ? "made by the engine thread" : "PERSEUS_PROGRESS_INTERVAL_US apart at least");
   if (c->calls) print_calls(c);
   for (int p = 0; p < c->nranks; p++) {
     const ps_rma_peer_stats_t *s = &c->peers[p].st;
@@ -537,6 +577,8 @@ static void print_stats(ps_rma_comm_t *c) {
 
 ncclResult_t ps_rma_reg_sym(void *coll, void *data, size_t size, int type, uint64_t mr_flags,
                             void **mh) {
-  PS_RMA_LOCKED(coll, reg_sym_body(coll, data, size, type, mr_flags, mh));
+  PS_RMA_LOCKED(coll, reg_sym_locked(coll, data, size, type, mr_flags, mh));
 }
-ncclResult_t ps_rma_dereg_sym(void *coll, void *mh) { PS_RMA_LOCKED(coll, dereg_sym_body(coll, mh)); }
+ncclResult_t ps_rma_dereg_sym(void *coll, void *mh) {
+  PS_RMA_LOCKED(coll, dereg_sym_locked(coll, mh));
+}

@@ -4,8 +4,11 @@
  *   2 ps_rma_comm.c     setup: listen, connect, close, symmetric registration
  *                       (its blocking allgather progresses through floor 3),
  *                       staging's receive region, stats
- *   3 ps_rma_ops.c      requests, per-peer queues, pump, progress, test and
- *                       the put/get/put+signal/flush entry points
+ *     ps_rma_thread.c   the engine thread (PERSEUS_PROGRESS_THREAD): its
+ *                       loop of passes and the inbox NCCL's calls fill
+ *   3 ps_rma_ops.c      per-peer queues, pump, progress, test and the
+ *                       put/get/put+signal/flush entry points
+ *     ps_rma_req.c      requests, and the request and window handle tables
  *   4 ps_rma_order.c    the ordering strategies: which one, when a queued
  *                       signal may go, how it is posted, fence accounting
  *   5 ps_rma_target.c   target side: signal messages applied (or refused,
@@ -19,6 +22,8 @@
  * Below the engine: ps_ep.c, ps_seqwin.c, ps_hist.c, ps_clock.c, ps_log.c. */
 #ifndef PS_RMA_INT_H
 #define PS_RMA_INT_H
+
+#define PS_COLD __attribute__((cold)) /* off the hot path: stats, refusals */
 
 #include <rdma/fi_atomic.h>
 #include <rdma/fi_rma.h>
@@ -114,6 +119,10 @@ typedef struct ps_rma_req {
   uint64_t tested_pass;     /* the progress pass in which test() last saw it not done */
   uint32_t uses[3];         /* ids of the windows it counts in (busy) until it completes */
   uint8_t nuses, settled;
+  uint8_t has_data, has_sig; /* what the engine queues when it takes the request */
+  int done;                 /* atomic: data and signal completed (settled) */
+  int taken;                /* atomic: the engine queued it (drain waits for that) */
+  struct ps_rma_req *next_in; /* the inbox */
   ps_op_t data_op, sig_op;
   ps_rma_comm_t *comm;
   void *handle;                 /* what NCCL tests: bound while the request is live */
@@ -313,7 +322,20 @@ typedef struct {
 } ps_rma_nack_t;
 
 struct ps_rma_comm {
-  pthread_mutex_t lock; /* recursive; taken by every entry point */
+  pthread_mutex_t lock; /* recursive; taken by every entry point (the engine thread's, if any) */
+  /* PERSEUS_PROGRESS_THREAD: an engine thread runs the progress passes and
+   * takes NCCL's operations from an inbox, so that NCCL's proxy thread only
+   * checks arguments and queues (ps_rma_thread.c). Then NCCL's data and
+   * test() calls take no `lock`: windows are read under `win_lock`,
+   * requests come from the free list under `reqs_lock`. */
+  int threaded;
+  pthread_t thread;
+  int stop;                  /* atomic: the engine thread ends */
+  int lock_waiters;          /* atomic: callers waiting for `lock`; the thread yields to them */
+  pthread_rwlock_t win_lock; /* written by regMrSym/deregMrSym, read by NCCL's data calls */
+  pthread_mutex_t reqs_lock; /* free_reqs, chunks, nreqs */
+  pthread_mutex_t inbox_lock;
+  ps_rma_req_t *inbox_head, *inbox_tail; /* operations the engine has not taken, in call order */
   int rank, nranks;
   ps_ordering_t ordering;
   ps_ep_t ep;
@@ -338,7 +360,7 @@ struct ps_rma_comm {
   int backlog;          /* something is queued: progress must try to post it */
   uint64_t now_ns;      /* clock of the current progress pass */
   uint64_t passes;      /* progress passes run (from 1) */
-  uint64_t progress_calls; /* progress entries, passes or not */
+  uint64_t progress_calls; /* progress entries, passes or not, and the engine's own waits' passes */
   uint64_t last_pass_ns;
   uint64_t pass_interval_ns; /* PERSEUS_PROGRESS_INTERVAL_US */
   uint64_t next_check_ns;
@@ -372,24 +394,63 @@ static inline ps_rma_region_t *ps_rma_window(ps_rma_comm_t *c, void *mh) {
  * ginProgress, puts) and the user's thread (window registration) may call at
  * the same time. Recursive, since drain and registration progress inside. */
 #define PS_RMA_LOCKED(coll, call) PS_RMA_LOCKED_CALL(coll, PS_CALL_N, call)
-/* The same for the calls PERSEUS_STATS times (kind: PS_CALL_*). */
-#define PS_RMA_LOCKED_CALL(coll, kind, call)                          \
-  do {                                                                \
-    ps_rma_comm_t *c_ = ps_rma_live(coll);                            \
-    if (!c_) {                                                        \
-      PS_WARN("one-sided call on a NULL engine comm");                \
-      return ncclInvalidArgument;                                     \
-    }                                                                 \
-    pthread_mutex_lock(&c_->lock);                                    \
+/* The same for NCCL's calls that PERSEUS_STATS times (kind: PS_CALL_*),
+ * which take no lock when an engine thread runs the passes. */
+#define PS_RMA_LOCKED_CALL(coll, kind, call)                                       \
+  do {                                                                             \
+    ps_rma_comm_t *c_ = ps_rma_live(coll);                                         \
+    if (!c_) {                                                                     \
+      PS_WARN("one-sided call on a NULL engine comm");                             \
+      return ncclInvalidArgument;                                                  \
+    }                                                                              \
+    int locked_ = (kind) == PS_CALL_N || !c_->threaded;                            \
+    if (locked_) ps_rma_lock(c_);                                                  \
     uint64_t t0_ = (kind) < PS_CALL_N && c_->calls ? ps_rma_call_begins(c_) : 0; \
-    ncclResult_t rc_ = (call);                                        \
-    if (t0_) ps_rma_call_ends(c_, (kind), t0_);                       \
-    pthread_mutex_unlock(&c_->lock);                                  \
-    return rc_;                                                       \
+    ncclResult_t rc_ = (call);                                                     \
+    if (t0_) ps_rma_call_ends(c_, (kind), t0_);                                    \
+    if (locked_) pthread_mutex_unlock(&c_->lock);                                  \
+    return rc_;                                                                    \
   } while (0)
 
-/* --- floor 3, ps_rma_ops.c --- */
+/* Takes c->lock, ahead of the engine thread's next pass. */
+static inline void ps_rma_lock(ps_rma_comm_t *c) {
+  __atomic_add_fetch(&c->lock_waiters, 1, __ATOMIC_ACQ_REL);
+  pthread_mutex_lock(&c->lock);
+  __atomic_sub_fetch(&c->lock_waiters, 1, __ATOMIC_ACQ_REL);
+}
+
+/* The comm's error, read from any thread. */
+static inline ncclResult_t ps_rma_error(const ps_rma_comm_t *c) {
+  return __atomic_load_n(&c->error, __ATOMIC_ACQUIRE);
+}
+
+/* --- floor 2, ps_rma_thread.c: PERSEUS_PROGRESS_THREAD --- */
+/* Starts c's engine thread when the variable asks for one (c->threaded). */
+ncclResult_t ps_rma_thread_start(ps_rma_comm_t *c);
+/* Ends it (before the comm closes); a no-op without one. */
+void ps_rma_thread_stop(ps_rma_comm_t *c);
+/* NCCL's thread: r goes to the engine thread's inbox. */
+void ps_rma_inbox_push(ps_rma_comm_t *c, ps_rma_req_t *r);
+
+/* --- floor 3, ps_rma_req.c: requests and the handle tables --- */
 void ps_rma_free_reqs(ps_rma_comm_t *c);
+/* A request to rank `peer`, its handle bound (NCCL's thread). */
+ncclResult_t ps_rma_req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out);
+/* r goes back to the free list; its handle goes stale. */
+void ps_rma_req_put(ps_rma_comm_t *c, ps_rma_req_t *r);
+/* Logs why test() refused `request`, never reading what a stale one named. */
+void ps_rma_req_refused(ps_rma_comm_t *c, const void *request) PS_COLD;
+
+/* --- floor 3, ps_rma_ops.c --- */
+/* One progress pass, under c->lock: completions, the target's side, posting
+ * what waits, the copies handed to the driver. Returns the completions it
+ * read. The engine's own waits (registration, drain) make passes with it:
+ * with an engine thread, NCCL's progress call makes none. */
+int ps_rma_progress_pass(ps_rma_comm_t *c);
+/* The engine thread, under c->lock: takes the requests of its inbox into
+ * the queues, in call order, then makes a progress pass. Returns whether
+ * anything was taken or completed. */
+int ps_rma_engine_pass(ps_rma_comm_t *c);
 /* Logs why mh is not a window of c that `call` can use as its `role`. */
 void ps_rma_window_refused(ps_rma_comm_t *c, const char *call, const char *role, void *mh);
 
@@ -404,7 +465,7 @@ ncclResult_t ps_order_post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted);
 int ps_order_sig_may_ride(const ps_rma_comm_t *c);
 /* Counts a queued signal's fence or the one it avoided; 1 when the caller
  * must block until the puts it covers are delivered (drain). */
-int ps_order_count_fence(ps_rma_comm_t *c, ps_rma_peer_t *p, const ps_rma_req_t *r);
+int ps_order_count_fence(ps_rma_comm_t *c, ps_rma_peer_t *p, uint64_t need);
 
 /* --- floor 5, ps_rma_target.c: the target side --- */
 /* The signal receives and the refusal path (both directions). */
@@ -481,7 +542,7 @@ void ps_rma_wake(ps_rma_peer_t *p);
 int ps_rma_op_failed(ps_rma_req_t *r, int err, const char *what, const char *errstr);
 /* r names window g: g counts it as busy until r completes. */
 static inline void ps_rma_use_window(ps_rma_req_t *r, ps_rma_region_t *g) {
-  g->busy++;
+  __atomic_add_fetch(&g->busy, 1, __ATOMIC_RELAXED);
   r->uses[r->nuses++] = g->id;
 }
 void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr);
@@ -491,7 +552,6 @@ void ps_rma_sig_done(ps_rma_req_t *r, int err, const char *errstr);
 /* --- floor 8, ps_rma_peer.c: PERSEUS_STATS. With stats off (c->opstats and
  * every p->ops NULL) each step costs a test and a branch: the work is out of
  * line and cold, so the compiler keeps it off the path. --- */
-#define PS_COLD __attribute__((cold))
 /* NCCL's call: r's stamps start (the caller checks c->opstats). */
 void ps_rma_note_call(ps_rma_req_t *r) PS_COLD;
 /* ps_now_ns() for a stamp (the caller checks p->ops). */

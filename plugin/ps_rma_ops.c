@@ -8,6 +8,7 @@
  * when and as its strategy allows (ps_rma_order.c). Callbacks only record
  * completions; posting happens in pump(), never inside a completion, so
  * nothing re-enters the queues. */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,100 +17,7 @@
 #include "ps_rma_int.h"
 
 static ps_rma_comm_t *rma_comm(void *coll) { return ps_rma_live(coll); }
-
-/* --- requests: allocated in registered chunks, recycled through a free list --- */
-
-/* A request's handle is bound while NCCL may test it, from the call that
- * made it until test() reports it done: a later test() of that value is
- * refused, even once the request's memory serves a new request. */
-ps_htab_t ps_rma_req_tab = PS_HTAB_INIT(0x72, "one-sided request",
-                                        "reported done by test(), or its comm closed");
-/* A window's handle is bound from regMrSym until deregMrSym (ps_rma_comm.c). */
-ps_htab_t ps_rma_win_tab = PS_HTAB_INIT(0x77, "one-sided window (mhandle)",
-                                        "deregistered, or its comm closed");
-
-void ps_rma_window_refused(ps_rma_comm_t *c, const char *call, const char *role, void *mh) {
-  ps_rma_region_t *r = ps_htab_get(&ps_rma_win_tab, mh);
-  if (r) {
-    PS_WARN("%s: %s window %p (window %u, %zu B at %p) belongs to another one-sided comm (rank %d "
-            "of %d), not this one (rank %d of %d)", call, role, mh, r->id, r->size,
-            (void *)r->base, r->comm->rank, r->comm->nranks, c->rank, c->nranks);
-    return;
-  }
-  char why[200];
-  ps_htab_explain(&ps_rma_win_tab, mh, why, sizeof why);
-  PS_WARN("%s: %s window: %s", call, role, why);
-}
-
-static ncclResult_t grow_reqs(ps_rma_comm_t *c) {
-  if (c->nreqs >= PS_RMA_MAX_REQS) {
-    PS_WARN("one-sided comm: over %u operations outstanding; test() completed requests first",
-            PS_RMA_MAX_REQS);
-    return ncclInvalidUsage;
-  }
-  ps_rma_req_chunk_t *k = calloc(1, sizeof *k);
-  if (!k) {
-    PS_WARN("one-sided comm: out of memory for %u more requests", PS_RMA_REQ_CHUNK);
-    return ncclSystemError;
-  }
-  ncclResult_t rc = ps_htab_reserve(&ps_rma_req_tab, PS_RMA_REQ_CHUNK, &k->first_slot);
-  if (rc != ncclSuccess) {
-    free(k);
-    return rc;
-  }
-  if (ps_ep_reg_local(&c->ep, k->reqs, sizeof k->reqs, &k->mr) != ncclSuccess) {
-    ps_htab_release(&ps_rma_req_tab, k->first_slot, PS_RMA_REQ_CHUNK);
-    free(k);
-    return ncclSystemError;
-  }
-  void *desc = k->mr ? fi_mr_desc(k->mr) : NULL;
-  for (int i = PS_RMA_REQ_CHUNK - 1; i >= 0; i--) {
-    k->reqs[i].slot = k->first_slot + (uint32_t)i;
-    k->reqs[i].chunk_desc = desc;
-    k->reqs[i].next = c->free_reqs;
-    c->free_reqs = &k->reqs[i];
-  }
-  k->next = c->chunks;
-  c->chunks = k;
-  c->nreqs += PS_RMA_REQ_CHUNK;
-  return ncclSuccess;
-}
-
-void ps_rma_free_reqs(ps_rma_comm_t *c) {
-  while (c->chunks) {
-    ps_rma_req_chunk_t *k = c->chunks;
-    c->chunks = k->next;
-    /* requests still outstanding go stale with their comm */
-    ps_htab_release(&ps_rma_req_tab, k->first_slot, PS_RMA_REQ_CHUNK);
-    if (k->mr) fi_close(&k->mr->fid);
-    free(k);
-  }
-  c->free_reqs = NULL;
-}
-
-static ncclResult_t req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out) {
-  if (!c->free_reqs) PS_CHECK(grow_reqs(c));
-  ps_rma_req_t *r = c->free_reqs;
-  c->free_reqs = r->next;
-  void *desc = r->chunk_desc;
-  uint32_t slot = r->slot;
-  memset(r, 0, offsetof(ps_rma_req_t, ts)); /* start() clears ts when stats are on */
-  r->slot = slot;
-  r->chunk_desc = desc;
-  r->comm = c;
-  r->peer = peer;
-  r->handle = ps_htab_bind(&ps_rma_req_tab, slot, r);
-  if (c->calls) c->calls->live++;
-  *out = r;
-  return ncclSuccess;
-}
-
-static void req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
-  ps_htab_unbind(&ps_rma_req_tab, r->slot);
-  if (c->calls) c->calls->live--;
-  r->next = c->free_reqs;
-  c->free_reqs = r;
-}
+static ncclResult_t submit(ps_rma_comm_t *c, ps_rma_req_t *r, void **req);
 
 /* --- completions (record only; a signal's in ps_rma_order.c) --- */
 
@@ -226,11 +134,12 @@ static void dq_append(ps_rma_peer_t *p, ps_rma_req_t *r) {
   p->dq_tail = r;
 }
 
-/* Checks the regions and queues the put (or get) part of a request: the
- * local part against our registration, the remote one against the size the
- * peer advertised for its part of the window. */
-static ncclResult_t queue_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, uint64_t local_off,
-                               void *local_mh, size_t size, uint64_t remote_off, void *remote_mh) {
+/* NCCL's side of the put (or get) part of a request, under win_lock: the
+ * local part checked against our registration, the remote one against the
+ * size the peer advertised for its part of the window, and r filled from
+ * them. */
+static ncclResult_t fill_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, uint64_t local_off,
+                              void *local_mh, size_t size, uint64_t remote_off, void *remote_mh) {
   ps_rma_region_t *loc = ps_rma_window(c, local_mh), *rem = ps_rma_window(c, remote_mh);
   uint32_t peer = r->peer;
   if (!loc || !rem) {
@@ -253,7 +162,6 @@ static ncclResult_t queue_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, ui
             "GPU windows needs a provider with FI_HMEM", peer);
     return ncclInvalidUsage;
   }
-  ps_rma_peer_t *p = &c->peers[peer];
   r->is_get = (uint8_t)is_get;
   r->iov = (struct iovec){.iov_base = loc->base + local_off, .iov_len = size};
   r->rma = (struct fi_rma_iov){.addr = rem->raddr[peer] + remote_off, .len = size,
@@ -266,23 +174,38 @@ static ncclResult_t queue_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, ui
     r->dst_region = rem->id, r->dst_off = remote_off;
     if (size > c->stage->chunk) r->nchunks = (uint32_t)((size + c->stage->chunk - 1) / c->stage->chunk);
   }
-  if (!is_get) r->seq = p->next_seq, p->next_seq += r->nchunks;
   ps_rma_use_window(r, loc);
   ps_rma_use_window(r, rem);
+  r->has_data = 1;
+  return ncclSuccess;
+}
+
+/* The engine's side: the put's sequence numbers and its place in the
+ * peer's data queue. */
+static void take_data(ps_rma_peer_t *p, ps_rma_req_t *r) {
+  if (!r->is_get) r->seq = p->next_seq, p->next_seq += r->nchunks;
   r->data_stage = PS_STAGE_QUEUED;
   ps_rma_wake(p);
   dq_append(p, r);
-  return ncclSuccess;
+}
+
+/* A call refused after start(): the windows it was counted in forget it
+ * (they are live: the caller holds win_lock), and r goes back. */
+static void refuse(ps_rma_comm_t *c, ps_rma_req_t *r) {
+  for (int i = 0; i < r->nuses; i++)
+    __atomic_sub_fetch(&c->regions[r->uses[i]]->busy, 1, __ATOMIC_RELAXED);
+  ps_rma_req_put(c, r);
 }
 
 static ncclResult_t start(ps_rma_comm_t *c, uint32_t rank, ps_rma_req_t **out) {
   *out = NULL;
-  if (c->error) return c->error;
+  ncclResult_t err = ps_rma_error(c);
+  if (err) return err;
   if (rank >= (uint32_t)c->nranks) {
     PS_WARN("one-sided operation to rank %u, but the comm has %d ranks", rank, c->nranks);
     return ncclInvalidArgument;
   }
-  PS_CHECK(req_get(c, rank, out));
+  PS_CHECK(ps_rma_req_get(c, rank, out));
   if (c->opstats) ps_rma_note_call(*out);
   return ncclSuccess;
 }
@@ -295,15 +218,15 @@ static ncclResult_t data_body(void *coll, int is_get, uint64_t local_off, void *
   ps_rma_req_t *r;
   if (!c || !req) return ncclInvalidArgument;
   *req = NULL;
-  PS_CHECK(start(c, rank, &r));
-  ncclResult_t rc = queue_data(c, r, is_get, local_off, local_mh, size, remote_off, remote_mh);
-  if (rc != ncclSuccess) {
-    req_put(c, r);
-    return rc;
+  pthread_rwlock_rdlock(&c->win_lock);
+  ncclResult_t rc = start(c, rank, &r);
+  if (rc == ncclSuccess) {
+    rc = fill_data(c, r, is_get, local_off, local_mh, size, remote_off, remote_mh);
+    if (rc != ncclSuccess) refuse(c, r);
   }
-  pump(c, &c->peers[rank]);
-  *req = r->handle;
-  return c->error;
+  pthread_rwlock_unlock(&c->win_lock);
+  PS_CHECK(rc);
+  return submit(c, r, req);
 }
 
 /* Host memory needs no flush: a completed get is visible to the CPU and to
@@ -326,29 +249,31 @@ static ncclResult_t iflush_body(void *coll, void *mh, uint32_t rank, void **req)
 /* drain, the baseline: block until the puts the signal covers completed. */
 static ncclResult_t drain(ps_rma_comm_t *c, ps_rma_peer_t *p, uint64_t need) {
   uint64_t t0 = ps_now_ns();
-  while (p->done.below < need && ps_rma_progress(c) == ncclSuccess) continue;
+  while (p->done.below < need && !c->error) {
+    ps_rma_progress_pass(c);
+    __atomic_add_fetch(&c->progress_calls, 1, __ATOMIC_RELAXED); /* a wait of ours counts as a call */
+  }
   p->st.blocked_ns += ps_now_ns() - t0;
   return c->error;
 }
 
-static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh, size_t size,
-                                uint64_t dst_off, void *dst_mh, uint32_t rank, uint64_t sig_off,
-                                void *sig_mh, uint64_t value, uint32_t op, void **req) {
-  ps_rma_comm_t *c = rma_comm(coll);
-  if (!c || !req) return ncclInvalidArgument;
-  *req = NULL;
+/* NCCL's side of the signal part, under win_lock: the signal window and
+ * word checked, r's signal filled but for what the engine decides (what it
+ * covers, whether it rides). */
+static ncclResult_t fill_sig(ps_rma_comm_t *c, ps_rma_req_t *r, size_t size, void *src_mh,
+                             void *dst_mh, uint64_t sig_off, void *sig_mh, uint64_t value,
+                             uint32_t op) {
+  uint32_t rank = r->peer;
   ps_rma_region_t *sig = ps_rma_window(c, sig_mh);
   if (!sig) {
     ps_rma_window_refused(c, "iputSignal", "signal", sig_mh);
     return ncclInvalidArgument;
   }
-  if ((op != NCCL_NET_SIGNAL_OP_INC && op != NCCL_NET_SIGNAL_OP_ADD) ||
-      rank >= (uint32_t)c->nranks || sig_off % 8 || sig_off > sig->rsize[rank] ||
-      sig->rsize[rank] - sig_off < 8) {
+  if ((op != NCCL_NET_SIGNAL_OP_INC && op != NCCL_NET_SIGNAL_OP_ADD) || sig_off % 8 ||
+      sig_off > sig->rsize[rank] || sig->rsize[rank] - sig_off < 8) {
     PS_WARN("putSignal: signal at offset %llu (op %u, expected 1 INC or 2 ADD) is not an aligned "
-            "8-byte word of rank %u's part of window %u (%llu B; the comm has %d ranks)",
-            (unsigned long long)sig_off, op, rank, sig->id,
-            rank < (uint32_t)c->nranks ? (unsigned long long)sig->rsize[rank] : 0ULL, c->nranks);
+            "8-byte word of rank %u's part of window %u (%llu B)",
+            (unsigned long long)sig_off, op, rank, sig->id, (unsigned long long)sig->rsize[rank]);
     return ncclInvalidArgument;
   }
   /* A signal alone moves no data, and NCCL passes NULL data windows with
@@ -360,25 +285,22 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
       return ncclInvalidArgument;
     }
   }
-  ps_rma_req_t *r;
-  PS_CHECK(start(c, rank, &r));
-  ps_rma_peer_t *p = &c->peers[rank];
-  if (size) {
-    ncclResult_t rc = queue_data(c, r, 0, src_off, src_mh, size, dst_off, dst_mh);
-    if (rc != ncclSuccess) {
-      req_put(c, r);
-      return rc;
-    }
-  }
-  r->need = p->next_seq; /* its own put and every earlier one to the peer */
   r->sig = (ps_sig_msg_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION, .op = (uint16_t)op,
                           .src_rank = (uint32_t)c->rank, .region_id = sig->id, .offset = sig_off,
-                          .value = value,
-                          .covers = c->ordering == PS_ORD_TARGET ? r->need - 1 : 0};
+                          .value = value};
   r->sig_rma = (struct fi_rma_ioc){.addr = sig->raddr[rank] + sig_off, .count = 1,
                                    .key = sig->rkey[rank]};
-  r->sig_stage = PS_STAGE_QUEUED;
   ps_rma_use_window(r, sig);
+  r->has_sig = 1;
+  return ncclSuccess;
+}
+
+/* The engine's side: what the signal covers, and its place in the peer's
+ * queues. */
+static void take_sig(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r) {
+  r->need = p->next_seq; /* its own put and every earlier one to the peer */
+  r->sig.covers = c->ordering == PS_ORD_TARGET ? r->need - 1 : 0;
+  r->sig_stage = PS_STAGE_QUEUED;
   r->next_sig = NULL;
   ps_rma_wake(p);
   /* Behind a staged put, where the strategy allows, the signal is one more
@@ -387,8 +309,8 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
    * data rides too where the peer has a staged write still open to more
    * records: it goes in the data queue as a request of no chunks. */
   int may_ride = c->stage && ps_order_sig_may_ride(c);
-  r->sig_rides = may_ride && size && r->dst_staged;
-  if (may_ride && !size && ps_stage_open_to(c, p)) {
+  r->sig_rides = may_ride && r->has_data && r->dst_staged;
+  if (may_ride && !r->has_data && ps_stage_open_to(c, p)) {
     r->sig_rides = 1, r->staged = 1, r->dst_staged = 1, r->nchunks = 0;
     dq_append(p, r);
   }
@@ -397,10 +319,56 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
     else p->sq_head = r;
     p->sq_tail = r;
   }
+}
+
+/* The engine takes r, in call order: its put and signal join the peer's
+ * queues, and what the provider takes is posted. */
+static void take(ps_rma_comm_t *c, ps_rma_req_t *r) {
+  ps_rma_peer_t *p = &c->peers[r->peer];
+  int has_sig = r->has_sig, waits = has_sig && c->ordering == PS_ORD_DRAIN;
+  if (r->has_data) take_data(p, r);
+  if (has_sig) take_sig(c, p, r);
+  uint64_t need = r->need;
+  /* from here r may complete, and unless its caller waits in submit(),
+   * be reported done and reused: read before, not after */
   pump(c, p);
-  if (ps_order_count_fence(c, p, r)) PS_CHECK(drain(c, p, r->need));
+  if (has_sig && ps_order_count_fence(c, p, need)) drain(c, p, need);
+  if (waits) __atomic_store_n(&r->taken, 1, __ATOMIC_RELEASE);
+}
+
+/* r, checked and filled, goes to the engine: at once under NCCL's call, or
+ * through the engine thread's inbox. drain blocks the caller until its
+ * signal could go, as it does without a thread. */
+static ncclResult_t submit(ps_rma_comm_t *c, ps_rma_req_t *r, void **req) {
   *req = r->handle;
-  return c->error;
+  if (!c->threaded) {
+    take(c, r);
+    return c->error;
+  }
+  int wait = r->has_sig && c->ordering == PS_ORD_DRAIN; /* as take() */
+  ps_rma_inbox_push(c, r);
+  while (wait && !__atomic_load_n(&r->taken, __ATOMIC_ACQUIRE) && !ps_rma_error(c)) sched_yield();
+  return ps_rma_error(c);
+}
+
+static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh, size_t size,
+                                     uint64_t dst_off, void *dst_mh, uint32_t rank,
+                                     uint64_t sig_off, void *sig_mh, uint64_t value, uint32_t op,
+                                     void **req) {
+  ps_rma_comm_t *c = rma_comm(coll);
+  if (!c || !req) return ncclInvalidArgument;
+  *req = NULL;
+  ps_rma_req_t *r;
+  pthread_rwlock_rdlock(&c->win_lock);
+  ncclResult_t rc = start(c, rank, &r);
+  if (rc == ncclSuccess) {
+    if (size) rc = fill_data(c, r, 0, src_off, src_mh, size, dst_off, dst_mh);
+    if (rc == ncclSuccess) rc = fill_sig(c, r, size, src_mh, dst_mh, sig_off, sig_mh, value, op);
+    if (rc != ncclSuccess) refuse(c, r);
+  }
+  pthread_rwlock_unlock(&c->win_lock);
+  PS_CHECK(rc);
+  return submit(c, r, req);
 }
 
 /* A peer that completes nothing of ours for PERSEUS_PEER_TIMEOUT_MS, or
@@ -422,27 +390,19 @@ static void check_liveness(ps_rma_comm_t *c) {
   }
 }
 
-static ncclResult_t progress_body(void *coll) {
-  ps_rma_comm_t *c = rma_comm(coll);
-  if (!c) return ncclInvalidArgument;
-  if (c->error) return c->error;
-  /* NCCL's GIN proxy calls progress once per context and peer in a round
-   * (2.28, 2.29), or once per round besides a test() of every outstanding
-   * request. A pass reads the completion queue (a syscall on tcp) and hands
-   * the pass's copies to the driver: passes back to back would spend the
-   * round there and find nothing new, while one every interval reads
-   * several completions, packs the chunks queued meanwhile into one write
-   * and hands their copies over in one batch. */
+int ps_rma_progress_pass(ps_rma_comm_t *c) {
   uint64_t now = ps_now_ns();
-  c->progress_calls++;
-  if (now - c->last_pass_ns < c->pass_interval_ns) return ncclSuccess;
+  int handled = 0;
   c->last_pass_ns = c->now_ns = now;
   c->passes++;
   /* PERSEUS_STATS: the steps of passes that found work outstanding */
-  uint64_t *step = c->calls && c->calls->live ? c->calls->pass_ns : NULL, t = now;
+  uint64_t *step = c->calls && __atomic_load_n(&c->calls->live, __ATOMIC_RELAXED)
+                       ? c->calls->pass_ns : NULL;
+  uint64_t t = now;
   if (step) c->calls->passes++;
   ps_rma_release_held(c);
-  if (ps_ep_progress(&c->ep, 256, NULL) != ncclSuccess) ps_rma_fail(c, ncclRemoteError, "%s", c->ep.fatal);
+  if (ps_ep_progress(&c->ep, 256, &handled) != ncclSuccess)
+    ps_rma_fail(c, ncclRemoteError, "%s", c->ep.fatal);
   if (step) ps_rma_note_step(step, PS_PASS_CQ, &t);
   if (c->stage && !c->error) ps_rma_target_progress(c);
   if (c->nack_pending && !c->error) ps_rma_send_nacks(c);
@@ -459,7 +419,38 @@ static ncclResult_t progress_body(void *coll) {
   ps_stage_flush(c);
   if (step) ps_rma_note_step(step, PS_PASS_COPIES, &t);
   if (!c->error) check_liveness(c);
+  return handled;
+}
+
+static ncclResult_t progress_body(void *coll) {
+  ps_rma_comm_t *c = rma_comm(coll);
+  if (!c) return ncclInvalidArgument;
+  __atomic_add_fetch(&c->progress_calls, 1, __ATOMIC_RELAXED);
+  /* the engine thread makes the passes: NCCL's call only asks for news */
+  if (c->threaded || c->error) return ps_rma_error(c);
+  /* NCCL's GIN proxy calls progress once per context and peer in a round
+   * (2.28, 2.29), or once per round besides a test() of every outstanding
+   * request. A pass reads the completion queue (a syscall on tcp) and hands
+   * the pass's copies to the driver: passes back to back would spend the
+   * round there and find nothing new, while one every interval reads
+   * several completions, packs the chunks queued meanwhile into one write
+   * and hands their copies over in one batch. */
+  if (ps_now_ns() - c->last_pass_ns < c->pass_interval_ns) return ncclSuccess;
+  ps_rma_progress_pass(c);
   return c->error;
+}
+
+int ps_rma_engine_pass(ps_rma_comm_t *c) {
+  pthread_mutex_lock(&c->inbox_lock);
+  ps_rma_req_t *r = c->inbox_head;
+  c->inbox_head = c->inbox_tail = NULL;
+  pthread_mutex_unlock(&c->inbox_lock);
+  int work = r != NULL;
+  for (ps_rma_req_t *next; r; r = next) {
+    next = r->next_in;
+    take(c, r);
+  }
+  return ps_rma_progress_pass(c) + work;
 }
 
 static int req_done(const ps_rma_req_t *r) {
@@ -467,30 +458,23 @@ static int req_done(const ps_rma_req_t *r) {
          (!r->sig_stage || r->sig_stage == PS_STAGE_DONE);
 }
 
-/* Why test() refused `request`: never reads what a stale handle once named. */
-static void PS_COLD req_refused(ps_rma_comm_t *c, const void *request) {
-  ps_rma_req_t *r = ps_htab_get(&ps_rma_req_tab, request);
-  if (r) {
-    PS_WARN("one-sided test: %p is a live request of another comm (rank %d of %d), not of this "
-            "one (rank %d of %d)", request, r->comm->rank, r->comm->nranks, c->rank, c->nranks);
-    return;
-  }
-  char why[200];
-  ps_htab_explain(&ps_rma_req_tab, request, why, sizeof why);
-  PS_WARN("one-sided test: %s", why);
-}
-
 static ncclResult_t test_body(void *coll, void *request, int *done) {
   ps_rma_comm_t *c = rma_comm(coll);
   ps_rma_req_t *r = ps_htab_get(&ps_rma_req_tab, request);
   if (!c || !done) return ncclInvalidArgument; /* gin_abi.c logged it */
   if (!r || r->comm != c) {
-    req_refused(c, request);
+    ps_rma_req_refused(c, request);
     return ncclInvalidArgument;
   }
   *done = 0;
-  if (r->status) return r->status;
-  if (!req_done(r)) {
+  if (c->threaded) {
+    /* the engine thread sets done once data and signal completed, after
+     * their status */
+    if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) return ps_rma_error(c);
+    if (r->status) return r->status;
+  } else if (r->status) {
+    return r->status;
+  } else if (!req_done(r)) {
     /* NCCL tests every outstanding request each round besides calling
      * progress (progress_body): a test makes a progress pass only when this request was
      * already seen not done since the last one, so a round costs one pass
@@ -507,7 +491,7 @@ static ncclResult_t test_body(void *coll, void *request, int *done) {
   }
   *done = 1;
   if (c->opstats) ps_rma_note_reported(c, r);
-  req_put(c, r);
+  ps_rma_req_put(c, r);
   return ncclSuccess;
 }
 

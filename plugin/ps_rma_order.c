@@ -104,9 +104,9 @@ int ps_order_sig_may_ride(const ps_rma_comm_t *c) {
 
 /* A fence: a wait for delivery (deferred parks, drain blocks) or an
  * FI_FENCE flag. ordered and target get their ordering for nothing. */
-int ps_order_count_fence(ps_rma_comm_t *c, ps_rma_peer_t *p, const ps_rma_req_t *r) {
-  int waits = (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN) && p->done.below < r->need;
-  int fenced = waits || (c->ordering == PS_ORD_FENCE && r->need > 1);
+int ps_order_count_fence(ps_rma_comm_t *c, ps_rma_peer_t *p, uint64_t need) {
+  int waits = (c->ordering == PS_ORD_DEFERRED || c->ordering == PS_ORD_DRAIN) && p->done.below < need;
+  int fenced = waits || (c->ordering == PS_ORD_FENCE && need > 1);
   if (fenced) p->st.fences_posted++;
   else p->st.fences_avoided++;
   return waits && c->ordering == PS_ORD_DRAIN;

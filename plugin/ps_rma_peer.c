@@ -14,7 +14,7 @@ void ps_rma_fail(ps_rma_comm_t *c, ncclResult_t rc, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(c->error_msg, sizeof c->error_msg, fmt, ap);
   va_end(ap);
-  c->error = rc;
+  __atomic_store_n(&c->error, rc, __ATOMIC_RELEASE);
   PS_WARN("one-sided comm rank %d: %s", c->rank, c->error_msg);
 }
 
@@ -56,8 +56,9 @@ static void settle(ps_rma_comm_t *c, ps_rma_req_t *r) {
   r->settled = 1;
   for (int i = 0; i < r->nuses; i++) {
     ps_rma_region_t *g = r->uses[i] < c->nregions ? c->regions[r->uses[i]] : NULL;
-    if (g && g->busy) g->busy--; /* gone: deregistered once the comm had failed */
+    if (g) __atomic_sub_fetch(&g->busy, 1, __ATOMIC_RELAXED); /* NULL: gone with a failed comm */
   }
+  __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE); /* last: test() may hand r back at once */
 }
 
 /* A put's chunk (seq) completed; the whole put once every chunk has. */
@@ -73,9 +74,8 @@ void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr)
     else if (p->sq_head)
       c->backlog = 1; /* a deferred signal may be free to go */
   }
-  settle(c, r);
-  /* last, where only r and p are live: nothing more to keep across a call */
   if (p->ops && r->data_stage == PS_STAGE_DONE) r->ts.data_done = ps_rma_stats_now();
+  settle(c, r); /* last: once settled, r may be handed back (test()) and reused */
 }
 
 void ps_rma_sig_done(ps_rma_req_t *r, int err, const char *errstr) {
@@ -83,8 +83,8 @@ void ps_rma_sig_done(ps_rma_req_t *r, int err, const char *errstr) {
   if (p->ops) r->ts.sig_done = ps_rma_stats_now();
   ps_rma_op_finished(r->comm, p);
   r->sig_stage = PS_STAGE_DONE;
-  settle(r->comm, r);
   ps_rma_op_failed(r, err, "signal", errstr);
+  settle(r->comm, r);
 }
 
 /* --- PERSEUS_STATS --- */

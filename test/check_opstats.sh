@@ -1,5 +1,5 @@
 #!/bin/sh
-# check_opstats.sh [--staged] COMMAND [ARGS...]: runs COMMAND with
+# check_opstats.sh [--staged] [--throttled] [--threaded] COMMAND [ARGS...]: runs COMMAND with
 # PERSEUS_STATS=1 (its stderr also passed through) and checks the
 # per-operation stats lines the one-sided engine prints when a comm closes:
 #   - COMMAND exits 0 and prints at least one "times of N ops" line;
@@ -13,17 +13,20 @@
 #     some peer has copies out of the GPU timed and a post held back for a
 #     send slot, a copy or a credit, and some peer's chunks went in fewer
 #     staged writes than there were chunks (packed into one write);
-#   - every comm's "progress calls, passes" line reads 1 <= passes <= calls,
+#   - every comm's "progress calls, passes" line reads 1 <= passes <= calls
+#     (passes >= 1 only, where an engine thread made them; with --threaded
+#     every comm must have had one),
 #     and is followed by its calls line: a share inside perseus of 0-100%,
 #     data calls timed where the comm was busy (some comm was), and the gap
 #     between data calls in order;
 #     with --throttled (a long PERSEUS_PROGRESS_INTERVAL_US) some comm made
 #     at least twice as many calls as passes.
-staged=0 throttled=0
+staged=0 throttled=0 want_threaded=0
 while :; do
   case $1 in
     --staged) staged=1; shift ;;
     --throttled) throttled=1; shift ;;
+    --threaded) want_threaded=1; shift ;;
     *) break ;;
   esac
 done
@@ -36,7 +39,7 @@ if [ "$rc" -ne 0 ]; then
   echo "check_opstats.sh: $1 exited with $rc" >&2
   exit 1
 fi
-awk -v staged="$staged" -v throttled="$throttled" '
+awk -v staged="$staged" -v throttled="$throttled" -v want_threaded="$want_threaded" '
 function fail(msg) { print "check_opstats.sh: " msg >"/dev/stderr"; bad = 1 }
 # The value of interval `name` on this line: "-" (not timed) or its four
 # numbers and mean in v[1..5]; "" when the line lacks it.
@@ -50,8 +53,11 @@ function interval(line, name, v,   s, n) {
 }
 /^perseus stats: rank [0-9]+: [0-9]+ progress calls, [0-9]+ passes/ {
   ncomms++
-  if (!($8 + 0 >= 1 && $8 + 0 <= $5 + 0)) fail("rank " $4 " " $5 " progress calls but " $8 " passes")
-  if ($5 + 0 >= 2 * ($8 + 0)) fewer++
+  threaded = $0 ~ /made by the engine thread/
+  if (threaded) nthreaded++
+  if (!($8 + 0 >= 1 && (threaded || $8 + 0 <= $5 + 0)))
+    fail("rank " $4 " " $5 " progress calls but " $8 " passes")
+  if (!threaded && $5 + 0 >= 2 * ($8 + 0)) fewer++
 }
 /^perseus stats: rank [0-9]+: NCCL.s calls while work was outstanding / {
   ncalls++
@@ -132,6 +138,7 @@ END {
   if (!ncomms) fail("no progress calls line")
   if (ncalls != ncomms) fail(ncomms " progress calls lines but " ncalls " calls lines")
   if (!datacalls) fail("no comm timed a data call")
+  if (want_threaded && nthreaded != ncomms) fail(ncomms - nthreaded " comms ran without an engine thread")
   if (throttled && !fewer) fail("throttled, but no comm made twice as many progress calls as passes")
   if (staged && !copies) fail("staged, but no copy out of the GPU was timed")
   if (staged && !waits) fail("staged, but nothing was held back for a send slot, a copy or a credit")
