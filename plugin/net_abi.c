@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "ps_abi.h"
+#include "ps_handle.h"
 #include "ps_log.h"
 #include "ps_nccl_abi.h"
 #include "ps_net.h"
@@ -91,29 +92,53 @@ static ncclResult_t init_v10(ncclDebugLogger_t log, ncclProfilerCallback_t prof)
   return ps_net_init(log);
 }
 
-/* v11+: one context per NCCL communicator; we keep only its id for logs. */
+/* v11+: one context per NCCL communicator; we keep its id for logs, and it
+ * owns the connects it starts (closed at finalize if never completed). */
 typedef struct {
   uint64_t comm_id;
   int traffic_class;
+  uint32_t slot; /* in ctx_tab */
 } ps_ctx_t;
+
+/* What NCCL holds of a context is a handle of this table (ps_handle.h): a
+ * second finalize is refused instead of freeing twice. The handle's value
+ * also names the connects the context starts (ps_net_connect's owner). */
+static ps_htab_t ctx_tab = PS_HTAB_INIT(0x4e, "net context", "finalized");
 
 ncclResult_t ps_abi_init_ctx(void **ctx, uint64_t comm_id, ps_comm_config_t *config,
                              ncclDebugLogger_t log, ncclProfilerCallback_t prof) {
   (void)prof;
   PS_CHECK(ps_net_init(log));
-  if (!ctx) return ncclInvalidArgument;
+  if (!ctx) {
+    PS_WARN("init: NULL context pointer");
+    return ncclInvalidArgument;
+  }
   ps_ctx_t *c = calloc(1, sizeof *c);
   if (!c) return ncclSystemError;
+  ncclResult_t rc = ps_htab_reserve(&ctx_tab, 1, &c->slot);
+  if (rc != ncclSuccess) {
+    free(c);
+    return rc;
+  }
   c->comm_id = comm_id;
   c->traffic_class = config ? config->trafficClass : -1;
   PS_TRACE("context for comm 0x%llx (traffic class %d)", (unsigned long long)comm_id,
            c->traffic_class);
-  *ctx = c;
+  *ctx = ps_htab_bind(&ctx_tab, c->slot, c);
   return ncclSuccess;
 }
 
 ncclResult_t ps_abi_finalize_ctx(void *ctx) {
-  free(ctx);
+  ps_ctx_t *c = ps_htab_get(&ctx_tab, ctx);
+  if (!c) {
+    char why[200];
+    ps_htab_explain(&ctx_tab, ctx, why, sizeof why);
+    PS_WARN("finalize: %s", why);
+    return ncclInvalidArgument;
+  }
+  ps_htab_release(&ctx_tab, c->slot, 1); /* stale first: a second finalize is refused */
+  ps_net_forget_connects((uintptr_t)ctx);
+  free(c);
   return ncclSuccess;
 }
 
@@ -132,7 +157,7 @@ static ncclResult_t listen_v11(void *ctx, int dev, void *handle, void **lc) {
 }
 static ncclResult_t connect_v8(int dev, void *handle, void **sc, ps_nccl_dev_handle_t **sdev) {
   if (sdev) *sdev = NULL; /* no device offload */
-  return ps_net_connect(dev, handle, sc);
+  return ps_net_connect(dev, handle, sc, 0);
 }
 static ncclResult_t connect_v10(int dev, ps_comm_config_t *cfg, void *handle, void **sc,
                                 ps_nccl_dev_handle_t **sdev) {
@@ -141,8 +166,9 @@ static ncclResult_t connect_v10(int dev, ps_comm_config_t *cfg, void *handle, vo
 }
 static ncclResult_t connect_v11(void *ctx, int dev, void *handle, void **sc,
                                 ps_nccl_dev_handle_t **sdev) {
-  (void)ctx;
-  return connect_v8(dev, handle, sc, sdev);
+  if (sdev) *sdev = NULL;
+  /* the context's address names the connect's owner; it is never read */
+  return ps_net_connect(dev, handle, sc, (uintptr_t)ctx);
 }
 static ncclResult_t accept_any(void *lc, void **rc, ps_nccl_dev_handle_t **rdev) {
   if (rdev) *rdev = NULL;

@@ -73,6 +73,7 @@ struct ps_comm {
   uint64_t connect_ns;     /* when the handshake started (connect, or accepting its CONNECT) */
   ps_comm_t *next_connecting;
   uint64_t connect_polled_ns; /* send side: the caller's last connect() for it (ps_conn.c) */
+  uintptr_t owner;            /* send side: the NCCL context that started it (v11+), else 0 */
   int connect_polling;        /* send side: a connect() call is driving it now */
   ps_comm_t *accepting; /* listen side: recv comm whose ACCEPT is still leaving */
   struct ps_nack *nacks; /* listen side: refusals of wrong listen ids in flight (ps_conn.c) */

@@ -127,37 +127,61 @@ static void connecting_release(ps_comm_t *c, int done) {
  * until the process ended. A caller that comes back later starts afresh; the
  * listener may then hold a recv comm of the closed connect, whose peer is
  * gone (its probes fail if it is ever used). */
-static void connecting_reap(void) {
-  uint64_t limit_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
-  ps_comm_t *reaped = NULL;
-  int n = 0;
-  pthread_mutex_lock(&connecting_lock);
-  uint64_t now = ps_now_ns(); /* under the lock: no release stamps a later time meanwhile */
+/* Under connecting_lock: takes the connects no call drives right now for
+ * which gone(c, arg) holds off the list; returns them, chained, and their
+ * count in *n. */
+static ps_comm_t *connecting_unlink(int (*gone)(const ps_comm_t *, const void *), const void *arg,
+                                    int *n) {
+  ps_comm_t *out = NULL;
+  *n = 0;
   for (ps_comm_t **p = &connecting; *p;) {
     ps_comm_t *c = *p;
-    if (c->connect_polling || now - c->connect_polled_ns <= limit_ns) {
+    if (c->connect_polling || !gone(c, arg)) {
       p = &c->next_connecting;
       continue;
     }
     *p = c->next_connecting;
     nconnecting--;
-    c->next_connecting = reaped;
-    reaped = c;
-    n++;
+    c->next_connecting = out;
+    out = c;
+    (*n)++;
   }
-  int trim = n && now - last_trim_ns > limit_ns;
-  if (trim) last_trim_ns = now;
+  return out;
+}
+
+static void free_chain(ps_comm_t *c) {
+  while (c) {
+    ps_comm_t *next = c->next_connecting;
+    ps_comm_free(c);
+    c = next;
+  }
+}
+
+/* arg: {now, limit} in ns */
+static int left_alone(const ps_comm_t *c, const void *arg) {
+  const uint64_t *t = arg;
+  return t[0] - c->connect_polled_ns > t[1];
+}
+
+static int owned_by(const ps_comm_t *c, const void *arg) {
+  return c->owner == *(const uintptr_t *)arg;
+}
+
+static void connecting_reap(void) {
+  uint64_t limit_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
+  int n;
+  pthread_mutex_lock(&connecting_lock);
+  uint64_t t[2] = {ps_now_ns(), limit_ns}; /* under the lock: no release stamps a later time meanwhile */
+  ps_comm_t *reaped = connecting_unlink(left_alone, t, &n);
+  int trim = n && t[0] - last_trim_ns > limit_ns;
+  if (trim) last_trim_ns = t[0];
   pthread_mutex_unlock(&connecting_lock);
   (void)trim;
   if (!n) return;
   PS_WARN("connect: %d connect(s) not called again for %lld ms (PERSEUS_PEER_TIMEOUT_MS) were "
           "abandoned; closed (one was to the listener at %s)",
           n, (long long)ps_fabric_config()->peer_timeout_ms, reaped->peer_str);
-  while (reaped) {
-    ps_comm_t *next = reaped->next_connecting;
-    ps_comm_free(reaped);
-    reaped = next;
-  }
+  free_chain(reaped);
 #ifdef __GLIBC__
   /* libfabric 1.17's rxm callocs 12 MiB per endpoint at fi_enable. Once such
    * a block is freed, glibc raises its mmap threshold and serves the next
@@ -192,7 +216,7 @@ static ps_comm_t *connecting_claim(int dev, const ps_handle_t *h, int *busy) {
   return c;
 }
 
-static ncclResult_t connect_start(int dev, const ps_handle_t *h) {
+static ncclResult_t connect_start(int dev, const ps_handle_t *h, uintptr_t owner) {
   ps_comm_t *c = NULL;
   pthread_mutex_lock(&connecting_lock);
   int n = nconnecting; /* a concurrent start may pass it by one: it bounds, it need not be exact */
@@ -208,6 +232,7 @@ static ncclResult_t connect_start(int dev, const ps_handle_t *h) {
   c->listen_id = h->listen_id;
   c->conn_id = ps_random64();
   c->connect_to = *h;
+  c->owner = owner;
   c->connect_ns = ps_now_ns();
   ncclResult_t rc = ps_ep_insert_len(&c->ep, h->addr, h->addrlen, &c->peer);
   if (rc == ncclSuccess) ps_ep_addr_str(&c->ep, h->addr, c->peer_str, sizeof c->peer_str);
@@ -270,7 +295,19 @@ static ncclResult_t connect_poll(ps_comm_t *c, int *ready) {
   return ncclSuccess;
 }
 
-ncclResult_t ps_net_connect(int dev, void *handle, void **send_comm) {
+void ps_net_forget_connects(uintptr_t owner) {
+  if (!owner) return;
+  int n;
+  pthread_mutex_lock(&connecting_lock);
+  ps_comm_t *gone = connecting_unlink(owned_by, &owner, &n);
+  pthread_mutex_unlock(&connecting_lock);
+  if (n)
+    PS_INFO(NCCL_INIT | NCCL_NET, "finalize: closed %d connect(s) of this context that never "
+            "completed (one to the listener at %s)", n, gone->peer_str);
+  free_chain(gone);
+}
+
+ncclResult_t ps_net_connect(int dev, void *handle, void **send_comm, uintptr_t owner) {
   ps_handle_t h;
   if (!send_comm) {
     PS_WARN("connect: NULL send comm pointer");
@@ -286,7 +323,7 @@ ncclResult_t ps_net_connect(int dev, void *handle, void **send_comm) {
   int busy = 0;
   ps_comm_t *c = connecting_claim(dev, &h, &busy);
   if (busy) return ncclSuccess; /* a NULL comm: call again */
-  if (!c) return connect_start(dev, &h);
+  if (!c) return connect_start(dev, &h, owner);
   int ready = 0;
   ncclResult_t rc = connect_poll(c, &ready);
   connecting_release(c, rc != ncclSuccess || ready);

@@ -20,7 +20,11 @@ ncclResult_t ps_net_init(ncclDebugLogger_t log);
 ncclResult_t ps_net_devices(int *ndev);
 ncclResult_t ps_net_get_properties(int dev, ps_props_t *p);
 ncclResult_t ps_net_listen(int dev, void *handle, void **listen_comm);
-ncclResult_t ps_net_connect(int dev, void *handle, void **send_comm);
+/* owner: the NCCL context (v11+) the connect belongs to, 0 without one. */
+ncclResult_t ps_net_connect(int dev, void *handle, void **send_comm, uintptr_t owner);
+/* The context `owner` ends: the connects it started that never completed
+ * are closed (NCCL will not call connect for them again). */
+void ps_net_forget_connects(uintptr_t owner);
 ncclResult_t ps_net_accept(void *listen_comm, void **recv_comm);
 ncclResult_t ps_net_reg_mr(void *comm, void *data, size_t size, int type, void **mh);
 ncclResult_t ps_net_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset,

@@ -3,6 +3,7 @@
  * start and finish. Calls nothing of the engine's. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "ps_clock.h"
 #include "ps_log.h"
@@ -44,7 +45,16 @@ void ps_rma_op_finished(ps_rma_comm_t *c, ps_rma_peer_t *p) {
 int ps_rma_op_failed(ps_rma_req_t *r, int err, const char *what, const char *errstr) {
   if (!err) return 0;
   r->status = ncclRemoteError;
-  ps_rma_fail(r->comm, ncclRemoteError, "%s to rank %u failed: %s", what, r->peer, errstr);
+  /* the window the provider refused names the likely cause (deregistered
+   * there): a signal's, else the put's or get's remote one (uses[1]) */
+  char win[64] = "";
+  int sig = !strcmp(what, "signal");
+  if (sig && r->has_sig)
+    snprintf(win, sizeof win, " (window %u, offset %llu)", r->sig.region_id,
+             (unsigned long long)r->sig.offset);
+  else if (!sig && r->nuses >= 2)
+    snprintf(win, sizeof win, " (rank %u's part of window %u)", r->peer, r->uses[1]);
+  ps_rma_fail(r->comm, ncclRemoteError, "%s%s to rank %u failed: %s", what, win, r->peer, errstr);
   return 1;
 }
 

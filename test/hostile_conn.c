@@ -5,6 +5,10 @@
  *     after PERSEUS_PEER_TIMEOUT_MS reaps them: rank 0's open fds are back
  *     within a few of where they were after the first connect, and its RSS
  *     within ABANDON_RSS_MB. The listener still accepts a live connector.
+ *   - (-s finalize, v11/v12, 2 ranks) rank 0 starts a connect to each of
+ *     rank 1's 64 listeners and never calls connect again, then finalizes its
+ *     context: its open fds are back at once (no timeout to wait), and a
+ *     second finalize is refused.
  *   - (-s wrong_id) connect with a listener's handle whose listen id was
  *     changed, while the listener accepts: an error within
  *     PERSEUS_PEER_TIMEOUT_MS + 1 s (the listener refuses it), never a
@@ -175,6 +179,52 @@ static int abandon_rank(drv_rank_t *r, void *arg) {
   }
   __atomic_store_n(&a->connected, 1, __ATOMIC_RELEASE);
   CHECK(r->net.close_send(sc) == ncclSuccess, "closeSend");
+  __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+  return 0;
+}
+
+/* --- finalize --- */
+
+#define FIN_CONNECTS 64
+
+typedef struct {
+  char handles[FIN_CONNECTS][NCCL_NET_HANDLE_MAXSIZE];
+  volatile int listening, done;
+} fin_t;
+
+static int finalize_rank(drv_rank_t *r, void *arg) {
+  fin_t *a = r->user;
+  double end = drv_now() + 60;
+  (void)arg;
+  if (r->rank == 1) {
+    static void *lc[FIN_CONNECTS];
+    for (int i = 0; i < FIN_CONNECTS; i++)
+      CHECK(r->net.listen(r->dev, a->handles[i], &lc[i]) == ncclSuccess, "listen %d", i);
+    __atomic_store_n(&a->listening, 1, __ATOMIC_RELEASE);
+    while (!__atomic_load_n(&a->done, __ATOMIC_ACQUIRE)) CHECK(drv_now() < end, "rank 0 hung");
+    for (int i = 0; i < FIN_CONNECTS; i++)
+      CHECK(r->net.close_listen(lc[i]) == ncclSuccess, "closeListen %d", i);
+    return 0;
+  }
+  while (!__atomic_load_n(&a->listening, __ATOMIC_ACQUIRE)) CHECK(drv_now() < end, "no listeners");
+  void *sc = NULL;
+  int fds0 = -1;
+  for (int i = 0; i < FIN_CONNECTS; i++) { /* each started, never called again */
+    CHECK(r->net.connect(r->dev, a->handles[i], &sc) == ncclSuccess && !sc, "connect %d", i);
+    if (i == 0) fds0 = hostile_open_fds();
+  }
+  int peak = hostile_open_fds();
+  double t0 = drv_now();
+  CHECK(r->net.finalize() == ncclSuccess, "finalize");
+  int fds = hostile_open_fds();
+  printf("finalize: %d connects started; fds %d after the first, %d after the last, %d after "
+         "finalize (%.3f s)\n", FIN_CONNECTS, fds0, peak, fds, drv_now() - t0);
+  CHECK(peak > fds0 + ABANDON_FD_SLACK, "%d connects opened only %d fds: nothing to check",
+        FIN_CONNECTS, peak - fds0);
+  CHECK(fds <= fds0 + ABANDON_FD_SLACK, "finalize left %d of the %d fds of %d connects its "
+        "context started and never completed", fds - fds0, peak - fds0, FIN_CONNECTS);
+  /* a second finalize of the context is refused, not a second free */
+  CHECK(r->net.finalize() == ncclInvalidArgument, "a second finalize was not refused");
   __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
   return 0;
 }
@@ -381,6 +431,14 @@ int hostile_conn_scenario(int version, const char *scenario) {
     drv_opts_t o = {.nranks = 2, .version = version, .timeout_s = 150, .no_mesh = 1,
                     .shared_bytes = sizeof(abandon_t)};
     rc = drv_run(&o, abandon_rank, NULL) != 0;
+  } else if (!strcmp(scenario, "finalize")) {
+    if (version < 11) {
+      printf("hostile_net finalize v%d: skipped, the table has no finalize\n", version);
+      return 77;
+    }
+    drv_opts_t o = {.nranks = 2, .version = version, .timeout_s = 90, .no_mesh = 1,
+                    .shared_bytes = sizeof(fin_t)};
+    rc = drv_run(&o, finalize_rank, NULL) != 0;
   } else if (!strcmp(scenario, "shm_dead_peer")) {
     drv_opts_t o = {.nranks = 2, .version = version, .timeout_s = 60};
     rc = drv_run(&o, shm_dead_peer, NULL) != 0;

@@ -29,7 +29,7 @@
  *     stay flat and the listener accepts exactly one comm, which carries data.
  * In each, the new owner must still work afterwards.
  * Connection setup that needs several connections or a dead process
- * (abandon, wrong_id, shm_stale, shm_addr, shm_dead_peer) is in hostile_conn.c.
+ * (abandon, finalize, wrong_id, shm_stale, shm_addr, shm_dead_peer) is in hostile_conn.c.
  * Usage: perseus_hostile_net -v VERSION [-s SCENARIO] (the harness's plugin
  * and loader). */
 #include <dlfcn.h>
@@ -470,7 +470,7 @@ int main(int argc, char **argv) {
     if (c != 'v') {
       fprintf(stderr,
               "usage: %s [-v 8..12] [-s calls|half_open|stale_req|double_close|double_dereg|"
-              "stale_mh|reconnect|abandon|wrong_id|shm_stale|shm_addr|shm_dead_peer]\n",
+              "stale_mh|reconnect|abandon|finalize|wrong_id|shm_stale|shm_addr|shm_dead_peer]\n",
               argv[0]);
       return 2;
     }
