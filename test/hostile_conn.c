@@ -6,7 +6,7 @@
  *     within a few of where they were after the first connect, and its RSS
  *     within ABANDON_RSS_MB. The listener still accepts a live connector.
  *   - (-s finalize, v11/v12, 2 ranks) rank 0 starts a connect to each of
- *     rank 1's 64 listeners and never calls connect again, then finalizes its
+ *     rank 1's 24 listeners and never calls connect again, then finalizes its
  *     context: its open fds are back at once (no timeout to wait), and a
  *     second finalize is refused.
  *   - (-s wrong_id) connect with a listener's handle whose listen id was
@@ -185,7 +185,7 @@ static int abandon_rank(drv_rank_t *r, void *arg) {
 
 /* --- finalize --- */
 
-#define FIN_CONNECTS 64
+#define FIN_CONNECTS 24
 
 typedef struct {
   char handles[FIN_CONNECTS][NCCL_NET_HANDLE_MAXSIZE];
