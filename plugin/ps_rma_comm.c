@@ -157,7 +157,6 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   pthread_rwlock_init(&c->win_lock, NULL);
   pthread_mutex_init(&c->reqs_lock, NULL);
   pthread_mutex_init(&c->inbox_lock, NULL);
-  c->threaded = want_thread();
   c->rank = rank, c->nranks = nranks;
   c->ep = *lep;            /* the endpoint listen opened becomes the comm's */
   memset(lep, 0, sizeof *lep);
@@ -193,7 +192,7 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   }
   if (rc == ncclSuccess) rc = ps_rma_post_sig_slots(c);
   if (rc == ncclSuccess) rc = live_add(c);
-  if (rc == ncclSuccess) rc = ps_rma_thread_start(c);
+  if (rc == ncclSuccess && want_thread()) rc = ps_rma_thread_start(c); /* last: no undo */
   if (rc != ncclSuccess) {
     close_comm(c, 0); /* never handed out: nothing to report */
     return rc;

@@ -425,7 +425,8 @@ static inline ncclResult_t ps_rma_error(const ps_rma_comm_t *c) {
 }
 
 /* --- floor 2, ps_rma_thread.c: PERSEUS_PROGRESS_THREAD --- */
-/* Starts c's engine thread when the variable asks for one (c->threaded). */
+/* Starts c's engine thread and sets c->threaded (connect's last step,
+ * where PERSEUS_PROGRESS_THREAD asks for one). */
 ncclResult_t ps_rma_thread_start(ps_rma_comm_t *c);
 /* Ends it (before the comm closes); a no-op without one. */
 void ps_rma_thread_stop(ps_rma_comm_t *c);

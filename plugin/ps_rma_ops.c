@@ -427,7 +427,7 @@ static ncclResult_t progress_body(void *coll) {
   if (!c) return ncclInvalidArgument;
   __atomic_add_fetch(&c->progress_calls, 1, __ATOMIC_RELAXED);
   /* the engine thread makes the passes: NCCL's call only asks for news */
-  if (c->threaded || c->error) return ps_rma_error(c);
+  if (c->threaded || ps_rma_error(c)) return ps_rma_error(c);
   /* NCCL's GIN proxy calls progress once per context and peer in a round
    * (2.28, 2.29), or once per round besides a test() of every outstanding
    * request. A pass reads the completion queue (a syscall on tcp) and hands

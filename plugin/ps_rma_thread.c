@@ -51,14 +51,13 @@ static void *engine_main(void *arg) {
 }
 
 ncclResult_t ps_rma_thread_start(ps_rma_comm_t *c) {
-  if (!c->threaded) return ncclSuccess;
   int rc = pthread_create(&c->thread, NULL, engine_main, c);
   if (rc) {
     PS_WARN("one-sided comm: could not start its engine thread (PERSEUS_PROGRESS_THREAD): %s",
             strerror(rc));
-    c->threaded = 0;
     return ncclSystemError;
   }
+  c->threaded = 1; /* before the comm is handed out: every call sees it */
   return ncclSuccess;
 }
 
