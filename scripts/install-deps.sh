@@ -4,6 +4,7 @@
 set -eu
 PKGS="build-essential pkg-config meson ninja-build libfabric-dev libfabric-bin libibverbs-dev git python3"
 [ "${PERSEUS_WITH_CLANG:-0}" = 1 ] && PKGS="$PKGS clang"
+[ "${PERSEUS_WITH_VALGRIND:-0}" = 1 ] && PKGS="$PKGS valgrind"
 # scripts/build-deb.sh and scripts/check-package.sh: dpkg-buildpackage and dh
 # (Rules-Requires-Root: no, so no fakeroot), nm/readelf from binutils.
 [ "${PERSEUS_WITH_PACKAGING:-0}" = 1 ] && PKGS="$PKGS dpkg-dev debhelper binutils"
