@@ -50,20 +50,13 @@ typedef struct {
   void *net_ctx; /* ps_abi_init_ctx's */
 } gin_init_t;
 
-/* Logs why h is not a live object of table t (for `fn`). */
-static void refused(ps_htab_t *t, const void *h, const char *fn) {
-  char why[200];
-  ps_htab_explain(t, h, why, sizeof why);
-  PS_WARN("%s: %s", fn, why);
-}
-
 static gin_coll_t *as_coll(void *p, const char *fn) {
   gin_coll_t *c = ps_htab_get(&coll_tab, p);
   if (c) return c;
   if (ps_htab_get(&ctx_tab, p))
     PS_WARN("%s: %p is a context, where a collComm is expected", fn, p);
   else
-    refused(&coll_tab, p, fn);
+    ps_htab_refused(&coll_tab, p, fn);
   return NULL;
 }
 
@@ -78,9 +71,9 @@ static gin_coll_t *any_coll(void *p, const char *fn) {
   if (x)
     PS_WARN("%s: context %p belongs to a collComm that was closed", fn, p);
   else if (((uint64_t)(uintptr_t)p >> 56) == ctx_tab.tag)
-    refused(&ctx_tab, p, fn);
+    ps_htab_refused(&ctx_tab, p, fn);
   else
-    refused(&coll_tab, p, fn);
+    ps_htab_refused(&coll_tab, p, fn);
   return NULL;
 }
 
@@ -93,7 +86,7 @@ static void *ctx_eng(void *p, int context, const char *fn) {
     else if (ps_htab_get(&coll_tab, p))
       PS_WARN("%s: %p is a collComm, where a context from createContext is expected", fn, p);
     else
-      refused(&ctx_tab, p, fn);
+      ps_htab_refused(&ctx_tab, p, fn);
     return NULL;
   }
   if (context < 0 || context >= x->ncontexts) {
@@ -150,7 +143,7 @@ static ncclResult_t gin_init(void **ctx, uint64_t comm_id, ncclDebugLogger_t log
 static ncclResult_t gin_finalize(void *ctx) {
   gin_init_t *g = ps_htab_get(&init_tab, ctx);
   if (!g) {
-    refused(&init_tab, ctx, "one-sided finalize");
+    ps_htab_refused(&init_tab, ctx, "one-sided finalize");
     return ncclInvalidArgument;
   }
   ps_htab_release(&init_tab, g->slot, 1);
@@ -311,7 +304,7 @@ static ncclResult_t ctx_destroy(void *ctx) {
     if (ps_htab_get(&coll_tab, ctx))
       PS_WARN("destroyContext: %p is a collComm, not a context", ctx);
     else
-      refused(&ctx_tab, ctx, "destroyContext");
+      ps_htab_refused(&ctx_tab, ctx, "destroyContext");
     return ncclInvalidArgument;
   }
   if (x->coll) /* unlink; a closed comm already let go of it */

@@ -129,13 +129,8 @@ ncclResult_t ps_abi_init_ctx(void **ctx, uint64_t comm_id, ps_comm_config_t *con
 }
 
 ncclResult_t ps_abi_finalize_ctx(void *ctx) {
-  ps_ctx_t *c = ps_htab_get(&ctx_tab, ctx);
-  if (!c) {
-    char why[200];
-    ps_htab_explain(&ctx_tab, ctx, why, sizeof why);
-    PS_WARN("finalize: %s", why);
-    return ncclInvalidArgument;
-  }
+  ps_ctx_t *c = ps_htab_lookup(&ctx_tab, ctx, "finalize");
+  if (!c) return ncclInvalidArgument;
   ps_htab_release(&ctx_tab, c->slot, 1); /* stale first: a second finalize is refused */
   ps_net_forget_connects((uintptr_t)ctx);
   free(c);

@@ -23,9 +23,7 @@ void ps_comm_refused(const char *call, const void *h, int kinds) {
             kinds == (PS_COMM_SEND | PS_COMM_RECV) ? "send or recv" : kind_name(kinds));
     return;
   }
-  char why[200];
-  ps_htab_explain(&ps_comm_tab, h, why, sizeof why);
-  PS_WARN("%s: %s", call, why);
+  ps_htab_refused(&ps_comm_tab, h, call);
 }
 
 ncclResult_t ps_comm_alloc(int kind, int dev, ps_comm_t **out) {

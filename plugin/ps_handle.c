@@ -103,3 +103,9 @@ void ps_htab_explain(ps_htab_t *t, const void *h, char *buf, size_t n) {
              "it was %s", h, t->what, idx, gen, __atomic_load_n(&s->gen, __ATOMIC_RELAXED),
              t->gone);
 }
+
+void ps_htab_refused(ps_htab_t *t, const void *h, const char *call) {
+  char why[200];
+  ps_htab_explain(t, h, why, sizeof why);
+  PS_WARN("%s: %s", call, why);
+}

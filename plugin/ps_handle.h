@@ -67,6 +67,8 @@ void ps_htab_unbind(ps_htab_t *t, uint32_t idx);
 /* Writes why `h` is not a live handle of this table into buf (for the
  * warning the caller logs): foreign, or stale and since when. */
 void ps_htab_explain(ps_htab_t *t, const void *h, char *buf, size_t n);
+/* Logs "call: <why h is not a live handle of t>". */
+void ps_htab_refused(ps_htab_t *t, const void *h, const char *call);
 
 static inline ps_hslot_t *ps_htab_slot(ps_htab_t *t, uint32_t idx) {
   ps_hslot_t *chunk = __atomic_load_n(&t->chunks[idx >> PS_HTAB_CHUNK_BITS], __ATOMIC_ACQUIRE);
@@ -82,6 +84,13 @@ static inline void *ps_htab_get(ps_htab_t *t, const void *h) {
   if (!s || __atomic_load_n(&s->gen, __ATOMIC_RELAXED) != (uint32_t)(v >> PS_HTAB_IDX_BITS))
     return NULL;
   return __atomic_load_n(&s->obj, __ATOMIC_RELAXED);
+}
+
+/* The object h names, or NULL with the reason logged for `call`. */
+static inline void *ps_htab_lookup(ps_htab_t *t, const void *h, const char *call) {
+  void *obj = ps_htab_get(t, h);
+  if (!obj) ps_htab_refused(t, h, call);
+  return obj;
 }
 
 #endif

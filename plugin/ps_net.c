@@ -110,17 +110,11 @@ ncclResult_t ps_net_reg_mr_dmabuf(void *comm, void *data, size_t size, int type,
   return ps_net_reg_mr(comm, data, size, type, mh);
 }
 
-static void mr_refused(const char *call, void *mh) {
-  char why[200];
-  ps_htab_explain(&mr_tab, mh, why, sizeof why);
-  PS_WARN("%s: %s", call, why);
-}
-
 ncclResult_t ps_net_dereg_mr(void *comm, void *mh) {
   ps_mr_t *m = ps_htab_get(&mr_tab, mh);
   (void)comm;
   if (!m) {
-    mr_refused("deregMr", mh);
+    ps_htab_refused(&mr_tab, mh, "deregMr");
     return ncclInvalidArgument;
   }
   ps_htab_release(&mr_tab, m->slot, 1);
@@ -142,7 +136,7 @@ static ncclResult_t mr_desc(const ps_comm_t *c, void *mh, const void *data, size
     return ncclInvalidArgument;
   }
   if (mh && !m) {
-    mr_refused(c->kind == PS_COMM_SEND ? "isend" : "irecv", mh);
+    ps_htab_refused(&mr_tab, mh, c->kind == PS_COMM_SEND ? "isend" : "irecv");
     return ncclInvalidArgument;
   }
   if (!size) return ncclSuccess;
@@ -290,13 +284,8 @@ ncclResult_t ps_net_iflush(void *recv_comm, int n, void **data, int *sizes, void
 }
 
 ncclResult_t ps_net_test(void *request, int *done, int *sizes) {
-  ps_req_t *r = ps_htab_get(&ps_req_tab, request);
-  if (!r) {
-    char why[200];
-    ps_htab_explain(&ps_req_tab, request, why, sizeof why);
-    PS_WARN("test: %s", why);
-    return ncclInvalidArgument;
-  }
+  ps_req_t *r = ps_htab_lookup(&ps_req_tab, request, "test");
+  if (!r) return ncclInvalidArgument;
   if (!done) {
     PS_WARN("test: NULL done pointer");
     return ncclInvalidArgument;

@@ -114,13 +114,7 @@ ncclResult_t ps_rma_listen(int dev, void *handle, void **listen_comm) {
 }
 
 static rma_listen_t *listen_of(void *listen_comm, const char *call) {
-  rma_listen_t *l = ps_htab_get(&listen_tab, listen_comm);
-  if (!l) {
-    char why[200];
-    ps_htab_explain(&listen_tab, listen_comm, why, sizeof why);
-    PS_WARN("%s: %s", call, why);
-  }
-  return l;
+  return ps_htab_lookup(&listen_tab, listen_comm, call);
 }
 
 ncclResult_t ps_rma_close_listen(void *listen_comm) {

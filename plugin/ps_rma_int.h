@@ -540,7 +540,8 @@ void ps_rma_op_started(ps_rma_comm_t *c, ps_rma_peer_t *p);
 void ps_rma_op_finished(ps_rma_comm_t *c, ps_rma_peer_t *p);
 void ps_rma_wake(ps_rma_peer_t *p);
 /* 1 (and the comm failed) when err says the operation failed. */
-int ps_rma_op_failed(ps_rma_req_t *r, int err, const char *what, const char *errstr);
+/* r's windows stop counting it (it completed, or its call was refused). */
+void ps_rma_unuse_windows(ps_rma_comm_t *c, ps_rma_req_t *r);
 /* r names window g: g counts it as busy until r completes. */
 static inline void ps_rma_use_window(ps_rma_req_t *r, ps_rma_region_t *g) {
   __atomic_add_fetch(&g->busy, 1, __ATOMIC_RELAXED);

@@ -192,8 +192,7 @@ static void take_data(ps_rma_peer_t *p, ps_rma_req_t *r) {
 /* A call refused after start(): the windows it was counted in forget it
  * (they are live: the caller holds win_lock), and r goes back. */
 static void refuse(ps_rma_comm_t *c, ps_rma_req_t *r) {
-  for (int i = 0; i < r->nuses; i++)
-    __atomic_sub_fetch(&c->regions[r->uses[i]]->busy, 1, __ATOMIC_RELAXED);
+  ps_rma_unuse_windows(c, r);
   ps_rma_req_put(c, r);
 }
 

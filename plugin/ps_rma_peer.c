@@ -3,7 +3,6 @@
  * start and finish. Calls nothing of the engine's. */
 #include <stdarg.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "ps_clock.h"
 #include "ps_log.h"
@@ -15,8 +14,10 @@ void ps_rma_fail(ps_rma_comm_t *c, ncclResult_t rc, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(c->error_msg, sizeof c->error_msg, fmt, ap);
   va_end(ap);
-  __atomic_store_n(&c->error, rc, __ATOMIC_RELEASE);
+  /* the reason is logged before the error is seen: a caller on another
+   * thread (NCCL's, with an engine thread) that sees it finds the log */
   PS_WARN("one-sided comm rank %d: %s", c->rank, c->error_msg);
+  __atomic_store_n(&c->error, rc, __ATOMIC_RELEASE);
 }
 
 /* PERSEUS_STATS: one more operation posted to p */
@@ -42,20 +43,28 @@ void ps_rma_op_finished(ps_rma_comm_t *c, ps_rma_peer_t *p) {
 /* Any error completion fails the comm, cancellation included: we never
  * cancel (close discards the endpoint unread), so -FI_ECANCELED is the
  * provider flushing operations to a peer that went away (tcp does this). */
-int ps_rma_op_failed(ps_rma_req_t *r, int err, const char *what, const char *errstr) {
+static int op_failed(ps_rma_req_t *r, int err, int sig, const char *errstr) {
   if (!err) return 0;
   r->status = ncclRemoteError;
   /* the window the provider refused names the likely cause (deregistered
-   * there): a signal's, else the put's or get's remote one (uses[1]) */
+   * there): the signal's, else the put's or get's remote one (uses[1]) */
   char win[64] = "";
-  int sig = !strcmp(what, "signal");
-  if (sig && r->has_sig)
+  if (sig)
     snprintf(win, sizeof win, " (window %u, offset %llu)", r->sig.region_id,
              (unsigned long long)r->sig.offset);
-  else if (!sig && r->nuses >= 2)
+  else if (r->nuses >= 2)
     snprintf(win, sizeof win, " (rank %u's part of window %u)", r->peer, r->uses[1]);
-  ps_rma_fail(r->comm, ncclRemoteError, "%s%s to rank %u failed: %s", what, win, r->peer, errstr);
+  ps_rma_fail(r->comm, ncclRemoteError, "%s%s to rank %u failed: %s",
+              sig ? "signal" : r->is_get ? "get" : "put", win, r->peer, errstr);
   return 1;
+}
+
+void ps_rma_unuse_windows(ps_rma_comm_t *c, ps_rma_req_t *r) {
+  for (int i = 0; i < r->nuses; i++) {
+    ps_rma_region_t *g = r->uses[i] < c->nregions ? c->regions[r->uses[i]] : NULL;
+    if (g) __atomic_sub_fetch(&g->busy, 1, __ATOMIC_RELAXED); /* NULL: gone with a failed comm */
+  }
+  r->nuses = 0;
 }
 
 /* Once r's data and signal both completed, its windows stop counting it. */
@@ -64,10 +73,7 @@ static void settle(ps_rma_comm_t *c, ps_rma_req_t *r) {
       (r->sig_stage && r->sig_stage != PS_STAGE_DONE))
     return;
   r->settled = 1;
-  for (int i = 0; i < r->nuses; i++) {
-    ps_rma_region_t *g = r->uses[i] < c->nregions ? c->regions[r->uses[i]] : NULL;
-    if (g) __atomic_sub_fetch(&g->busy, 1, __ATOMIC_RELAXED); /* NULL: gone with a failed comm */
-  }
+  ps_rma_unuse_windows(c, r);
   __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE); /* last: test() may hand r back at once */
 }
 
@@ -77,7 +83,7 @@ void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr)
   ps_rma_peer_t *p = &c->peers[r->peer];
   ps_rma_op_finished(c, p);
   if (++r->done_chunks == r->nchunks) r->data_stage = PS_STAGE_DONE;
-  if (!ps_rma_op_failed(r, err, r->is_get ? "get" : "put", errstr) && !r->is_get) {
+  if (!op_failed(r, err, 0, errstr) && !r->is_get) {
     /* Completions come in any order; done.below only moves over a gap-free run. */
     if (ps_seqwin_mark(&p->done, seq, UINT64_MAX))
       ps_rma_fail(c, ncclSystemError, "no memory to track puts to rank %u", r->peer);
@@ -93,7 +99,7 @@ void ps_rma_sig_done(ps_rma_req_t *r, int err, const char *errstr) {
   if (p->ops) r->ts.sig_done = ps_rma_stats_now();
   ps_rma_op_finished(r->comm, p);
   r->sig_stage = PS_STAGE_DONE;
-  ps_rma_op_failed(r, err, "signal", errstr);
+  op_failed(r, err, 1, errstr);
   settle(r->comm, r);
 }
 

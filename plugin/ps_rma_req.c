@@ -114,8 +114,6 @@ void ps_rma_req_refused(ps_rma_comm_t *c, const void *request) {
             "one (rank %d of %d)", request, r->comm->rank, r->comm->nranks, c->rank, c->nranks);
     return;
   }
-  char why[200];
-  ps_htab_explain(&ps_rma_req_tab, request, why, sizeof why);
-  PS_WARN("one-sided test: %s", why);
+  ps_htab_refused(&ps_rma_req_tab, request, "one-sided test");
 }
 

@@ -127,39 +127,54 @@ typedef struct {
   volatile int listening, connected, done;
 } abandon_t;
 
+/* Rank 1 of abandon and finalize: n listeners, their handles in a; kept
+ * until rank 0 is done. With `accept` (abandon) listener 0 takes what
+ * arrives meanwhile: the CONNECTs of reaped connects (their ACCEPTs find
+ * nobody and are dropped) and then the live one. */
+static int serve_listeners(drv_rank_t *r, abandon_t *a, int n, int accept, double end) {
+  static void *lc[ABANDONED];
+  for (int i = 0; i < n; i++)
+    CHECK(r->net.listen(r->dev, a->handles[i], &lc[i]) == ncclSuccess, "listen %d", i);
+  __atomic_store_n(&a->listening, 1, __ATOMIC_RELEASE);
+  while (accept && !__atomic_load_n(&a->connected, __ATOMIC_ACQUIRE)) {
+    void *rc = NULL;
+    CHECK(drv_now() < end, "the live connector was never accepted");
+    CHECK(r->net.accept(lc[0], &rc) == ncclSuccess, "accept failed");
+    if (rc) CHECK(r->net.close_recv(rc) == ncclSuccess, "closeRecv");
+  }
+  while (!__atomic_load_n(&a->done, __ATOMIC_ACQUIRE)) CHECK(drv_now() < end, "rank 0 hung");
+  for (int i = 0; i < n; i++)
+    CHECK(r->net.close_listen(lc[i]) == ncclSuccess, "closeListen %d", i);
+  return 0;
+}
+
+/* Rank 0: one connect started to each of rank 1's first n listeners, never
+ * called again. *fds0 and *rss0: after the first; *peak: open fds after the
+ * last. */
+static int start_abandoned(drv_rank_t *r, abandon_t *a, int n, double end, int *fds0,
+                           long *rss0, int *peak) {
+  void *sc = NULL;
+  while (!__atomic_load_n(&a->listening, __ATOMIC_ACQUIRE)) CHECK(drv_now() < end, "no listeners");
+  for (int i = 0; i < n; i++) {
+    CHECK(r->net.connect(r->dev, a->handles[i], &sc) == ncclSuccess && !sc, "connect %d", i);
+    if (i == 0) *fds0 = hostile_open_fds(), *rss0 = rss_mb();
+  }
+  *peak = hostile_open_fds();
+  return 0;
+}
+
 static int abandon_rank(drv_rank_t *r, void *arg) {
   abandon_t *a = r->user;
   double tmo = peer_timeout_s(), end = drv_now() + 100;
   (void)arg;
-  if (r->rank == 1) {
-    static void *lc[ABANDONED];
-    for (int i = 0; i < ABANDONED; i++)
-      CHECK(r->net.listen(r->dev, a->handles[i], &lc[i]) == ncclSuccess, "listen %d", i);
-    __atomic_store_n(&a->listening, 1, __ATOMIC_RELEASE);
-    /* Listener 0 takes what arrives: the CONNECTs of reaped connects (their
-     * ACCEPTs find nobody and are dropped) and then the live one. */
-    while (!__atomic_load_n(&a->connected, __ATOMIC_ACQUIRE)) {
-      void *rc = NULL;
-      CHECK(drv_now() < end, "the live connector was never accepted");
-      CHECK(r->net.accept(lc[0], &rc) == ncclSuccess, "accept failed");
-      if (rc) CHECK(r->net.close_recv(rc) == ncclSuccess, "closeRecv");
-    }
-    while (!__atomic_load_n(&a->done, __ATOMIC_ACQUIRE)) CHECK(drv_now() < end, "rank 0 hung");
-    for (int i = 0; i < ABANDONED; i++)
-      CHECK(r->net.close_listen(lc[i]) == ncclSuccess, "closeListen %d", i);
-    return 0;
-  }
-  while (!__atomic_load_n(&a->listening, __ATOMIC_ACQUIRE)) CHECK(drv_now() < end, "no listeners");
+  if (r->rank == 1) return serve_listeners(r, a, ABANDONED, 1, end);
   void *sc = NULL;
-  int fds0 = -1;
+  int fds0 = -1, fds_peak = -1;
   long rss0 = -1;
-  double t0 = drv_now();
-  for (int i = 0; i < ABANDONED; i++) { /* each started, never called again */
-    CHECK(r->net.connect(r->dev, a->handles[i], &sc) == ncclSuccess && !sc, "connect %d", i);
-    if (i == 0) fds0 = hostile_open_fds(), rss0 = rss_mb();
-  }
+  while (!__atomic_load_n(&a->listening, __ATOMIC_ACQUIRE)) CHECK(drv_now() < end, "no listeners");
+  double t0 = drv_now(); /* the connects alone */
+  if (start_abandoned(r, a, ABANDONED, end, &fds0, &rss0, &fds_peak)) return 1;
   double started = drv_now() - t0;
-  int fds_peak = hostile_open_fds();
   nap_ms((int)(tmo * 1000 * 1.5));
   /* The next connect reaps every connect left alone for PERSEUS_PEER_TIMEOUT_MS. */
   CHECK(r->net.connect(r->dev, a->handles[0], &sc) == ncclSuccess, "connect after the timeout");
@@ -187,33 +202,14 @@ static int abandon_rank(drv_rank_t *r, void *arg) {
 
 #define FIN_CONNECTS 24
 
-typedef struct {
-  char handles[FIN_CONNECTS][NCCL_NET_HANDLE_MAXSIZE];
-  volatile int listening, done;
-} fin_t;
-
 static int finalize_rank(drv_rank_t *r, void *arg) {
-  fin_t *a = r->user;
+  abandon_t *a = r->user;
   double end = drv_now() + 60;
   (void)arg;
-  if (r->rank == 1) {
-    static void *lc[FIN_CONNECTS];
-    for (int i = 0; i < FIN_CONNECTS; i++)
-      CHECK(r->net.listen(r->dev, a->handles[i], &lc[i]) == ncclSuccess, "listen %d", i);
-    __atomic_store_n(&a->listening, 1, __ATOMIC_RELEASE);
-    while (!__atomic_load_n(&a->done, __ATOMIC_ACQUIRE)) CHECK(drv_now() < end, "rank 0 hung");
-    for (int i = 0; i < FIN_CONNECTS; i++)
-      CHECK(r->net.close_listen(lc[i]) == ncclSuccess, "closeListen %d", i);
-    return 0;
-  }
-  while (!__atomic_load_n(&a->listening, __ATOMIC_ACQUIRE)) CHECK(drv_now() < end, "no listeners");
-  void *sc = NULL;
-  int fds0 = -1;
-  for (int i = 0; i < FIN_CONNECTS; i++) { /* each started, never called again */
-    CHECK(r->net.connect(r->dev, a->handles[i], &sc) == ncclSuccess && !sc, "connect %d", i);
-    if (i == 0) fds0 = hostile_open_fds();
-  }
-  int peak = hostile_open_fds();
+  if (r->rank == 1) return serve_listeners(r, a, FIN_CONNECTS, 0, end);
+  int fds0 = -1, peak = -1;
+  long rss0;
+  if (start_abandoned(r, a, FIN_CONNECTS, end, &fds0, &rss0, &peak)) return 1;
   double t0 = drv_now();
   CHECK(r->net.finalize() == ncclSuccess, "finalize");
   int fds = hostile_open_fds();
@@ -437,7 +433,7 @@ int hostile_conn_scenario(int version, const char *scenario) {
       return 77;
     }
     drv_opts_t o = {.nranks = 2, .version = version, .timeout_s = 90, .no_mesh = 1,
-                    .shared_bytes = sizeof(fin_t)};
+                    .shared_bytes = sizeof(abandon_t)};
     rc = drv_run(&o, finalize_rank, NULL) != 0;
   } else if (!strcmp(scenario, "shm_dead_peer")) {
     drv_opts_t o = {.nranks = 2, .version = version, .timeout_s = 60};
