@@ -176,9 +176,6 @@ ncclResult_t ps_ep_progress(ps_ep_t *e, int budget, int *handled) {
       if (op) op->cb(op, &ent[i], 0, NULL);
     }
     total += (int)n;
-    /* fewer than asked: the queue was empty after this read's progress; one
-     * more read would only progress the provider again (syscalls on tcp) */
-    if (n < 16) break;
   }
   if (handled) *handled = total;
   if (e->fatal[0]) {
