@@ -237,7 +237,9 @@ static void close_comm(ps_rma_comm_t *c, int report) {
   ps_rma_free_reqs(c);
   if (c->sig_slots_mr) fi_close(&c->sig_slots_mr->fid);
   if (c->nacks_mr) fi_close(&c->nacks_mr->fid);
-  free(c->nacks);
+  if (c->notes_mr) fi_close(&c->notes_mr->fid);
+  for (int p = 0; c->notes && p < c->nranks; p++) free(c->notes[p].queue);
+  free(c->nacks), free(c->notes);
   free(c->regions), free(c->addr), free(c->peers), free(c->opstats), free(c->calls);
   pthread_mutex_destroy(&c->lock);
   pthread_rwlock_destroy(&c->win_lock);
@@ -349,15 +351,15 @@ static ncclResult_t reg_region(ps_rma_comm_t *c, void *data, size_t size, int st
   ps_rma_region_t *r = calloc(1, sizeof *r);
   size_t P = (size_t)c->nranks;
   if (!r || !(r->raddr = calloc(P, 8)) || !(r->rkey = calloc(P, 8)) || !(r->rsize = calloc(P, 8)) ||
-      ps_htab_reserve(&ps_rma_win_tab, 1, &r->slot) != ncclSuccess) {
+      !(r->rclosed = calloc(P, 1)) || ps_htab_reserve(&ps_rma_win_tab, 1, &r->slot) != ncclSuccess) {
     PS_WARN("regMrSym: out of memory or window handles");
-    if (r) free(r->raddr), free(r->rkey), free(r->rsize);
+    if (r) free(r->raddr), free(r->rkey), free(r->rsize), free(r->rclosed);
     free(r);
     return ncclSystemError;
   }
   *r = (ps_rma_region_t){.id = c->nregions, .slot = r->slot, .comm = c, .base = data,
                          .size = size, .raddr = r->raddr, .rkey = r->rkey,
-                         .rsize = r->rsize, .staged = staged};
+                         .rsize = r->rsize, .rclosed = r->rclosed, .staged = staged};
   r->handle = ps_htab_bind(&ps_rma_win_tab, r->slot, r);
   uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
   if (!staged && ps_ep_reg(&c->ep, data, size ? size : 1, access, &r->mr) != ncclSuccess) {
@@ -424,7 +426,7 @@ static void dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
   ps_htab_release(&ps_rma_win_tab, r->slot, 1); /* its handle is stale from here on */
   if (r->id < c->nregions && c->regions[r->id] == r) c->regions[r->id] = NULL;
   if (r->mr) fi_close(&r->mr->fid);
-  free(r->raddr), free(r->rkey), free(r->rsize);
+  free(r->raddr), free(r->rkey), free(r->rsize), free(r->rclosed);
   free(r);
 }
 
@@ -444,7 +446,9 @@ static ncclResult_t dereg_sym_body(void *coll, void *mh) {
     return ncclInvalidUsage;
   }
   if (r->staged) ps_stage_quiesce(c); /* the GPU memory may be unmapped right after */
+  uint32_t id = r->id;
   dereg_region(c, r);
+  if (!c->error) ps_rma_notice_closed(c, id);
   return ncclSuccess;
 }
 

@@ -76,6 +76,9 @@ typedef struct {
   uint64_t *raddr, *rkey, *rsize; /* per rank: target address (or 0), key, size */
   int staged; /* GPU memory the provider cannot reach: staged (same on every rank) */
   uint32_t busy; /* operations naming it (either side, or its signal) not yet completed */
+  /* per rank: it deregistered its part and told us (PS_SIG_OP_CLOSED); calls
+   * into that part are refused. Set by the engine, read by NCCL's calls. */
+  uint8_t *rclosed;
 } ps_rma_region_t;
 
 enum { PS_STAGE_NONE = 0, PS_STAGE_QUEUED, PS_STAGE_POSTED, PS_STAGE_DONE };
@@ -321,6 +324,16 @@ typedef struct {
   int state;
 } ps_rma_nack_t;
 
+/* Our notices to a peer that we deregistered windows (PS_SIG_OP_CLOSED, on
+ * the refusal tag): one on its way at a time, the rest queued by window id. */
+typedef struct {
+  ps_sig_msg_t msg; /* registered (notes_mr) */
+  ps_op_t op;
+  int busy;
+  int gone; /* a notice could not be delivered: the peer closed; nothing more goes */
+  uint32_t *queue, nq, cap;
+} ps_rma_notice_t;
+
 struct ps_rma_comm {
   pthread_mutex_t lock; /* recursive; taken by every entry point (the engine thread's, if any) */
   /* PERSEUS_PROGRESS_THREAD: an engine thread runs the progress passes and
@@ -355,6 +368,10 @@ struct ps_rma_comm {
   struct fid_mr *nacks_mr;
   void *nacks_desc;
   int nack_pending;     /* a refusal is queued: progress sends it */
+  ps_rma_notice_t *notes; /* per peer */
+  struct fid_mr *notes_mr;
+  void *notes_desc;
+  int note_pending; /* a notice is queued: progress sends it */
   ps_stage_t *stage;    /* NULL until a GPU window is staged */
   ps_model_t *model;     /* a test plugin's model NIC; NULL in the shipped plugin */
   int backlog;          /* something is queued: progress must try to post it */
@@ -473,6 +490,11 @@ int ps_order_count_fence(ps_rma_comm_t *c, ps_rma_peer_t *p, uint64_t need);
 ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c);
 /* Sends the refusals queued since the last pass (c->nack_pending). */
 void ps_rma_send_nacks(ps_rma_comm_t *c);
+/* Tells every peer we deregistered window `id` (so that their calls into
+ * our part are refused, not dropped), and sends the notices queued
+ * (c->note_pending). */
+void ps_rma_notice_closed(ps_rma_comm_t *c, uint32_t id);
+void ps_rma_send_notices(ps_rma_comm_t *c);
 /* Staging's part of a progress pass, and the signals and credits it frees. */
 void ps_rma_target_progress(ps_rma_comm_t *c);
 

@@ -134,6 +134,16 @@ static void dq_append(ps_rma_peer_t *p, ps_rma_req_t *r) {
   p->dq_tail = r;
 }
 
+/* Whether `peer` told us it deregistered its part of window w (its
+ * window-closed notice, ps_rma_target.c): a call into it is refused, naming
+ * both, instead of a write the provider may drop unseen. */
+static int closed_there(const ps_rma_region_t *w, uint32_t peer, const char *what) {
+  if (!__atomic_load_n(&w->rclosed[peer], __ATOMIC_ACQUIRE)) return 0;
+  PS_WARN("%s rank %u's part of window %u, which rank %u deregistered: every rank must stop using "
+          "a window before any rank deregisters it", what, peer, w->id, peer);
+  return 1;
+}
+
 /* NCCL's side of the put (or get) part of a request, under win_lock: the
  * local part checked against our registration, the remote one against the
  * size the peer advertised for its part of the window, and r filled from
@@ -157,6 +167,7 @@ static ncclResult_t fill_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, uin
             (unsigned long long)rem->rsize[peer]);
     return ncclInvalidArgument;
   }
+  if (closed_there(rem, peer, is_get ? "get from" : "put into")) return ncclInvalidUsage;
   if (is_get && (loc->staged || rem->staged)) {
     PS_WARN("get from rank %u with GPU memory on either side: staging covers puts only; reading "
             "GPU windows needs a provider with FI_HMEM", peer);
@@ -275,6 +286,7 @@ static ncclResult_t fill_sig(ps_rma_comm_t *c, ps_rma_req_t *r, size_t size, voi
             (unsigned long long)sig_off, op, rank, sig->id, (unsigned long long)sig->rsize[rank]);
     return ncclInvalidArgument;
   }
+  if (closed_there(sig, rank, "signal into")) return ncclInvalidUsage;
   /* A signal alone moves no data, and NCCL passes NULL data windows with
    * it; anything else must still be a live window of this comm. */
   for (int i = 0; i < 2 && !size; i++) {
@@ -405,6 +417,7 @@ int ps_rma_progress_pass(ps_rma_comm_t *c) {
   if (step) ps_rma_note_step(step, PS_PASS_CQ, &t);
   if (c->stage && !c->error) ps_rma_target_progress(c);
   if (c->nack_pending && !c->error) ps_rma_send_nacks(c);
+  if (c->note_pending && !c->error) ps_rma_send_notices(c);
   if (step) ps_rma_note_step(step, PS_PASS_TARGET, &t);
   if (c->backlog && !c->error) {
     c->backlog = 0;

@@ -9,7 +9,10 @@
  * whose comm fails naming the window: the origin's request completed when
  * its message left, so without this the origin would report success for a
  * signal nobody will ever see. Our own comm goes on: nothing here was
- * touched. */
+ * touched. And when we deregister a window, every peer is told at once
+ * (PS_SIG_OP_CLOSED on the same tag), so that its later calls into our part
+ * are refused at the call: a plain put into a closed window would otherwise
+ * be dropped by some providers without an error on either side. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,6 +149,10 @@ static void on_signal(ps_rma_comm_t *c, const ps_rma_sig_slot_t *s, size_t len) 
     ps_stage_credit(c, m.src_rank, m.value);
     return;
   }
+  if (m.op == PS_SIG_OP_CLOSED) { /* notices come on the refusal tag */
+    ps_rma_fail(c, ncclRemoteError, "rank %u sent a window-closed notice as a signal", m.src_rank);
+    return;
+  }
   take_signal(c, &m);
 }
 
@@ -191,9 +198,27 @@ static ncclResult_t post_sig_slot(ps_rma_comm_t *c, ps_rma_sig_slot_t *s) {
   return ok ? ncclSuccess : ncclSystemError;
 }
 
+/* A peer deregistered its part of a window (ps_rma_notice_closed): our
+ * later calls into it are refused. A window we deregistered too is
+ * forgotten already (collective teardown sends these both ways). */
+static void on_closed(ps_rma_comm_t *c, ps_rma_sig_slot_t *s, const ps_sig_msg_t *m) {
+  if (m->region_id >= c->nregions || m->src_rank == (uint32_t)c->rank) {
+    ps_rma_fail(c, ncclRemoteError, "rank %u says it deregistered window %u, which was never "
+                "registered (%u windows)", m->src_rank, m->region_id, c->nregions);
+    return;
+  }
+  ps_rma_region_t *r = c->regions[m->region_id];
+  if (r) {
+    __atomic_store_n(&r->rclosed[m->src_rank], 1, __ATOMIC_RELEASE);
+    PS_INFO(NCCL_NET, "one-sided comm rank %d: rank %u deregistered its part of window %u; calls "
+            "into it are refused from now on", c->rank, m->src_rank, m->region_id);
+  }
+  if (post_sig_slot(c, s) != ncclSuccess) ps_rma_fail(c, ncclSystemError, "cannot re-post a refusal receive");
+}
+
 /* A peer refused one of our signals (refuse_signal): the caller believes it
  * landed, so the comm fails, naming the window and, where it is still
- * registered here, its local address. */
+ * registered here, its local address. Or a peer's window-closed notice. */
 static void nack_rx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err,
                          const char *errstr) {
   ps_rma_sig_slot_t *s = op->owner;
@@ -206,6 +231,10 @@ static void nack_rx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int er
   if (ps_sig_decode(&s->msg, e->len, (uint32_t)c->nranks, &m) != ncclSuccess ||
       m.op == PS_SIG_OP_CREDIT) {
     ps_rma_fail(c, ncclRemoteError, "malformed refusal message dropped");
+    return;
+  }
+  if (m.op == PS_SIG_OP_CLOSED) {
+    on_closed(c, s, &m);
     return;
   }
   ps_rma_region_t *r = m.region_id < c->nregions ? c->regions[m.region_id] : NULL;
@@ -250,6 +279,65 @@ void ps_rma_send_nacks(ps_rma_comm_t *c) {
   }
 }
 
+static void notice_sent(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err,
+                        const char *errstr) {
+  ps_rma_comm_t *c = op->owner;
+  ps_rma_notice_t *n = &c->notes[op->idx];
+  (void)e;
+  n->busy = 0;
+  if (err) { /* the peer closed (collective teardown): it needs no more */
+    PS_INFO(NCCL_NET, "one-sided comm rank %d: window-closed notice to rank %d not delivered (%s)",
+            c->rank, op->idx, errstr);
+    n->gone = 1, n->nq = 0;
+  } else if (n->nq) {
+    c->note_pending = 1;
+  }
+}
+
+void ps_rma_send_notices(ps_rma_comm_t *c) {
+  c->note_pending = 0;
+  for (int i = 0; i < c->nranks; i++) {
+    ps_rma_notice_t *n = &c->notes[i];
+    if (n->busy || n->gone || !n->nq) continue;
+    n->msg = (ps_sig_msg_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
+                            .op = PS_SIG_OP_CLOSED, .src_rank = (uint32_t)c->rank,
+                            .region_id = n->queue[0]};
+    n->op = (ps_op_t){.cb = notice_sent, .owner = c, .idx = i};
+    int posted = 0;
+    if (ps_rma_post_sig_send(c, (uint32_t)i, &n->msg, sizeof n->msg, c->notes_desc,
+                             PS_TAG_RMA_NACK, &n->op, &posted) != ncclSuccess) {
+      PS_INFO(NCCL_NET, "one-sided comm rank %d: the provider refused a window-closed notice to "
+              "rank %d", c->rank, i);
+      n->gone = 1, n->nq = 0;
+      continue;
+    }
+    if (!posted) {
+      c->note_pending = 1; /* the provider is full: next pass */
+      continue;
+    }
+    n->busy = 1;
+    memmove(n->queue, n->queue + 1, --n->nq * sizeof *n->queue);
+  }
+}
+
+void ps_rma_notice_closed(ps_rma_comm_t *c, uint32_t id) {
+  for (int i = 0; i < c->nranks; i++) {
+    ps_rma_notice_t *n = &c->notes[i];
+    if (i == c->rank || n->gone) continue;
+    if (n->nq == n->cap) {
+      uint32_t cap = n->cap ? 2 * n->cap : 8, *q = realloc(n->queue, cap * sizeof *q);
+      if (!q) { /* the peer's calls into it will go unseen, as without notices */
+        PS_WARN("one-sided comm rank %d: out of memory telling rank %d that window %u is "
+                "deregistered", c->rank, i, id);
+        continue;
+      }
+      n->queue = q, n->cap = cap;
+    }
+    n->queue[n->nq++] = id;
+  }
+  ps_rma_send_notices(c);
+}
+
 ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c) {
   PS_CHECK(ps_ep_reg_local(&c->ep, c->sig_slots, sizeof c->sig_slots, &c->sig_slots_mr));
   c->sig_slots_desc = c->sig_slots_mr ? fi_mr_desc(c->sig_slots_mr) : NULL;
@@ -260,6 +348,13 @@ ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c) {
   }
   PS_CHECK(ps_ep_reg_local(&c->ep, c->nacks, (size_t)c->nranks * sizeof *c->nacks, &c->nacks_mr));
   c->nacks_desc = c->nacks_mr ? fi_mr_desc(c->nacks_mr) : NULL;
+  c->notes = calloc((size_t)c->nranks, sizeof *c->notes);
+  if (!c->notes) {
+    PS_WARN("one-sided comm: out of memory for %d window-closed notices", c->nranks);
+    return ncclSystemError;
+  }
+  PS_CHECK(ps_ep_reg_local(&c->ep, c->notes, (size_t)c->nranks * sizeof *c->notes, &c->notes_mr));
+  c->notes_desc = c->notes_mr ? fi_mr_desc(c->notes_mr) : NULL;
   c->ep.remote_write = remote_write;
   c->ep.remote_owner = c;
   for (int i = 0; i < PS_RMA_SIG_SLOTS + PS_RMA_NACK_SLOTS; i++) {

@@ -57,6 +57,8 @@ ncclResult_t ps_rma_thread_start(ps_rma_comm_t *c) {
             strerror(rc));
     return ncclSystemError;
   }
+  /* named, so that top -H and profilers tell it from NCCL's threads */
+  (void)pthread_setname_np(c->thread, "perseus-engine");
   c->threaded = 1; /* before the comm is handed out: every call sees it */
   return ncclSuccess;
 }

@@ -105,8 +105,10 @@ ncclResult_t ps_ctrl_decode(const void *buf, size_t len, uint16_t type, uint32_t
 ncclResult_t ps_sig_decode(const void *buf, size_t len, uint32_t nranks, ps_sig_msg_t *out) {
   PS_CHECK(take_exact("signal message", buf, len, out, sizeof *out));
   PS_CHECK(check_ident("signal message", out->magic, out->version));
-  if (out->src_rank >= nranks || (out->op != 1 && out->op != 2 && out->op != PS_SIG_OP_CREDIT)) {
-    PS_WARN("signal message rejected: rank %u of %u, op %u (expected 1 INC, 2 ADD or 0x100 CREDIT)",
+  if (out->src_rank >= nranks ||
+      (out->op != 1 && out->op != 2 && out->op != PS_SIG_OP_CREDIT && out->op != PS_SIG_OP_CLOSED)) {
+    PS_WARN("signal message rejected: rank %u of %u, op %u (expected 1 INC, 2 ADD, 0x100 CREDIT "
+            "or 0x101 CLOSED)",
             out->src_rank, nranks, out->op);
     return ncclInvalidArgument;
   }

@@ -10,7 +10,7 @@
 #include "ps_nccl_abi.h"
 
 #define PS_WIRE_MAGIC 0x50535553u /* "PSUS" */
-#define PS_WIRE_VERSION 2
+#define PS_WIRE_VERSION 3
 #define PS_HANDLE_ADDR_MAX 96
 #define PS_CTRL_ADDR_MAX 224
 
@@ -60,11 +60,12 @@ ncclResult_t ps_ctrl_decode(const void *buf, size_t len, uint16_t type, uint32_t
  * of a symmetric registration (allgathered), and the header of a staged
  * write (in front of the payload in a staging slot). */
 #define PS_SIG_OP_CREDIT 0x100 /* value: every staged write with sequence < value was consumed */
+#define PS_SIG_OP_CLOSED 0x101 /* region_id: the sender deregistered its part of that window */
 
 typedef struct {
   uint32_t magic;
   uint16_t version;
-  uint16_t op; /* NCCL_NET_SIGNAL_OP_INC or _ADD, or PS_SIG_OP_CREDIT */
+  uint16_t op; /* NCCL_NET_SIGNAL_OP_INC or _ADD, PS_SIG_OP_CREDIT or PS_SIG_OP_CLOSED */
   uint32_t src_rank;
   uint32_t region_id;
   uint64_t offset;

@@ -104,7 +104,7 @@ static int run_onesided(const unsigned char *data, size_t len) {
   int ok = 0;
   if (ps_sig_decode(len ? b : NULL, len, OS_RANKS, &sm) == ncclSuccess) {
     if (len != sizeof sm || sm.magic != PS_WIRE_MAGIC || sm.src_rank >= OS_RANKS ||
-        (sm.op != 1 && sm.op != 2 && sm.op != PS_SIG_OP_CREDIT))
+        (sm.op != 1 && sm.op != 2 && sm.op != PS_SIG_OP_CREDIT && sm.op != PS_SIG_OP_CLOSED))
       die("signal message accepted with a field out of range", b, len);
     ok++;
   }

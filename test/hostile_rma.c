@@ -17,6 +17,11 @@
  *                 rank 0's comm fails within PERSEUS_PEER_TIMEOUT_MS naming
  *                 the window; rank 1's stays healthy and serves rank 2
  *   signal_misaligned  (3 ranks) the same, the window registered misaligned
+ *   put_dereg     (3 ranks) rank 1 alone deregisters its part of a window:
+ *                 rank 0's calls into that part are refused once its notice
+ *                 arrived, naming rank 1; its put to rank 2's part still goes
+ *   (signal_dereg accepts the same refusal at the call, when the notice
+ *   came first)
  *   bounds        offsets and sizes against both sides' windows, signal
  *                 offsets, ranks, indices, NULL out-pointers, wrong kinds,
  *                 devices, a FORCE_SO window at a misaligned address
@@ -105,7 +110,7 @@ static int win_open(drv_rank_t *r, drv_gin_t *g, void *reg, void *ops, win_t *w)
 static int win_close(drv_rank_t *r, win_t *w) {
   CHECK(!drv_barrier(r, 60), "barrier before deregistration");
   CHECK(w->g->dereg_sym(w->reg, w->src_mh) == ncclSuccess &&
-            w->g->dereg_sym(w->reg, w->dst_mh) == ncclSuccess &&
+            (!w->dst_mh || w->g->dereg_sym(w->reg, w->dst_mh) == ncclSuccess) &&
             (!w->sig_mh || w->g->dereg_sym(w->reg, w->sig_mh) == ncclSuccess),
         "deregMrSym");
   free(w->src), free(w->dst), free(w->sig);
@@ -408,9 +413,19 @@ static int signal_refused(drv_rank_t *r, win_t *w, int misaligned) {
     ncclResult_t rc = ncclSuccess;
     snprintf(want, sizeof want, "here at %p", (void *)bad), capture_read();
     double t0 = drv_now();
-    CHECK(g->iput_signal(w->ops, 0, NULL, 0, 0, NULL, 1, 0, bad_mh, 1, INC, &req) == ncclSuccess &&
-              req,
-          "the signal was refused at the call, where nothing can know");
+    rc = g->iput_signal(w->ops, 0, NULL, 0, 0, NULL, 1, 0, bad_mh, 1, INC, &req);
+    if (!misaligned && rc != ncclSuccess) { /* rank 1's window-closed notice came first */
+      CHECK(rc == ncclInvalidUsage && has_warn(capture_read(), "which rank 1 deregistered"),
+            "the signal was refused at the call (rc %d) without naming rank 1's notice", rc);
+      bool err = true;
+      CHECK(g->last_error(w->ops, &err) == ncclSuccess && !err,
+            "a call refused at once failed the comm");
+      printf("rank 0: the signal into rank 1's deregistered window was refused at the call\n");
+      __atomic_store_n(flag, 2, __ATOMIC_RELEASE);
+      goto rest;
+    }
+    CHECK(rc == ncclSuccess && req, "the signal into a misaligned word was refused at the call, "
+          "where nothing can know (rc %d)", rc);
     while (rc == ncclSuccess && drv_now() - t0 < limit + 1) {
       rc = req ? g->test(w->ops, req, &done) : g->progress(w->ops);
       if (done) req = NULL, done = 0;
@@ -434,12 +449,13 @@ static int signal_refused(drv_rank_t *r, win_t *w, int misaligned) {
       CHECK(drv_now() < end && !drv_peer_failed(r), "rank 0 never saw its error");
       CHECK(g->progress(w->ops) == ncclSuccess, "progress failed: this comm must stay healthy");
     }
-    if (me == 1)
+    if (me == 1 && __atomic_load_n(flag, __ATOMIC_ACQUIRE) == 1)
       CHECK(has_warn(capture_read(), misaligned ? "not 8-byte aligned here" : "deregistered here"),
             "rank 1 logged no refusal of rank 0's signal");
     bool err = true;
     CHECK(g->last_error(w->ops, &err) == ncclSuccess && !err, "queryLastError reports an error");
   }
+rest:;
   /* ranks 1 and 2 still move put+signal (on a live signal window) */
   void *keep_mh = w->sig_mh;
   uint64_t *keep = w->sig;
@@ -450,6 +466,47 @@ static int signal_refused(drv_rank_t *r, win_t *w, int misaligned) {
             (!misaligned || g->dereg_sym(w->reg, bad_mh) == ncclSuccess),
         "deregMrSym");
   free(sig2), free(raw);
+  return 0;
+}
+
+/* Rank 1 alone deregisters its part of the destination window. Its
+ * window-closed notice reaches rank 0, whose calls into that part are then
+ * refused at the call, naming rank 1 (before the notice, providers such as
+ * tcp drop such a put without an error on either side); rank 0's put into
+ * rank 2's part of the same window still goes, and no comm fails. */
+static int put_dereg(drv_rank_t *r, win_t *w) {
+  drv_gin_t *g = w->g;
+  int me = r->rank;
+  const char *why = "which rank 1 deregistered";
+  CHECK(!drv_gin_barrier(r, g, w->ops, 60), "barrier before rank 1 deregisters");
+  if (me == 1) {
+    CHECK(g->dereg_sym(w->reg, w->dst_mh) == ncclSuccess, "deregMrSym");
+    w->dst_mh = NULL;
+  }
+  CHECK(!drv_gin_barrier(r, g, w->ops, 60), "barrier after rank 1 deregistered");
+  if (me == 0) {
+    void *req = NULL;
+    int done = 0;
+    for (double end = drv_now() + 0.5; drv_now() < end;) /* the notice is on its way */
+      CHECK(g->progress(w->ops) == ncclSuccess, "progress failed");
+    REFUSED(g->iput(w->ops, 0, w->src_mh, 8, 0, w->dst_mh, 1, &req), why,
+            "iput into rank 1's deregistered part of a window");
+    REFUSED(g->iput_signal(w->ops, 0, w->src_mh, 8, 0, w->dst_mh, 1, 0, w->sig_mh, 1, INC, &req),
+            why, "put+signal into rank 1's deregistered part of a window");
+    if (g->iget)
+      REFUSED(g->iget(w->ops, 0, w->dst_mh, 8, 0, w->src_mh, 1, &req), why, /* remote first */
+              "iget from rank 1's deregistered part of a window");
+    CHECK(g->iput(w->ops, 0, w->src_mh, 8, 0, w->dst_mh, 2, &req) == ncclSuccess && req,
+          "iput into rank 2's part of the same window was refused");
+    for (double end = drv_now() + 30; !done;) {
+      CHECK(drv_now() < end, "the put to rank 2 never completed");
+      CHECK(g->test(w->ops, req, &done) == ncclSuccess, "the put to rank 2 failed");
+    }
+  }
+  for (double end = drv_now() + 1; drv_now() < end;) /* rank 0's put lands meanwhile */
+    CHECK(g->progress(w->ops) == ncclSuccess, "progress failed: this comm must stay healthy");
+  bool err = true;
+  CHECK(g->last_error(w->ops, &err) == ncclSuccess && !err, "queryLastError reports an error");
   return 0;
 }
 
@@ -471,6 +528,7 @@ static int rank_body(drv_rank_t *r, const args_t *a) {
        : !strcmp(s, "double_close")      ? double_close(r, a, &w)
        : !strcmp(s, "signal_dereg")      ? signal_refused(r, &w, 0)
        : !strcmp(s, "signal_misaligned") ? signal_refused(r, &w, 1)
+       : !strcmp(s, "put_dereg")         ? put_dereg(r, &w)
                                          : bounds(r, a, &w);
   if (!rc) rc = win_close(r, &w);
   ncclResult_t xrc = drv_gin_close(&g, cc); /* closed even after a failure (shm names) */
@@ -488,7 +546,7 @@ static int rank_fn(drv_rank_t *r, void *arg) {
 int main(int argc, char **argv) {
   static const char *const scen[] = {"stale_req",    "double_dereg", "stale_window",
                                      "double_close", "signal_dereg", "signal_misaligned",
-                                     "bounds"};
+                                     "put_dereg",    "bounds"};
   args_t a = {.abi = "gin11"};
   drv_opts_t o = {.timeout_s = 120, .no_load = 1, .no_mesh = 1};
   int c, known = 0;
@@ -498,11 +556,11 @@ int main(int argc, char **argv) {
     if ((keep_going |= c == 'k')) continue;
     fprintf(stderr,
             "usage: %s -s stale_req|double_dereg|stale_window|double_close|signal_dereg|"
-            "signal_misaligned|bounds [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-k]\n",
+            "signal_misaligned|put_dereg|bounds [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-k]\n",
             argv[0]);
     return c == 'h' ? 0 : 2;
   }
-  for (int i = 0; i < 7; i++) known |= a.scenario && !strcmp(a.scenario, scen[i]);
+  for (size_t i = 0; i < sizeof scen / sizeof *scen; i++) known |= a.scenario && !strcmp(a.scenario, scen[i]);
   for (int i = 0; i < 5; i++)
     if (!strcmp(a.abi, abis[i])) a.ver = i < 3 ? 11 + i : 10 + i, a.idx = i;
   if (!known || !a.ver) {
@@ -513,7 +571,7 @@ int main(int argc, char **argv) {
    * in flight: only without an engine thread does nothing complete before
    * the call (with one, the put may be done already, and the call right) */
   if (!strcmp(a.scenario, "double_dereg")) setenv("PERSEUS_PROGRESS_THREAD", "0", 1);
-  o.nranks = strncmp(a.scenario, "signal_", 7) ? 2 : 3;
+  o.nranks = strncmp(a.scenario, "signal_", 7) && strcmp(a.scenario, "put_dereg") ? 2 : 3;
   o.shared_bytes = drv_gin_shared_bytes(o.nranks) + 64 + /* the flag of signal_refused */
                    RAW_OPENS * (size_t)o.nranks * NCCL_NET_HANDLE_MAXSIZE;
   setvbuf(stdout, NULL, _IOLBF, 0);
