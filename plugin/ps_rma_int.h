@@ -360,6 +360,7 @@ struct ps_rma_comm {
   ps_rma_req_t *free_reqs;
   ps_rma_req_chunk_t *chunks;
   uint32_t nreqs;
+  uint64_t live_reqs; /* atomic: requests handed out and not yet reported done */
   /* signal receives, then PS_RMA_NACK_SLOTS receives of refusals */
   ps_rma_sig_slot_t sig_slots[PS_RMA_SIG_SLOTS + PS_RMA_NACK_SLOTS];
   struct fid_mr *sig_slots_mr;

@@ -17,10 +17,24 @@
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
-/* Passes in a row that found nothing before the thread starts napping, and
- * the nap: a peer's write or NCCL's next call waits at most that long. */
+/* Passes in a row that found nothing while nothing was outstanding before
+ * the thread starts napping, and the nap: a peer's first write or NCCL's
+ * next call after a quiet spell waits at most that long. */
 #define PS_IDLE_PASSES 2000
 #define PS_IDLE_NAP_NS 20000
+
+/* Whether the comm waits for something a pass will see: a request NCCL has
+ * not yet been told is done, a staged copy into the GPU or a signal word
+ * behind one, a signal held for its data. A pass that finds nothing new
+ * then is not idle: napping would delay each copy's or write's completion
+ * by up to a nap. */
+static int waiting(ps_rma_comm_t *c) {
+  if (__atomic_load_n(&c->live_reqs, __ATOMIC_RELAXED)) return 1;
+  if (c->stage && (c->stage->ncopies || c->stage->nwords)) return 1;
+  for (int i = 0; i < c->nranks; i++)
+    if (c->peers[i].nheld) return 1;
+  return 0;
+}
 
 void ps_rma_inbox_push(ps_rma_comm_t *c, ps_rma_req_t *r) {
   r->next_in = NULL;
@@ -38,6 +52,7 @@ static void *engine_main(void *arg) {
     pthread_mutex_lock(&c->lock);
     int work = c->error ? 0 : ps_rma_engine_pass(c);
     int failed = c->error != ncclSuccess;
+    if (!work && !failed) work = waiting(c);
     pthread_mutex_unlock(&c->lock);
     /* registration, close and the stats take the lock between passes */
     while (__atomic_load_n(&c->lock_waiters, __ATOMIC_ACQUIRE)) sched_yield();
