@@ -49,7 +49,8 @@ if [ -f build/build.ninja ] && command -v valgrind >/dev/null 2>&1; then
   PERSEUS_PROGRESS_THREAD=0 suite build valgrind --timeout-multiplier 6 \
     --wrapper "valgrind -q --error-exitcode=99 --leak-check=no --suppressions=$PWD/test/valgrind.supp" \
     hostile-net-stale-req-v12-tcp hostile-net-double-close-v8-tcp hostile-net-stale-mh-v11-tcp \
-    hostile-rma-stale-window-rma14-tcp hostile-rma-double-close-gin11-tcp hostile-rma-bounds-gin13-tcp
+    hostile-rma-stale-window-rma14-tcp hostile-rma-double-close-gin11-tcp hostile-rma-bounds-gin13-tcp \
+    hostile-rma-put-dereg-rma13-tcp
 fi
 
 step build-asan sh -c '{ [ -f build-asan/build.ninja ] || meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled; } && ninja -C build-asan'
