@@ -213,7 +213,8 @@ static void on_closed(ps_rma_comm_t *c, ps_rma_sig_slot_t *s, const ps_sig_msg_t
     PS_INFO(NCCL_NET, "one-sided comm rank %d: rank %u deregistered its part of window %u; calls "
             "into it are refused from now on", c->rank, m->src_rank, m->region_id);
   }
-  if (post_sig_slot(c, s) != ncclSuccess) ps_rma_fail(c, ncclSystemError, "cannot re-post a refusal receive");
+  if (post_sig_slot(c, s) != ncclSuccess)
+    ps_rma_fail(c, ncclSystemError, "cannot re-post a refusal receive");
 }
 
 /* A peer refused one of our signals (refuse_signal): the caller believes it
