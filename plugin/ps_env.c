@@ -71,11 +71,29 @@ ncclResult_t ps_env_enum(const char *name, const char *const *choices, int def, 
   return ncclInvalidArgument;
 }
 
+int ps_iface_match(const char *rule, const char *name) {
+  int exclude = 0, exact = 0;
+  if (*rule == '^') exclude = 1, rule++;
+  if (*rule == '=') exact = 1, rule++;
+  int hit = 0;
+  size_t n = strlen(name);
+  for (const char *p = rule; *p && !hit;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    hit = len > 0 && (exact ? len == n && !strncmp(p, name, n) : len <= n && !strncmp(p, name, len));
+    p = e ? e + 1 : p + len;
+  }
+  return exclude ? !hit : hit;
+}
+
 ncclResult_t ps_config_load(ps_config_t *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->provider = ps_env_str("PERSEUS_PROVIDER");
   if (!cfg->provider) cfg->provider = ps_env_str("FI_PROVIDER");
   cfg->iface = ps_env_str("PERSEUS_IFACE");
+  cfg->iface_var = "PERSEUS_IFACE";
+  if (!cfg->iface && (cfg->iface = ps_env_str("NCCL_SOCKET_IFNAME")))
+    cfg->iface_var = "NCCL_SOCKET_IFNAME";
   PS_CHECK(ps_env_int("PERSEUS_NET_REQUESTS", 64, 1, 4096, &cfg->net_requests));
   PS_CHECK(ps_env_int("PERSEUS_MAX_RECVS", 8, 1, 8, &cfg->max_recvs));
   PS_CHECK(ps_env_int("PERSEUS_KEEPALIVE_MS", 1000, 10, 3600000, &cfg->keepalive_ms));

@@ -16,10 +16,18 @@ ncclResult_t ps_env_enum(const char *name, const char *const *choices, int def, 
 /* String (NULL when unset or empty). */
 const char *ps_env_str(const char *name);
 
+/* Whether interface (domain) `name` passes `rule`, written as NCCL users
+ * write NCCL_SOCKET_IFNAME: a comma list of name prefixes; a leading '^'
+ * makes it a list to exclude, and a '=' after it (or leading) asks for
+ * exact names instead of prefixes ("eth", "=eth0", "^docker,lo", "^=lo").
+ * Empty items match nothing. */
+int ps_iface_match(const char *rule, const char *name);
+
 /* The values the plugin uses, parsed once. */
 typedef struct {
   const char *provider;  /* PERSEUS_PROVIDER, else FI_PROVIDER; NULL = automatic */
-  const char *iface;     /* PERSEUS_IFACE: comma list of domain names; NULL = automatic */
+  const char *iface;     /* PERSEUS_IFACE (ps_iface_match rule); NULL = automatic */
+  const char *iface_var; /* the variable iface came from: PERSEUS_IFACE or NCCL_SOCKET_IFNAME */
   int64_t net_requests;  /* PERSEUS_NET_REQUESTS: request pool per comm */
   int64_t max_recvs;     /* PERSEUS_MAX_RECVS: grouped receives */
   int64_t keepalive_ms;  /* PERSEUS_KEEPALIVE_MS: idle time before probing a peer */

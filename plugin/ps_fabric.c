@@ -78,17 +78,6 @@ static int is_loopback(const struct fi_info *fi) {
   return 0;
 }
 
-/* PERSEUS_IFACE is a comma list of domain names. */
-static int iface_listed(const char *list, const char *name) {
-  size_t n = strlen(name);
-  for (const char *p = list; p && *p;) {
-    const char *e = strchr(p, ',');
-    size_t len = e ? (size_t)(e - p) : strlen(p);
-    if (len == n && !strncmp(p, name, n)) return 1;
-    p = e ? e + 1 : NULL;
-  }
-  return 0;
-}
 
 static struct fi_info *make_hints(const char *prov, uint64_t caps) {
   struct fi_info *h = fi_allocinfo();
@@ -168,22 +157,55 @@ static ncclResult_t open_device(ps_device_t *d, int index, struct fi_info *fi) {
 }
 
 /* From one provider's fi_info list, open one device per selected domain. */
-static ncclResult_t open_domains(struct fi_info *list, const char *prov) {
+/* Opens prov's domains that pass `rule` (NULL: all). A list of names to
+ * take opens every match; otherwise (no rule, or one that excludes) the
+ * non-loopback domains, and loopback only when there is nothing else. */
+static ncclResult_t open_matching(struct fi_info *list, const char *prov, const char *rule) {
+  int listed = rule && *rule != '^';
   for (int pass = 0; pass < 2 && ndevices == 0; pass++) {
-    /* pass 0: non-loopback (or listed) domains; pass 1: loopback fallback */
     for (struct fi_info *fi = list; fi && ndevices < PS_MAX_DEVICES; fi = fi->next) {
       if (strcmp(fi->fabric_attr->prov_name, prov)) continue;
       const char *dn = fi->domain_attr->name;
-      if (config.iface ? !iface_listed(config.iface, dn) : (is_loopback(fi) != pass)) continue;
+      if (rule && !ps_iface_match(rule, dn)) continue;
+      if (!listed && is_loopback(fi) != pass) continue;
       int dup = 0;
       for (int i = 0; i < ndevices; i++) dup |= !strcmp(devices[i].domain_name, dn);
       if (dup) continue;
       PS_CHECK(open_device(&devices[ndevices], ndevices, fi));
       ndevices++;
     }
-    if (config.iface) break;
+    if (listed) break;
   }
   return ncclSuccess;
+}
+
+/* The domains of prov, comma-separated, for messages. */
+static void domain_names(struct fi_info *list, const char *prov, char *buf, size_t len) {
+  buf[0] = 0;
+  for (struct fi_info *fi = list; fi; fi = fi->next) {
+    if (strcmp(fi->fabric_attr->prov_name, prov) || strstr(buf, fi->domain_attr->name)) continue;
+    size_t at = strlen(buf);
+    snprintf(buf + at, len - at, "%s%s", at ? ", " : "", fi->domain_attr->name);
+  }
+}
+
+/* PERSEUS_IFACE must match: a typo is an error naming it. NCCL_SOCKET_IFNAME
+ * is NCCL's own choice of interface, taken as ours where it names domains of
+ * this provider (tcp, sockets: interfaces), else left to NCCL (shm's domain
+ * is no interface). */
+static ncclResult_t open_domains(struct fi_info *list, const char *prov) {
+  char names[512];
+  PS_CHECK(open_matching(list, prov, config.iface));
+  if (ndevices || !config.iface) return ncclSuccess;
+  domain_names(list, prov, names, sizeof names);
+  if (!strcmp(config.iface_var, "PERSEUS_IFACE")) {
+    PS_WARN("provider %s has no domain matching PERSEUS_IFACE='%s' (its domains: %s; a list of "
+            "name prefixes, '=' for exact names, '^' to exclude)", prov, config.iface, names);
+    return ncclInvalidUsage;
+  }
+  PS_INFO(NCCL_INIT | NCCL_NET, "NCCL_SOCKET_IFNAME='%s' matches no domain of %s (%s): using its "
+          "default domains", config.iface, prov, names);
+  return open_matching(list, prov, NULL);
 }
 
 /* rxm's own protocol over tcp adds bounce-buffer segmentation and rendezvous
@@ -317,8 +339,7 @@ static ncclResult_t do_init(void) {
   fi_freeinfo(list);
   if (res != ncclSuccess) return res;
   if (ndevices == 0) {
-    PS_WARN("provider %s has no domain matching PERSEUS_IFACE='%s'", provider,
-            config.iface ? config.iface : "");
+    PS_WARN("provider %s has no usable domain", provider);
     return ncclSystemError;
   }
   char w[160];

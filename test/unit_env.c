@@ -134,7 +134,8 @@ static void test_enum(void) {
 /* --- ps_config_load --- */
 static const char *const config_vars[] = {
     "PERSEUS_PROVIDER", "FI_PROVIDER", "PERSEUS_IFACE", "PERSEUS_NET_REQUESTS", "PERSEUS_MAX_RECVS",
-    "PERSEUS_KEEPALIVE_MS", "PERSEUS_PEER_TIMEOUT_MS", "PERSEUS_EAGAIN_RETRIES", "PERSEUS_RMA_INFLIGHT", NULL};
+    "PERSEUS_KEEPALIVE_MS", "PERSEUS_PEER_TIMEOUT_MS", "PERSEUS_EAGAIN_RETRIES", "PERSEUS_RMA_INFLIGHT",
+    "NCCL_SOCKET_IFNAME", NULL};
 
 static void clear_config_env(void) {
   for (int i = 0; config_vars[i]; i++) unsetenv(config_vars[i]);
@@ -210,6 +211,39 @@ static void test_config(void) {
   clear_config_env();
 }
 
+/* --- interface rules (NCCL_SOCKET_IFNAME's syntax) --- */
+static void test_iface(void) {
+  static const struct {
+    const char *rule, *name;
+    int want;
+  } cases[] = {
+      {"eth", "eth0", 1},       {"eth", "eth10", 1},      {"eth", "veth0", 0},
+      {"eth0", "eth0", 1},      {"eth0", "eth01", 1},     {"=eth0", "eth01", 0},
+      {"=eth0", "eth0", 1},     {"=eth", "eth0", 0},      {"lo,eth", "lo", 1},
+      {"lo,eth", "eth3", 1},    {"lo,eth", "ib0", 0},     {"^docker,lo", "docker0", 0},
+      {"^docker,lo", "lo", 0},  {"^docker,lo", "eth0", 1}, {"^=lo", "lo", 0},
+      {"^=lo", "lo2", 1},       {"^lo", "lo2", 0},        {"", "eth0", 0},
+      {",", "eth0", 0},         {"^", "eth0", 1},         {"eth0,", "eth0", 1},
+      {"toolongname", "too", 0}, {"=", "eth0", 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    EXPECT(ps_iface_match(cases[i].rule, cases[i].name) == cases[i].want,
+           "rule '%s' on '%s': expected %s", cases[i].rule, cases[i].name,
+           cases[i].want ? "a match" : "no match");
+  /* PERSEUS_IFACE first, NCCL_SOCKET_IFNAME (NCCL's own) when it is unset */
+  ps_config_t c;
+  clear_config_env();
+  setenv("NCCL_SOCKET_IFNAME", "^docker", 1);
+  EXPECT(ps_config_load(&c) == ncclSuccess && c.iface && !strcmp(c.iface, "^docker") &&
+             !strcmp(c.iface_var, "NCCL_SOCKET_IFNAME"),
+         "NCCL_SOCKET_IFNAME is not the fallback interface rule");
+  setenv("PERSEUS_IFACE", "=eth1", 1);
+  EXPECT(ps_config_load(&c) == ncclSuccess && c.iface && !strcmp(c.iface, "=eth1") &&
+             !strcmp(c.iface_var, "PERSEUS_IFACE"),
+         "PERSEUS_IFACE does not take precedence over NCCL_SOCKET_IFNAME");
+  clear_config_env();
+}
+
 int main(void) {
   /* ps_log reads NCCL_DEBUG once: the default level (WARN) must be in force
    * so that the warnings can be checked. */
@@ -218,5 +252,6 @@ int main(void) {
   test_bool();
   test_enum();
   test_config();
+  test_iface();
   return unit_report("unit_env");
 }
