@@ -2,7 +2,10 @@
 #include "proc.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -42,6 +45,25 @@ static void kill_all(const pid_t *pids, int n) {
     if (pids[i] > 0) kill(pids[i], SIGKILL);
 }
 
+/* PERSEUS_TEST_NETNS=PREFIX (test/netns_run.sh): process i runs in the
+ * network namespace PREFIXi, a host of its own, before anything opens a
+ * socket. */
+static int enter_netns(const ps_proc_set_t *s, int i) {
+  const char *prefix = getenv("PERSEUS_TEST_NETNS");
+  if (!prefix || !*prefix) return 0;
+  char path[256];
+  snprintf(path, sizeof path, "/run/netns/%s%d", prefix, i);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
+    fprintf(stderr, "%s: %s: process %d cannot enter network namespace %s: %s\n", s->prog, s->what,
+            i, path, strerror(errno));
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  close(fd);
+  return 0;
+}
+
 int ps_proc_spawn(const ps_proc_set_t *s, int n, ps_proc_fn fn, void *arg, pid_t *pids) {
   pid_t parent = getpid();
   fflush(NULL);
@@ -52,6 +74,7 @@ int ps_proc_spawn(const ps_proc_set_t *s, int n, ps_proc_fn fn, void *arg, pid_t
       signal(SIGTERM, SIG_DFL);
       /* the parent's death (even SIGKILL) takes the set with it */
       if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(1);
+      if (enter_netns(s, i)) _exit(1);
       int code = fn(i, arg);
       fflush(NULL);
       _exit(code);

@@ -157,6 +157,15 @@ static ncclResult_t open_device(ps_device_t *d, int index, struct fi_info *fi) {
 }
 
 /* From one provider's fi_info list, open one device per selected domain. */
+/* An IPv6 link-local source address names no interface by itself (a peer
+ * would need our scope id) and may still be tentative: a handle carrying it
+ * is one the peer cannot reach. The domain's other addresses are used. */
+static int link_local(const struct fi_info *fi) {
+  if (!fi->src_addr || fi->addr_format != FI_SOCKADDR_IN6) return 0;
+  const struct sockaddr_in6 *s = fi->src_addr;
+  return IN6_IS_ADDR_LINKLOCAL(&s->sin6_addr);
+}
+
 /* Opens prov's domains that pass `rule` (NULL: all). A list of names to
  * take opens every match; otherwise (no rule, or one that excludes) the
  * non-loopback domains, and loopback only when there is nothing else. */
@@ -168,6 +177,7 @@ static ncclResult_t open_matching(struct fi_info *list, const char *prov, const 
       const char *dn = fi->domain_attr->name;
       if (rule && !ps_iface_match(rule, dn)) continue;
       if (!listed && is_loopback(fi) != pass) continue;
+      if (link_local(fi)) continue;
       int dup = 0;
       for (int i = 0; i < ndevices; i++) dup |= !strcmp(devices[i].domain_name, dn);
       if (dup) continue;
@@ -381,7 +391,8 @@ ps_device_t *ps_fabric_rma_dev(int dev) {
       list = NULL;
       rc = hints ? fi_getinfo(PS_FI_VERSION, NULL, NULL, 0, hints, &list) : -FI_ENOMEM;
       fi_freeinfo(hints);
-      for (fi = list; fi && strcmp(fi->domain_attr->name, devices[dev].domain_name);) fi = fi->next;
+      for (fi = list; fi && (strcmp(fi->domain_attr->name, devices[dev].domain_name) || link_local(fi));)
+        fi = fi->next;
     }
     if (!fi)
       PS_WARN("provider %s offers no RMA endpoint on %s: %s", provider, devices[dev].domain_name,
