@@ -16,7 +16,9 @@
 #                carry is one no peer can reach
 # Every host has lo up. NETNS_EXPECT (optional): COMMAND must fail, and its
 # output must match this extended regular expression (a clear error, not
-# a hang: the test's own timeout bounds it).
+# a hang: the test's own timeout bounds it). NETNS_CUT=HOST:AT[:FOR]
+# (optional): host HOST's eth0 link goes down AT seconds after COMMAND
+# starts, and comes back FOR seconds later (never, without FOR).
 # Exit: COMMAND's status (or 0/1 for NETNS_EXPECT), 77 when namespaces cannot
 # be made here (not root, no iproute2, no veth or bridge support).
 set -u
@@ -46,9 +48,10 @@ command -v ip >/dev/null 2>&1 || skip "no ip command (iproute2)"
 
 pfx="ps$$-"
 sw="${pfx}sw"
-made=""
+made="" cut_pid=""
 # shellcheck disable=SC2317 # run by the trap
 cleanup() {
+  [ -n "$cut_pid" ] && kill "$cut_pid" 2>/dev/null
   for n in $made; do ip netns del "$n" 2>/dev/null; done
 }
 trap cleanup EXIT
@@ -96,6 +99,21 @@ done
 
 echo "# netns_run: $hosts hosts ($layout), namespaces ${pfx}0..${pfx}$((hosts - 1))"
 export PERSEUS_TEST_NETNS="$pfx"
+if [ -n "${NETNS_CUT:-}" ]; then # the cut, from the switch's side of the veth
+  IFS=: read -r cut_host cut_at cut_for <<EOF_CUT
+$NETNS_CUT
+EOF_CUT
+  port="$pfx$cut_host-eth0"
+  (
+    sleep "$cut_at"
+    ip -n "$sw" link set "$port" down && echo "# netns_run: link of host $cut_host cut"
+    if [ -n "$cut_for" ]; then
+      sleep "$cut_for"
+      ip -n "$sw" link set "$port" up && echo "# netns_run: link of host $cut_host back"
+    fi
+  ) &
+  cut_pid=$!
+fi
 if [ -z "${NETNS_EXPECT:-}" ]; then
   "$@"
   exit $?
