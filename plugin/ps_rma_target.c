@@ -339,23 +339,30 @@ void ps_rma_notice_closed(ps_rma_comm_t *c, uint32_t id) {
   ps_rma_send_notices(c);
 }
 
+/* One registered entry per peer of `size` bytes (what the provider sends
+ * from: refusals, notices); NULL on failure, logged. */
+static void *per_peer_sendable(ps_rma_comm_t *c, size_t size, const char *what,
+                               struct fid_mr **mr, void **desc) {
+  void *p = calloc((size_t)c->nranks, size);
+  if (!p) {
+    PS_WARN("one-sided comm: out of memory for %d %s", c->nranks, what);
+    return NULL;
+  }
+  if (ps_ep_reg_local(&c->ep, p, (size_t)c->nranks * size, mr) != ncclSuccess) {
+    free(p);
+    return NULL;
+  }
+  *desc = *mr ? fi_mr_desc(*mr) : NULL;
+  return p;
+}
+
 ncclResult_t ps_rma_post_sig_slots(ps_rma_comm_t *c) {
   PS_CHECK(ps_ep_reg_local(&c->ep, c->sig_slots, sizeof c->sig_slots, &c->sig_slots_mr));
   c->sig_slots_desc = c->sig_slots_mr ? fi_mr_desc(c->sig_slots_mr) : NULL;
-  c->nacks = calloc((size_t)c->nranks, sizeof *c->nacks);
-  if (!c->nacks) {
-    PS_WARN("one-sided comm: out of memory for %d refusal slots", c->nranks);
-    return ncclSystemError;
-  }
-  PS_CHECK(ps_ep_reg_local(&c->ep, c->nacks, (size_t)c->nranks * sizeof *c->nacks, &c->nacks_mr));
-  c->nacks_desc = c->nacks_mr ? fi_mr_desc(c->nacks_mr) : NULL;
-  c->notes = calloc((size_t)c->nranks, sizeof *c->notes);
-  if (!c->notes) {
-    PS_WARN("one-sided comm: out of memory for %d window-closed notices", c->nranks);
-    return ncclSystemError;
-  }
-  PS_CHECK(ps_ep_reg_local(&c->ep, c->notes, (size_t)c->nranks * sizeof *c->notes, &c->notes_mr));
-  c->notes_desc = c->notes_mr ? fi_mr_desc(c->notes_mr) : NULL;
+  c->nacks = per_peer_sendable(c, sizeof *c->nacks, "refusal slots", &c->nacks_mr, &c->nacks_desc);
+  c->notes = per_peer_sendable(c, sizeof *c->notes, "window-closed notices", &c->notes_mr,
+                               &c->notes_desc);
+  if (!c->nacks || !c->notes) return ncclSystemError;
   c->ep.remote_write = remote_write;
   c->ep.remote_owner = c;
   for (int i = 0; i < PS_RMA_SIG_SLOTS + PS_RMA_NACK_SLOTS; i++) {
