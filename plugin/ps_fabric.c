@@ -189,11 +189,16 @@ static ncclResult_t open_matching(struct fi_info *list, const char *prov, const 
   return ncclSuccess;
 }
 
-/* The domains of prov, comma-separated, for messages. */
+/* The domains of prov, comma-separated, each once, for messages. */
 static void domain_names(struct fi_info *list, const char *prov, char *buf, size_t len) {
   buf[0] = 0;
   for (struct fi_info *fi = list; fi; fi = fi->next) {
-    if (strcmp(fi->fabric_attr->prov_name, prov) || strstr(buf, fi->domain_attr->name)) continue;
+    if (strcmp(fi->fabric_attr->prov_name, prov)) continue;
+    int seen = 0;
+    for (struct fi_info *g = list; g != fi && !seen; g = g->next)
+      seen = !strcmp(g->fabric_attr->prov_name, prov) &&
+             !strcmp(g->domain_attr->name, fi->domain_attr->name);
+    if (seen) continue;
     size_t at = strlen(buf);
     snprintf(buf + at, len - at, "%s%s", at ? ", " : "", fi->domain_attr->name);
   }
