@@ -29,6 +29,10 @@
 #                   P2P off the two disagree (a NULL attn_to_rdma_map written)
 #   EP_ITERS        --iters (default 20), --warmup is a quarter of it
 #   EP_BUILD_ONLY   1: build NCCL and NCCL EP, run nothing
+#   NCCL_PREBUILT   a tarball of such a build, made before on a host like this one
+#                   (the build directory's lib, include and test/nccl_ep, stripped;
+#                   the same NCCL version as the source): unpacked as the build, so
+#                   nothing is compiled
 #   EP_PLUGINS      extra plugin builds to compare, NAME=PATH pairs (e.g.
 #                   "base=/path/libnccl-net-perseus.so"); each runs EP_STRATEGIES
 #   PERSEUS_NCCL_BUILD  a perseus build directory whose GPU programs were
@@ -111,6 +115,9 @@ build_step() { # NAME COMMAND...: logged; exits on failure
 mkdir -p "$LOGDIR" || exit 1
 if [ ! -e "$tree/Makefile" ]; then
   build_step unpack tar -xzf "$src" -C "$NCCL_WORK"
+fi
+if [ -n "${NCCL_PREBUILT:-}" ] && [ ! -e "$nccl_home/lib/libnccl.so" ]; then
+  mkdir -p "$nccl_home" && build_step prebuilt tar -xzf "$NCCL_PREBUILT" -C "$nccl_home"
 fi
 if [ ! -e "$nccl_home/lib/libnccl.so" ]; then
   build_step nccl-build make -C "$tree" -j "$jobs" src.build BUILDDIR="$nccl_home" \
