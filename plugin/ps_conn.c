@@ -62,9 +62,9 @@ static ncclResult_t post_ctrl_send(ps_comm_t *c) {
                                 c->ctrl_tx.mr ? fi_mr_desc(c->ctrl_tx.mr) : NULL, c->peer,
                                 c->ctrl_tx_tag, &c->ctrl_tx.op, &posted);
   if (rc != ncclSuccess) { /* the address a handle carried, not reachable from our interface */
-    PS_WARN("handshake with %s could not leave %s: the peer listens on an address this host "
-            "cannot reach from that interface (PERSEUS_IFACE, else NCCL_SOCKET_IFNAME, picks "
-            "each host's interface)", c->peer_str[0] ? c->peer_str : "the peer", c->ep.dev->name);
+    PS_WARN("handshake with %s could not leave %s: the peer is gone, or its address is not "
+            "reachable from this interface (PERSEUS_IFACE, else NCCL_SOCKET_IFNAME, picks each "
+            "host's interface)", c->peer_str[0] ? c->peer_str : "the peer", c->ep.dev->name);
     return rc;
   }
   c->ctrl_tx_unposted = !posted;
