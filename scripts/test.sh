@@ -45,17 +45,18 @@ fi
 # Every hostile-input scenario once under valgrind as well (what ASan's
 # redzones and quarantine can miss, uninitialised reads), each on one table
 # version (the versions share the code under test); abandon's 2,000
-# endpoints are left to ASan. One at a time: several timed scenarios
-# (half-open connects, dead peers) run against PERSEUS_PEER_TIMEOUT_MS,
-# which valgrind's slowdown on a loaded box would outrun. perseus' engine
-# thread off (test/valgrind.supp says why).
+# endpoints are left to ASan, and the connection scenarios run on tcp and
+# shm only: over sockets, whose progress thread valgrind slows most, a valid
+# connect missed the scenarios' 1.5 s PERSEUS_PEER_TIMEOUT_MS. One at a
+# time, for the same reason. perseus' engine thread off (test/valgrind.supp
+# says why).
 if [ -f build/build.ninja ] && command -v valgrind >/dev/null 2>&1; then
   PERSEUS_PROGRESS_THREAD=0 suite build valgrind --num-processes 1 --timeout-multiplier 6 \
     --wrapper "valgrind -q --error-exitcode=99 --leak-check=no --suppressions=$PWD/test/valgrind.supp" \
     hostile-net-v12-tcp hostile-net-stale-req-v12-tcp hostile-net-double-close-v8-tcp \
     hostile-net-stale-mh-v11-tcp hostile-net-reconnect-v10-tcp hostile-net-double-dereg-v9-tcp \
-    hostile-net-finalize-v11-tcp hostile-net-wrong-id-v12-tcp hostile-net-wrong-id-v8-sockets \
-    hostile-net-wrong-id-v12-shm hostile-net-half-open-tcp-v12 hostile-net-half-open-sockets-v8 \
+    hostile-net-finalize-v11-tcp hostile-net-wrong-id-v12-tcp hostile-net-wrong-id-v12-shm \
+    hostile-net-half-open-tcp-v12 \
     hostile-net-shm-stale-v12-shm hostile-net-shm-addr-v10-shm hostile-net-shm-dead-peer-v12-shm \
     hostile-rma-stale-window-rma14-tcp hostile-rma-double-close-gin11-tcp hostile-rma-bounds-gin13-tcp \
     hostile-rma-put-dereg-rma13-tcp hostile-rma-stale-req-gin12-tcp \
