@@ -91,9 +91,7 @@ ncclResult_t ps_config_load(ps_config_t *cfg) {
   cfg->provider = ps_env_str("PERSEUS_PROVIDER");
   if (!cfg->provider) cfg->provider = ps_env_str("FI_PROVIDER");
   cfg->iface = ps_env_str("PERSEUS_IFACE");
-  cfg->iface_var = "PERSEUS_IFACE";
-  if (!cfg->iface && (cfg->iface = ps_env_str("NCCL_SOCKET_IFNAME")))
-    cfg->iface_var = "NCCL_SOCKET_IFNAME";
+  if (!cfg->iface) cfg->iface_from_nccl = !!(cfg->iface = ps_env_str("NCCL_SOCKET_IFNAME"));
   PS_CHECK(ps_env_int("PERSEUS_NET_REQUESTS", 64, 1, 4096, &cfg->net_requests));
   PS_CHECK(ps_env_int("PERSEUS_MAX_RECVS", 8, 1, 8, &cfg->max_recvs));
   PS_CHECK(ps_env_int("PERSEUS_KEEPALIVE_MS", 1000, 10, 3600000, &cfg->keepalive_ms));

@@ -27,7 +27,7 @@ int ps_iface_match(const char *rule, const char *name);
 typedef struct {
   const char *provider;  /* PERSEUS_PROVIDER, else FI_PROVIDER; NULL = automatic */
   const char *iface;     /* PERSEUS_IFACE (ps_iface_match rule); NULL = automatic */
-  const char *iface_var; /* the variable iface came from: PERSEUS_IFACE or NCCL_SOCKET_IFNAME */
+  int iface_from_nccl;   /* iface is NCCL_SOCKET_IFNAME's (PERSEUS_IFACE unset) */
   int64_t net_requests;  /* PERSEUS_NET_REQUESTS: request pool per comm */
   int64_t max_recvs;     /* PERSEUS_MAX_RECVS: grouped receives */
   int64_t keepalive_ms;  /* PERSEUS_KEEPALIVE_MS: idle time before probing a peer */

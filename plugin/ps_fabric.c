@@ -213,7 +213,7 @@ static ncclResult_t open_domains(struct fi_info *list, const char *prov) {
   PS_CHECK(open_matching(list, prov, config.iface));
   if (ndevices || !config.iface) return ncclSuccess;
   domain_names(list, prov, names, sizeof names);
-  if (!strcmp(config.iface_var, "PERSEUS_IFACE")) {
+  if (!config.iface_from_nccl) {
     PS_WARN("provider %s has no domain matching PERSEUS_IFACE='%s' (its domains: %s; a list of "
             "name prefixes, '=' for exact names, '^' to exclude)", prov, config.iface, names);
     return ncclInvalidUsage;

@@ -265,7 +265,6 @@ enum { PS_PASS_CQ, PS_PASS_TARGET, PS_PASS_POST, PS_PASS_COPIES, PS_PASS_N };
 typedef struct {
   uint64_t n[PS_CALL_N], ns[PS_CALL_N]; /* calls while busy, and their time inside */
   uint64_t busy_ns, last_ns;            /* busy wall time; the last call's begin or end */
-  uint64_t live;                        /* requests handed out, not yet reported done */
   uint64_t last_data_ns;                /* the last data call's begin, while busy */
   uint64_t progress_new;                /* progress calls with a data call since the previous */
   int data_since_progress, was_busy;

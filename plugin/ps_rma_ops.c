@@ -407,7 +407,7 @@ int ps_rma_progress_pass(ps_rma_comm_t *c) {
   c->last_pass_ns = c->now_ns = now;
   c->passes++;
   /* PERSEUS_STATS: the steps of passes that found work outstanding */
-  uint64_t *step = c->calls && __atomic_load_n(&c->calls->live, __ATOMIC_RELAXED)
+  uint64_t *step = c->calls && __atomic_load_n(&c->live_reqs, __ATOMIC_RELAXED)
                        ? c->calls->pass_ns : NULL;
   uint64_t t = now;
   if (step) c->calls->passes++;

@@ -146,7 +146,7 @@ uint64_t ps_rma_call_begins(ps_rma_comm_t *c) {
   ps_rma_callstats_t *s = c->calls;
   if (s->depth++) return 1;
   uint64_t now = ps_now_ns();
-  s->was_busy = s->live > 0;
+  s->was_busy = __atomic_load_n(&c->live_reqs, __ATOMIC_RELAXED) > 0;
   if (s->was_busy) s->busy_ns += now - s->last_ns;
   s->last_ns = now;
   return now;
@@ -156,7 +156,7 @@ void ps_rma_call_ends(ps_rma_comm_t *c, int kind, uint64_t t0) {
   ps_rma_callstats_t *s = c->calls;
   if (--s->depth) return;
   uint64_t now = ps_now_ns();
-  if (!s->was_busy && !s->live) {
+  if (!s->was_busy && !__atomic_load_n(&c->live_reqs, __ATOMIC_RELAXED)) {
     s->last_ns = now, s->last_data_ns = 0;
     return;
   }

@@ -93,7 +93,6 @@ ncclResult_t ps_rma_req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out)
   r->peer = peer;
   r->handle = ps_htab_bind(&ps_rma_req_tab, slot, r);
   __atomic_add_fetch(&c->live_reqs, 1, __ATOMIC_RELAXED);
-  if (c->calls) __atomic_add_fetch(&c->calls->live, 1, __ATOMIC_RELAXED);
   *out = r;
   return ncclSuccess;
 }
@@ -101,7 +100,6 @@ ncclResult_t ps_rma_req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out)
 void ps_rma_req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
   ps_htab_unbind(&ps_rma_req_tab, r->slot);
   __atomic_sub_fetch(&c->live_reqs, 1, __ATOMIC_RELAXED);
-  if (c->calls) __atomic_sub_fetch(&c->calls->live, 1, __ATOMIC_RELAXED);
   pthread_mutex_lock(&c->reqs_lock);
   r->next = c->free_reqs;
   c->free_reqs = r;

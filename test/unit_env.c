@@ -235,11 +235,11 @@ static void test_iface(void) {
   clear_config_env();
   setenv("NCCL_SOCKET_IFNAME", "^docker", 1);
   EXPECT(ps_config_load(&c) == ncclSuccess && c.iface && !strcmp(c.iface, "^docker") &&
-             !strcmp(c.iface_var, "NCCL_SOCKET_IFNAME"),
+             c.iface_from_nccl,
          "NCCL_SOCKET_IFNAME is not the fallback interface rule");
   setenv("PERSEUS_IFACE", "=eth1", 1);
   EXPECT(ps_config_load(&c) == ncclSuccess && c.iface && !strcmp(c.iface, "=eth1") &&
-             !strcmp(c.iface_var, "PERSEUS_IFACE"),
+             !c.iface_from_nccl,
          "PERSEUS_IFACE does not take precedence over NCCL_SOCKET_IFNAME");
   clear_config_env();
 }
