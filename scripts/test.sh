@@ -34,6 +34,10 @@ suite() { # builddir, log name, meson test args...
   meson test -C "$dir" --num-processes "$JOBS" --print-errorlogs "$@" >"$LOGDIR/$log.log" 2>&1
   grep -E '^ *[0-9]+/[0-9]+ ' "$LOGDIR/$log.log" | sed 's/^ *//' | awk '!seen[$0]++'
   grep -q '^Ok:' "$LOGDIR/$log.log" || { tail -40 "$LOGDIR/$log.log"; failed=$((failed + 1)); }
+  # what each failed test printed (meson's --print-errorlogs blocks), kept
+  # for the end of the output, where a CI excerpt shows it
+  awk '/^>>> /{cmd=$0} /✀/{on=1; n=0; print "---- " cmd; next}
+       on && /^(―)+$/{on=0; next} on && n++ < 60' "$LOGDIR/$log.log" >>"$LOGDIR/failures.txt"
   tally "$LOGDIR/$log.log"
 }
 
@@ -76,5 +80,6 @@ step build-clang sh -c '{ [ -f build-clang/build.ninja ] || CC=clang meson setup
 # file is, the exported symbols, and the installed plugin and benchmark at work.
 step package scripts/check-package.sh
 
+if [ -s "$LOGDIR/failures.txt" ]; then echo "== what the failed tests printed"; cat "$LOGDIR/failures.txt"; fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
