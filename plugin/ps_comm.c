@@ -7,6 +7,7 @@
 #include "ps_clock.h"
 #include "ps_log.h"
 #include "ps_model_nic.h"
+#include "ps_watch.h"
 
 /* Tags (ps_handle.h): distinct values in 0x01..0x7f. */
 ps_htab_t ps_comm_tab = PS_HTAB_INIT(0x43, "comm", "closed");
@@ -79,6 +80,7 @@ void ps_comm_free(ps_comm_t *c) {
   if (c->has_req_slots) ps_htab_release(&ps_req_tab, c->req_slots, (uint32_t)c->nreqs);
   if (c->has_slot) ps_htab_release(&ps_comm_tab, c->slot, 1);
   ps_ep_close(&c->ep);
+  ps_watch_detach(c->watch);
   if (c->ctrl_tx.mr) fi_close(&c->ctrl_tx.mr->fid);
   if (c->ctrl_rx.mr) fi_close(&c->ctrl_rx.mr->fid);
   free(c->reqs);
@@ -181,6 +183,11 @@ static void check_liveness(ps_comm_t *c, uint64_t now) {
     c->last_activity_ns = c->probe_sent_ns = now;
     c->probe_refused_since_ns = 0;
     c->probe_failures = 0;
+    return;
+  }
+  const char *cut = ps_watch_broken(c->watch);
+  if (cut) {
+    fail_comm(c, ncclRemoteError, cut);
     return;
   }
   if (c->probe_inflight) {

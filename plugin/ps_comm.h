@@ -63,6 +63,7 @@ struct ps_comm {
    * posted before it, so its clock starts only once that data has left */
   uint64_t tx_posted, tx_finished, probe_after_tx;
   ps_op_t probe_tx, probe_rx;
+  struct ps_watch *watch; /* the link to the peer's host (ps_watch.h), NULL = none */
   /* handshake */
   uint64_t listen_id, conn_id;
   ps_ctrl_slot_t ctrl_tx, ctrl_rx;

@@ -14,6 +14,7 @@
 #include "ps_comm.h"
 #include "ps_log.h"
 #include "ps_net.h"
+#include "ps_watch.h"
 
 /* Connects under way, at most this many. Abandoned ones are closed after
  * PERSEUS_PEER_TIMEOUT_MS (connecting_reap), but a caller starting connects
@@ -73,7 +74,7 @@ static ncclResult_t post_ctrl_send(ps_comm_t *c) {
 
 static ncclResult_t send_ctrl(ps_comm_t *c, uint16_t type, uint64_t tag) {
   PS_CHECK(ps_ctrl_encode(&c->ctrl_tx.msg, type, ps_fabric_wire_hash(), c->listen_id, c->conn_id,
-                          c->ep.addr, c->ep.addrlen));
+                          c->ep.addr, c->ep.addrlen, ps_watch_port(c->ep.dev)));
   c->ctrl_tx.done = 0;
   c->ctrl_tx.op = (ps_op_t){.cb = ctrl_done, .owner = &c->ctrl_tx};
   c->ctrl_tx_tag = tag;
@@ -297,6 +298,7 @@ static ncclResult_t connect_poll(ps_comm_t *c, int *ready) {
   PS_CHECK(ps_ep_insert_len(&c->ep, m.addr, m.addrlen, &c->peer));
   ps_ep_addr_str(&c->ep, m.addr, c->peer_str, sizeof c->peer_str);
   PS_CHECK(ps_comm_start_liveness(c));
+  c->watch = ps_watch_attach(c->ep.dev, m.addr, m.addrlen, m.watch_port);
   *ready = 1;
   return ncclSuccess;
 }
@@ -417,7 +419,7 @@ static ncclResult_t nack_send(ps_comm_t *l, const ps_ctrl_msg_t *m) {
   n->s.op = (ps_op_t){.cb = nack_done, .owner = &n->s};
   n->start_ns = ps_now_ns();
   ncclResult_t rc = ps_ctrl_encode(&n->s.msg, PS_CTRL_ACCEPT, ps_fabric_wire_hash(), l->listen_id,
-                                   m->conn_id, l->ep.addr, l->ep.addrlen);
+                                   m->conn_id, l->ep.addr, l->ep.addrlen, 0);
   if (rc == ncclSuccess) rc = ps_ep_reg_local(&l->ep, &n->s.msg, sizeof n->s.msg, &n->s.mr);
   if (rc == ncclSuccess) rc = ps_ep_insert_len(&l->ep, m->addr, m->addrlen, &n->peer);
   n->in_av = rc == ncclSuccess;
@@ -447,6 +449,7 @@ static ncclResult_t accept_one(ps_comm_t *l, const ps_ctrl_msg_t *m, ps_comm_t *
     return rc;
   }
   ps_ep_addr_str(&c->ep, m->addr, c->peer_str, sizeof c->peer_str);
+  c->watch = ps_watch_attach(c->ep.dev, m->addr, m->addrlen, m->watch_port);
   PS_TRACE("accepted connection from %s", c->peer_str);
   *out = c;
   return ncclSuccess;

@@ -73,7 +73,7 @@ ncclResult_t ps_handle_decode(const void *buf, size_t len, uint32_t wire_hash, p
 }
 
 ncclResult_t ps_ctrl_encode(ps_ctrl_msg_t *m, uint16_t type, uint32_t wire_hash, uint64_t listen_id,
-                            uint64_t conn_id, const void *addr, size_t addrlen) {
+                            uint64_t conn_id, const void *addr, size_t addrlen, uint16_t watch_port) {
   if (addrlen == 0 || addrlen > PS_CTRL_ADDR_MAX) {
     PS_WARN("endpoint address of %zu bytes exceeds %d", addrlen, PS_CTRL_ADDR_MAX);
     return ncclInternalError;
@@ -86,6 +86,7 @@ ncclResult_t ps_ctrl_encode(ps_ctrl_msg_t *m, uint16_t type, uint32_t wire_hash,
   m->addrlen = (uint32_t)addrlen;
   m->listen_id = listen_id;
   m->conn_id = conn_id;
+  m->watch_port = watch_port;
   memcpy(m->addr, addr, addrlen);
   return ncclSuccess;
 }

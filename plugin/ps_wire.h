@@ -10,7 +10,7 @@
 #include "ps_nccl_abi.h"
 
 #define PS_WIRE_MAGIC 0x50535553u /* "PSUS" */
-#define PS_WIRE_VERSION 3
+#define PS_WIRE_VERSION 4
 #define PS_HANDLE_ADDR_MAX 96
 #define PS_CTRL_ADDR_MAX 224
 
@@ -42,6 +42,8 @@ typedef struct {
   uint64_t listen_id; /* CONNECT: the listener addressed; ACCEPT: echoed */
   uint64_t conn_id;   /* the connecting side's nonce; echoed in ACCEPT */
   uint8_t addr[PS_CTRL_ADDR_MAX];
+  uint16_t watch_port; /* the sender's link-watch listener (ps_watch.h), 0 = none */
+  uint16_t pad[3];
 } ps_ctrl_msg_t;
 
 ncclResult_t ps_handle_encode(ps_handle_t *h, uint32_t wire_hash, uint32_t dev, uint64_t listen_id,
@@ -50,7 +52,7 @@ ncclResult_t ps_handle_encode(ps_handle_t *h, uint32_t wire_hash, uint32_t dev, 
 ncclResult_t ps_handle_decode(const void *buf, size_t len, uint32_t wire_hash, ps_handle_t *out);
 
 ncclResult_t ps_ctrl_encode(ps_ctrl_msg_t *m, uint16_t type, uint32_t wire_hash, uint64_t listen_id,
-                            uint64_t conn_id, const void *addr, size_t addrlen);
+                            uint64_t conn_id, const void *addr, size_t addrlen, uint16_t watch_port);
 /* Validates a received control message of `len` bytes expecting `type`. */
 ncclResult_t ps_ctrl_decode(const void *buf, size_t len, uint16_t type, uint32_t wire_hash,
                             ps_ctrl_msg_t *out);

@@ -201,7 +201,7 @@ static void make_seeds(void) {
     seeds[0][i].len = (i & 1) ? sizeof h : NCCL_NET_HANDLE_MAXSIZE;
     ps_ctrl_msg_t m;
     seed_type[i] = (i & 1) ? PS_CTRL_ACCEPT : PS_CTRL_CONNECT;
-    if (ps_ctrl_encode(&m, seed_type[i], HASH, rnd(), rnd(), addr, clens[i]) != ncclSuccess) abort();
+    if (ps_ctrl_encode(&m, seed_type[i], HASH, rnd(), rnd(), addr, clens[i], (uint16_t)rnd()) != ncclSuccess) abort();
     memcpy(seeds[1][i].b, &m, sizeof m);
     seeds[1][i].len = sizeof m;
   }

@@ -132,7 +132,7 @@ static void test_ctrl_roundtrip(void) {
       fill_addr(addr, lens[k], (unsigned)(k + 10 * t));
       ps_ctrl_msg_t m, out;
       memset(&m, 0xcc, sizeof m);
-      EXPECT(ps_ctrl_encode(&m, types[t], HASH, 77, 0xfeedfacecafebeefULL, addr, lens[k]) == ncclSuccess,
+      EXPECT(ps_ctrl_encode(&m, types[t], HASH, 77, 0xfeedfacecafebeefULL, addr, lens[k], 40000 + (uint16_t)k) == ncclSuccess,
              "encode type %u addrlen %zu", types[t], lens[k]);
       int clean = 1;
       for (size_t i = lens[k]; i < PS_CTRL_ADDR_MAX; i++) clean &= m.addr[i] == 0;
@@ -142,14 +142,15 @@ static void test_ctrl_roundtrip(void) {
              "decode type %u addrlen %zu", types[t], lens[k]);
       EXPECT(out.magic == PS_WIRE_MAGIC && out.version == PS_WIRE_VERSION && out.type == types[t] &&
                  out.wire_hash == HASH && out.addrlen == lens[k] && out.listen_id == 77 &&
-                 out.conn_id == 0xfeedfacecafebeefULL && !memcmp(out.addr, addr, lens[k]),
+                 out.conn_id == 0xfeedfacecafebeefULL && !memcmp(out.addr, addr, lens[k]) &&
+                 out.watch_port == 40000 + k,
              "ctrl round trip type %u addrlen %zu changed the message", types[t], lens[k]);
     }
   ps_ctrl_msg_t m;
   uint8_t addr[PS_CTRL_ADDR_MAX + 1] = {1};
-  EXPECT(ps_ctrl_encode(&m, PS_CTRL_CONNECT, HASH, 1, 1, addr, 0) != ncclSuccess,
+  EXPECT(ps_ctrl_encode(&m, PS_CTRL_CONNECT, HASH, 1, 1, addr, 0, 0) != ncclSuccess,
          "ctrl encode accepted addrlen 0");
-  EXPECT(ps_ctrl_encode(&m, PS_CTRL_CONNECT, HASH, 1, 1, addr, PS_CTRL_ADDR_MAX + 1) != ncclSuccess,
+  EXPECT(ps_ctrl_encode(&m, PS_CTRL_CONNECT, HASH, 1, 1, addr, PS_CTRL_ADDR_MAX + 1, 0) != ncclSuccess,
          "ctrl encode accepted addrlen %d", PS_CTRL_ADDR_MAX + 1);
 }
 
@@ -157,7 +158,7 @@ static void test_ctrl_rejects(void) {
   uint8_t addr[24];
   fill_addr(addr, sizeof addr, 3);
   ps_ctrl_msg_t good, m, out;
-  ps_ctrl_encode(&good, PS_CTRL_CONNECT, HASH, 5, 6, addr, sizeof addr);
+  ps_ctrl_encode(&good, PS_CTRL_CONNECT, HASH, 5, 6, addr, sizeof addr, 1);
   ncclResult_t rc;
   const size_t n = sizeof good;
 
