@@ -1,0 +1,136 @@
+/* The model fabric: a libfabric provider ("model") for tests and benchmarks
+ * only, never installed. It behaves like an RDMA NIC with a configurable
+ * one-way latency and per-link bandwidth, between processes of one host:
+ *
+ * - Each process runs one NIC thread. A posted operation waits on its link
+ *   (origin endpoint -> destination) as a NIC queue would: it starts when the
+ *   link is free, occupies it for len / bandwidth, and arrives one latency
+ *   later. Then the NIC thread performs it: an RMA write or read straight into
+ *   (out of) the target's memory with process_vm_writev/readv, checked against
+ *   the target's registrations; a tagged send, an atomic or a write's remote
+ *   CQ data as a message into the target endpoint's inbox, where the target's
+ *   NIC thread matches, pulls and applies it. Completions come one latency
+ *   after arrival (an acknowledgement's trip), so waiting for them costs what
+ *   a real NIC's round trip does; nobody's CPU in the target process is needed
+ *   for a write.
+ * - Links deliver in order (FI_ORDER_SAW/WAW/...: the ordered strategy's
+ *   premise) unless PERSEUS_MODEL_ORDER=0, which claims no order and swaps
+ *   neighbouring operations on purpose; 2 claims order and swaps anyway (a
+ *   NIC that lies: what the invariant tests must catch). Native uint64
+ *   atomic add with FI_FENCE.
+ *
+ * Shared memory: an endpoint is a segment in /dev/shm, "pm_<pid>_<hex>"
+ * (its address), holding its inbox; a process's registrations are in its
+ * domain's segment, named in each endpoint's header. */
+#ifndef PM_H
+#define PM_H
+
+#include <pthread.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_atomic.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define PM_NAME_LEN 32 /* an endpoint's address: its segment's name, NUL-padded */
+#define PM_MAX_MR 4096
+#define PM_INBOX 1024 /* messages an endpoint's inbox holds */
+#define PM_MAGIC 0x504d4f44454c3031ULL
+/* Sends up to this size travel inside the message (eager, as NICs inline
+ * them); larger ones are pulled from the sender once matched, and the sender
+ * must keep them until they complete. */
+#define PM_INLINE 64
+
+enum { PM_MSG_TSEND = 1, PM_MSG_ACK, PM_MSG_RCQ, PM_MSG_ATOMIC };
+
+typedef struct {
+  _Atomic uint64_t seq; /* ring position protocol (bounded MPMC queue) */
+  uint32_t type, status;   /* status: ACK's fi errno, 0 = done */
+  int32_t src_pid;
+  uint32_t pad;
+  uint64_t tag, len, addr, key, data, ctx, not_before_ns;
+  char src[PM_NAME_LEN]; /* the sender endpoint's name, for the answer */
+  uint8_t inl[PM_INLINE]; /* a small send's bytes, copied when it left */
+} pm_msg_t;
+
+typedef struct {
+  _Atomic uint64_t key; /* 0 = free */
+  uint64_t addr, len, access;
+} pm_mr_slot_t;
+
+typedef struct {
+  uint64_t magic;
+  int32_t pid;
+  uint32_t pad;
+  pm_mr_slot_t mr[PM_MAX_MR];
+} pm_dom_seg_t;
+
+typedef struct {
+  uint64_t magic;
+  int32_t pid;
+  uint32_t pad;
+  char dom[PM_NAME_LEN]; /* the segment of its process's registrations */
+  _Atomic uint64_t head, tail;
+  pm_msg_t ring[PM_INBOX];
+} pm_ep_seg_t;
+
+/* Model parameters (PERSEUS_MODEL_*), read once. */
+typedef struct {
+  uint64_t latency_ns;
+  double ns_per_byte; /* 1 / bandwidth */
+  int ordered;        /* links say they deliver in order */
+  int reorder;        /* links swap neighbouring operations */
+  int atomics;        /* native atomics with FI_FENCE offered */
+} pm_params_t;
+const pm_params_t *pm_params(void);
+uint64_t pm_now_ns(void);
+
+/* A mapped segment of another endpoint or domain (cached per process). */
+void *pm_map(const char *name, size_t size);
+/* A fresh segment of ours: its name in `name`. */
+void *pm_create(char *name, size_t size);
+void pm_unlink(const char *name, void *seg, size_t size);
+
+/* Inbox: non-blocking; -FI_EAGAIN when full. */
+int pm_inbox_put(pm_ep_seg_t *s, const pm_msg_t *m);
+int pm_inbox_get(pm_ep_seg_t *s, pm_msg_t *out);
+
+/* Completion queue (pm_prov.c). */
+typedef struct pm_cq pm_cq_t;
+void pm_cq_push(pm_cq_t *cq, const struct fi_cq_tagged_entry *e);
+void pm_cq_push_err(pm_cq_t *cq, void *ctx, uint64_t flags, int err, size_t olen, const char *why);
+
+/* Domain (pm_prov.c): its registrations' segment. */
+typedef struct {
+  struct fid_domain dom;
+  char seg_name[PM_NAME_LEN];
+  pm_dom_seg_t *seg;
+  pthread_mutex_t lock;
+} pm_domain_t;
+
+/* Address vector: fi_addr_t is an index. */
+typedef struct {
+  char name[PM_NAME_LEN];
+  pm_ep_seg_t *seg;
+  pm_dom_seg_t *dom;
+  pid_t pid;
+} pm_peer_t;
+
+typedef struct {
+  struct fid_av av;
+  pthread_mutex_t lock;
+  pm_peer_t *peers;
+  size_t n, cap;
+} pm_av_t;
+const pm_peer_t *pm_av_get(pm_av_t *av, fi_addr_t a);
+
+int pm_ep_open(struct fid_domain *domain, struct fi_info *info, struct fid_ep **ep, void *context);
+void pm_nic_stop(void);
+
+#endif

@@ -1,0 +1,530 @@
+/* The model fabric's endpoints and its NIC thread (pm.h says what it is). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pm.h"
+
+enum { OP_WRITE = 1, OP_READ, OP_TSEND, OP_ATOMIC };
+
+typedef struct pm_op {
+  struct pm_op *next;
+  int type, written, fence;
+  void *ctx, *buf;
+  uint64_t cflags; /* the completion's flags */
+  size_t len;
+  uint64_t raddr, key, tag, data;
+  int remote_cq;
+  fi_addr_t dest;
+  uint64_t arrive_ns, done_ns;
+} pm_op_t;
+
+typedef struct {
+  pm_op_t *head, *tail;
+  uint64_t free_ns, last_done_ns;
+} pm_link_t;
+
+typedef struct pm_recv {
+  struct pm_recv *next;
+  void *buf, *ctx;
+  size_t len;
+  uint64_t tag, ignore;
+} pm_recv_t;
+
+typedef struct pm_held { /* a message waiting: an ACK until its time, or one for a full inbox */
+  struct pm_held *next;
+  pm_msg_t m;
+  pm_ep_seg_t *to; /* NULL: an ACK of ours to act on */
+} pm_held_t;
+
+typedef struct pm_ep {
+  struct fid_ep ep;
+  struct pm_ep *next_all;
+  pm_domain_t *d;
+  pm_cq_t *cq;
+  pm_av_t *av;
+  char name[PM_NAME_LEN];
+  pm_ep_seg_t *seg;
+  pthread_mutex_t lock;
+  pm_link_t *links;
+  size_t nlinks;
+  pm_op_t *waiting, *acking; /* performed: until done_ns; sent: until the target's ACK */
+  pm_recv_t *recvs;
+  pm_held_t *unexp, *held;
+  unsigned rnd;
+} pm_ep_t;
+
+static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER;
+static pm_ep_t *all_eps;
+static pthread_t nic;
+static int nic_running;
+static _Atomic int nic_stop;
+
+static void push_back(pm_held_t **list, pm_held_t *h) {
+  h->next = NULL;
+  while (*list) list = &(*list)->next;
+  *list = h;
+}
+
+static int hold(pm_held_t **list, const pm_msg_t *m, pm_ep_seg_t *to) {
+  pm_held_t *h = calloc(1, sizeof *h);
+  if (!h) return -FI_ENOMEM;
+  h->m = *m, h->to = to;
+  push_back(list, h);
+  return 0;
+}
+
+/* A message to another endpoint: into its inbox now, or held until there is room. */
+static void send_msg(pm_ep_t *e, pm_ep_seg_t *to, const pm_msg_t *m) {
+  if (pm_inbox_put(to, m) && hold(&e->held, m, to))
+    fprintf(stderr, "model fabric: out of memory, a message is lost\n");
+}
+
+static void complete(pm_ep_t *e, pm_op_t *op, int err, const char *why) {
+  if (err) {
+    pm_cq_push_err(e->cq, op->ctx, op->cflags, err, 0, why);
+  } else {
+    struct fi_cq_tagged_entry c = {.op_context = op->ctx, .flags = op->cflags, .len = op->len};
+    pm_cq_push(e->cq, &c);
+  }
+  free(op);
+}
+
+/* The registration `key` of `dom` covering [addr, addr + len) with `access`. */
+static const char *check_mr(pm_dom_seg_t *dom, uint64_t key, uint64_t addr, size_t len, uint64_t access) {
+  uint64_t slot = key >> 48;
+  if (slot >= PM_MAX_MR) return "no such key";
+  pm_mr_slot_t *s = &dom->mr[slot];
+  if (atomic_load(&s->key) != key) return "key not registered there";
+  if (addr < s->addr || addr + len < addr || addr + len > s->addr + s->len)
+    return "outside the registration";
+  if (!(s->access & access)) return "registration does not allow that access";
+  return NULL;
+}
+
+/* Performs an operation whose time came; -FI_EAGAIN when the target's inbox is full. */
+static int perform(pm_ep_t *e, pm_op_t *op, uint64_t now) {
+  const pm_params_t *p = pm_params();
+  const pm_peer_t *peer = pm_av_get(e->av, op->dest);
+  if (!peer) {
+    complete(e, op, FI_EINVAL, "destination not in the address vector");
+    return 0;
+  }
+  if (op->type == OP_WRITE || op->type == OP_READ) {
+    if (!op->written) {
+      const char *bad = check_mr(peer->dom, op->key, op->raddr, op->len,
+                                 op->type == OP_WRITE ? FI_REMOTE_WRITE : FI_REMOTE_READ);
+      if (bad) {
+        complete(e, op, FI_EACCES, bad);
+        return 0;
+      }
+      struct iovec l = {op->buf, op->len}, r = {(void *)(uintptr_t)op->raddr, op->len};
+      ssize_t n = !op->len ? 0
+                  : op->type == OP_WRITE ? process_vm_writev(peer->pid, &l, 1, &r, 1, 0)
+                                         : process_vm_readv(peer->pid, &l, 1, &r, 1, 0);
+      if (n != (ssize_t)op->len) {
+        char why[96];
+        snprintf(why, sizeof why, "process_vm_%sv to pid %d: %s", op->type == OP_WRITE ? "write" : "read",
+                 (int)peer->pid, n < 0 ? strerror(errno) : "short");
+        complete(e, op, FI_EIO, why);
+        return 0;
+      }
+      op->written = 1;
+    }
+    if (op->remote_cq) {
+      pm_msg_t m = {.type = PM_MSG_RCQ, .data = op->data};
+      if (pm_inbox_put(peer->seg, &m)) return -FI_EAGAIN; /* the data is there; its notice next time */
+    }
+    op->done_ns = now + p->latency_ns + (op->type == OP_READ ? (uint64_t)(op->len * p->ns_per_byte) : 0);
+    op->next = NULL;
+    pm_op_t **w = &e->waiting;
+    while (*w) w = &(*w)->next;
+    *w = op;
+    return 0;
+  }
+  pm_msg_t m = {.type = op->type == OP_TSEND ? PM_MSG_TSEND : PM_MSG_ATOMIC, .src_pid = getpid(),
+                .tag = op->tag, .len = op->len, .addr = op->type == OP_TSEND ? (uint64_t)(uintptr_t)op->buf : op->raddr,
+                .key = op->key, .data = op->data, .ctx = (uint64_t)(uintptr_t)op};
+  memcpy(m.src, e->name, PM_NAME_LEN);
+  if (op->type == OP_TSEND && op->len <= PM_INLINE && op->len) memcpy(m.inl, op->buf, op->len);
+  if (pm_inbox_put(peer->seg, &m)) return -FI_EAGAIN;
+  op->next = e->acking;
+  e->acking = op;
+  return 0;
+}
+
+static void ack(pm_ep_t *e, const pm_msg_t *to_whom, uint32_t status) {
+  pm_ep_seg_t *seg = pm_map(to_whom->src, sizeof(pm_ep_seg_t));
+  if (!seg) return; /* the origin closed its endpoint */
+  pm_msg_t m = {.type = PM_MSG_ACK, .ctx = to_whom->ctx, .status = status,
+                .not_before_ns = pm_now_ns() + pm_params()->latency_ns};
+  send_msg(e, seg, &m);
+}
+
+static void on_ack(pm_ep_t *e, const pm_msg_t *m) {
+  for (pm_op_t **p = &e->acking; *p; p = &(*p)->next)
+    if ((uint64_t)(uintptr_t)*p == m->ctx) {
+      pm_op_t *op = *p;
+      *p = op->next;
+      complete(e, op, (int)m->status, m->status ? "the target refused the operation" : NULL);
+      return;
+    }
+}
+
+static void on_atomic(pm_ep_t *e, const pm_msg_t *m) {
+  const char *bad = check_mr(e->d->seg, m->key, m->addr, 8, FI_REMOTE_WRITE);
+  if (!bad && m->addr % 8) bad = "misaligned";
+  if (!bad) __atomic_fetch_add((uint64_t *)(uintptr_t)m->addr, m->data, __ATOMIC_SEQ_CST);
+  ack(e, m, bad ? FI_EACCES : 0);
+}
+
+/* Matches arrived messages with posted receives, both in order, and pulls the data. */
+static int match(pm_ep_t *e) {
+  int work = 0;
+  for (pm_held_t **u = &e->unexp; *u;) {
+    pm_msg_t *m = &(*u)->m;
+    pm_recv_t **r = &e->recvs;
+    while (*r && ((m->tag | (*r)->ignore) != ((*r)->tag | (*r)->ignore))) r = &(*r)->next;
+    if (!*r) {
+      u = &(*u)->next;
+      continue;
+    }
+    pm_recv_t *rv = *r;
+    *r = rv->next;
+    size_t n = m->len < rv->len ? m->len : rv->len;
+    struct iovec l = {rv->buf, n}, rem = {(void *)(uintptr_t)m->addr, n};
+    ssize_t got = !n ? 0 : m->len <= PM_INLINE ? (memcpy(rv->buf, m->inl, n), (ssize_t)n)
+                                               : process_vm_readv(m->src_pid, &l, 1, &rem, 1, 0);
+    if (got != (ssize_t)n)
+      pm_cq_push_err(e->cq, rv->ctx, FI_RECV | FI_TAGGED, FI_EIO, 0, "the sender's data is gone");
+    else if (m->len > rv->len)
+      pm_cq_push_err(e->cq, rv->ctx, FI_RECV | FI_TAGGED, FI_ETRUNC, m->len - rv->len,
+                     "message larger than the receive");
+    else
+      pm_cq_push(e->cq, &(struct fi_cq_tagged_entry){.op_context = rv->ctx, .flags = FI_RECV | FI_TAGGED | FI_MSG,
+                                                      .len = m->len, .buf = rv->buf, .tag = m->tag});
+    ack(e, m, 0);
+    pm_held_t *done = *u;
+    *u = done->next;
+    free(done), free(rv);
+    work = 1;
+  }
+  return work;
+}
+
+/* FI_FENCE: an operation goes only once everything before it on its link
+ * completed (none queued ahead of it, none performed and not completed). */
+static int fence_holds(const pm_ep_t *e, const pm_op_t *op, int ahead) {
+  if (!op->fence) return 0;
+  if (ahead) return 1;
+  for (const pm_op_t *w = e->waiting; w; w = w->next)
+    if (w->dest == op->dest) return 1;
+  for (const pm_op_t *w = e->acking; w; w = w->next)
+    if (w->dest == op->dest) return 1;
+  return 0;
+}
+
+/* One pass over an endpoint; returns whether it found work. */
+static int ep_pass(pm_ep_t *e, uint64_t now) {
+  int work = 0;
+  pthread_mutex_lock(&e->lock);
+  for (size_t i = 0; i < e->nlinks; i++) {
+    pm_link_t *l = &e->links[i];
+    if (pm_params()->reorder) { /* any operation whose time came, in no particular order */
+      pm_op_t *prev = NULL;
+      for (pm_op_t *op = l->head, *next; op; op = next) {
+        next = op->next;
+        /* arrived, and half of those each pass: a late NIC thread reorders too */
+        if (op->arrive_ns > now || fence_holds(e, op, prev != NULL) ||
+            ((e->rnd = e->rnd * 1103515245 + 12345) >> 16 & 1)) {
+          prev = op;
+          work |= op->arrive_ns <= now;
+          continue;
+        }
+        if (prev) prev->next = next;
+        else l->head = next;
+        if (l->tail == op) l->tail = prev;
+        if (perform(e, op, now)) { /* back where it was */
+          op->next = next;
+          if (prev) prev->next = op;
+          else l->head = op;
+          if (!next) l->tail = op;
+          break;
+        }
+        work = 1;
+      }
+      continue;
+    }
+    while (l->head && l->head->arrive_ns <= now && !fence_holds(e, l->head, 0)) {
+      pm_op_t *op = l->head, *next = op->next;
+      if (perform(e, op, now)) break;
+      l->head = next;
+      if (!next) l->tail = NULL;
+      work = 1;
+    }
+  }
+  pm_msg_t m;
+  while (!pm_inbox_get(e->seg, &m)) {
+    work = 1;
+    if (m.type == PM_MSG_TSEND) hold(&e->unexp, &m, NULL);
+    else if (m.type == PM_MSG_RCQ)
+      pm_cq_push(e->cq, &(struct fi_cq_tagged_entry){.flags = FI_REMOTE_WRITE | FI_RMA | FI_REMOTE_CQ_DATA,
+                                                      .data = m.data});
+    else if (m.type == PM_MSG_ATOMIC) on_atomic(e, &m);
+    else if (m.type == PM_MSG_ACK) hold(&e->held, &m, NULL);
+  }
+  for (pm_held_t **h = &e->held; *h;) {
+    pm_held_t *x = *h;
+    if (x->to ? pm_inbox_put(x->to, &x->m) != 0 : x->m.not_before_ns > now) {
+      h = &x->next;
+      continue;
+    }
+    if (!x->to) on_ack(e, &x->m);
+    *h = x->next;
+    free(x);
+    work = 1;
+  }
+  while (e->waiting && e->waiting->done_ns <= now) {
+    pm_op_t *op = e->waiting;
+    e->waiting = op->next;
+    complete(e, op, 0, NULL);
+    work = 1;
+  }
+  work |= match(e);
+  pthread_mutex_unlock(&e->lock);
+  return work;
+}
+
+static void *nic_main(void *arg) {
+  (void)arg;
+  int idle = 0;
+  while (!atomic_load(&nic_stop)) {
+    uint64_t now = pm_now_ns();
+    int work = 0;
+    pthread_mutex_lock(&all_lock);
+    for (pm_ep_t *e = all_eps; e; e = e->next_all) work |= ep_pass(e, now);
+    pthread_mutex_unlock(&all_lock);
+    idle = work ? 0 : idle + 1;
+    if (idle > 2000) nanosleep(&(struct timespec){0, 20000}, NULL); /* nothing for a while */
+    else if (idle > 50) sched_yield();
+  }
+  return NULL;
+}
+
+void pm_nic_stop(void) {
+  pthread_mutex_lock(&all_lock);
+  int running = nic_running;
+  nic_running = 0;
+  pthread_mutex_unlock(&all_lock);
+  if (!running) return;
+  atomic_store(&nic_stop, 1);
+  pthread_join(nic, NULL);
+  atomic_store(&nic_stop, 0);
+}
+
+/* --- posting --- */
+static pm_link_t *link_of(pm_ep_t *e, fi_addr_t dest) {
+  if (dest >= e->nlinks) {
+    size_t n = dest + 16;
+    pm_link_t *l = realloc(e->links, n * sizeof *l);
+    if (!l) return NULL;
+    memset(l + e->nlinks, 0, (n - e->nlinks) * sizeof *l);
+    e->links = l, e->nlinks = n;
+  }
+  return &e->links[dest];
+}
+
+/* Queues op on its link as a NIC would: it starts when the link is free (a
+ * fenced one also once everything before it completed), holds it for
+ * len / bandwidth and arrives one latency later. */
+static ssize_t post(pm_ep_t *e, pm_op_t *op, uint64_t flags) {
+  const pm_params_t *p = pm_params();
+  if (!pm_av_get(e->av, op->dest)) {
+    free(op);
+    return -FI_EINVAL;
+  }
+  pthread_mutex_lock(&e->lock);
+  pm_link_t *l = link_of(e, op->dest);
+  if (!l) {
+    pthread_mutex_unlock(&e->lock);
+    free(op);
+    return -FI_ENOMEM;
+  }
+  uint64_t now = pm_now_ns(), start = now > l->free_ns ? now : l->free_ns;
+  op->fence = !!(flags & FI_FENCE);
+  if (op->fence && l->last_done_ns > start) start = l->last_done_ns;
+  l->free_ns = start + (uint64_t)(op->len * p->ns_per_byte);
+  op->arrive_ns = l->free_ns + p->latency_ns;
+  /* Each its own path through the fabric: up to a latency and 200 us more,
+   * longer than a target takes to act on a message, so that an overtaking
+   * signal is seen. */
+  if (p->reorder) op->arrive_ns += (e->rnd = e->rnd * 1103515245 + 12345) % (p->latency_ns + 200000);
+  if (op->arrive_ns + p->latency_ns > l->last_done_ns) l->last_done_ns = op->arrive_ns + p->latency_ns;
+  op->next = NULL;
+  if (l->tail) l->tail->next = op;
+  else l->head = op;
+  l->tail = op;
+  pthread_mutex_unlock(&e->lock);
+  return 0;
+}
+
+static pm_op_t *new_op(int type, void *ctx, uint64_t cflags, void *buf, size_t len, fi_addr_t dest) {
+  pm_op_t *op = calloc(1, sizeof *op);
+  if (op) op->type = type, op->ctx = ctx, op->cflags = cflags, op->buf = buf, op->len = len, op->dest = dest;
+  return op;
+}
+
+static ssize_t tsend(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest,
+                     uint64_t tag, void *ctx) {
+  (void)desc;
+  pm_op_t *op = new_op(OP_TSEND, ctx, FI_SEND | FI_TAGGED | FI_MSG, (void *)buf, len, dest);
+  if (!op) return -FI_ENOMEM;
+  op->tag = tag;
+  return post((pm_ep_t *)ep, op, 0);
+}
+
+static ssize_t trecv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src,
+                     uint64_t tag, uint64_t ignore, void *ctx) {
+  pm_ep_t *e = (pm_ep_t *)ep;
+  (void)desc, (void)src;
+  pm_recv_t *r = calloc(1, sizeof *r);
+  if (!r) return -FI_ENOMEM;
+  *r = (pm_recv_t){.buf = buf, .len = len, .tag = tag, .ignore = ignore, .ctx = ctx};
+  pthread_mutex_lock(&e->lock);
+  pm_recv_t **p = &e->recvs;
+  while (*p) p = &(*p)->next;
+  *p = r;
+  pthread_mutex_unlock(&e->lock);
+  return 0;
+}
+
+static ssize_t rma_msg(struct fid_ep *ep, const struct fi_msg_rma *msg, uint64_t flags, int type) {
+  if (msg->iov_count != 1 || msg->rma_iov_count != 1 || msg->msg_iov[0].iov_len != msg->rma_iov[0].len)
+    return -FI_EINVAL;
+  pm_op_t *op = new_op(type, msg->context, FI_RMA | (type == OP_WRITE ? FI_WRITE : FI_READ),
+                       msg->msg_iov[0].iov_base, msg->msg_iov[0].iov_len, msg->addr);
+  if (!op) return -FI_ENOMEM;
+  op->raddr = msg->rma_iov[0].addr, op->key = msg->rma_iov[0].key;
+  op->remote_cq = type == OP_WRITE && (flags & FI_REMOTE_CQ_DATA);
+  op->data = msg->data;
+  return post((pm_ep_t *)ep, op, flags);
+}
+
+static ssize_t writemsg(struct fid_ep *ep, const struct fi_msg_rma *msg, uint64_t flags) {
+  return rma_msg(ep, msg, flags, OP_WRITE);
+}
+static ssize_t readmsg(struct fid_ep *ep, const struct fi_msg_rma *msg, uint64_t flags) {
+  return rma_msg(ep, msg, flags, OP_READ);
+}
+
+/* uint64 add of one element: what signals need. */
+static ssize_t atomicmsg(struct fid_ep *ep, const struct fi_msg_atomic *msg, uint64_t flags) {
+  if (!pm_params()->atomics || msg->iov_count != 1 || msg->rma_iov_count != 1 ||
+      msg->msg_iov[0].count != 1 || msg->rma_iov[0].count != 1 || msg->datatype != FI_UINT64 ||
+      msg->op != FI_SUM)
+    return -FI_EOPNOTSUPP;
+  pm_op_t *op = new_op(OP_ATOMIC, msg->context, FI_ATOMIC | FI_WRITE, NULL, 8, msg->addr);
+  if (!op) return -FI_ENOMEM;
+  op->raddr = msg->rma_iov[0].addr, op->key = msg->rma_iov[0].key;
+  op->data = *(const uint64_t *)msg->msg_iov[0].addr;
+  return post((pm_ep_t *)ep, op, flags);
+}
+
+/* --- endpoint object --- */
+static void free_ops(pm_op_t *op) {
+  while (op) {
+    pm_op_t *n = op->next;
+    free(op);
+    op = n;
+  }
+}
+
+static int ep_close(struct fid *fid) {
+  pm_ep_t *e = (pm_ep_t *)fid;
+  pthread_mutex_lock(&all_lock);
+  for (pm_ep_t **p = &all_eps; *p; p = &(*p)->next_all)
+    if (*p == e) {
+      *p = e->next_all;
+      break;
+    }
+  pthread_mutex_unlock(&all_lock);
+  for (size_t i = 0; i < e->nlinks; i++) free_ops(e->links[i].head);
+  free_ops(e->waiting), free_ops(e->acking);
+  for (pm_recv_t *r = e->recvs, *n; r; r = n) n = r->next, free(r);
+  for (pm_held_t *h = e->unexp, *n; h; h = n) n = h->next, free(h);
+  for (pm_held_t *h = e->held, *n; h; h = n) n = h->next, free(h);
+  if (e->seg) pm_unlink(e->name, e->seg, sizeof *e->seg);
+  free(e->links);
+  pthread_mutex_destroy(&e->lock);
+  free(e);
+  return 0;
+}
+
+static int ep_bind(struct fid *fid, struct fid *bfid, uint64_t flags) {
+  pm_ep_t *e = (pm_ep_t *)fid;
+  (void)flags;
+  if (bfid->fclass == FI_CLASS_CQ) e->cq = (pm_cq_t *)bfid;
+  else if (bfid->fclass == FI_CLASS_AV) e->av = (pm_av_t *)bfid;
+  else return -FI_EINVAL;
+  return 0;
+}
+
+static int ep_control(struct fid *fid, int command, void *arg) {
+  pm_ep_t *e = (pm_ep_t *)fid;
+  (void)arg;
+  if (command != FI_ENABLE) return -FI_ENOSYS;
+  if (!e->cq || !e->av) return -FI_ENOCQ;
+  if (e->seg) return 0;
+  e->seg = pm_create(e->name, sizeof *e->seg);
+  if (!e->seg) return -FI_ENOMEM;
+  e->seg->magic = PM_MAGIC, e->seg->pid = getpid();
+  memcpy(e->seg->dom, e->d->seg_name, PM_NAME_LEN);
+  for (uint64_t i = 0; i < PM_INBOX; i++) atomic_store(&e->seg->ring[i].seq, i);
+  pthread_mutex_lock(&all_lock);
+  e->next_all = all_eps;
+  all_eps = e;
+  int start = !nic_running;
+  if (start) nic_running = pthread_create(&nic, NULL, nic_main, NULL) == 0;
+  int ok = nic_running;
+  pthread_mutex_unlock(&all_lock);
+  return ok ? 0 : -FI_EOTHER;
+}
+
+static int ep_getname(fid_t fid, void *addr, size_t *len) {
+  pm_ep_t *e = (pm_ep_t *)fid;
+  size_t have = *len;
+  *len = PM_NAME_LEN;
+  if (!e->seg) return -FI_EOPBADSTATE;
+  if (have < PM_NAME_LEN) return -FI_ETOOSMALL;
+  memcpy(addr, e->name, PM_NAME_LEN);
+  return 0;
+}
+
+static struct fi_ops ep_fi_ops = {.size = sizeof(struct fi_ops), .close = ep_close, .bind = ep_bind,
+                                  .control = ep_control};
+static struct fi_ops_ep ep_ops = {.size = sizeof(struct fi_ops_ep)};
+static struct fi_ops_cm cm_ops = {.size = sizeof(struct fi_ops_cm), .getname = ep_getname};
+static struct fi_ops_msg msg_ops = {.size = sizeof(struct fi_ops_msg)};
+static struct fi_ops_tagged tagged_ops = {.size = sizeof(struct fi_ops_tagged), .send = tsend,
+                                          .recv = trecv};
+static struct fi_ops_rma rma_ops = {.size = sizeof(struct fi_ops_rma), .writemsg = writemsg,
+                                    .readmsg = readmsg};
+static struct fi_ops_atomic atomic_ops = {.size = sizeof(struct fi_ops_atomic), .writemsg = atomicmsg};
+
+int pm_ep_open(struct fid_domain *domain, struct fi_info *info, struct fid_ep **out, void *ctx) {
+  (void)info;
+  pm_ep_t *e = calloc(1, sizeof *e);
+  if (!e) return -FI_ENOMEM;
+  e->d = (pm_domain_t *)domain;
+  e->rnd = (unsigned)pm_now_ns();
+  pthread_mutex_init(&e->lock, NULL);
+  e->ep = (struct fid_ep){.fid = {.fclass = FI_CLASS_EP, .context = ctx, .ops = &ep_fi_ops},
+                          .ops = &ep_ops, .cm = &cm_ops, .msg = &msg_ops, .rma = &rma_ops,
+                          .tagged = &tagged_ops, .atomic = &atomic_ops};
+  *out = &e->ep;
+  return 0;
+}
