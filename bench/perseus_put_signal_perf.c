@@ -47,6 +47,7 @@ typedef struct {
 
 typedef struct {
   double us, fences, blocked_us; /* per batch; fences/blocked NAN without stats */
+  double call_us;                /* per batch: inside the plugin's calls */
   long wrong;
 } meas_t;
 
@@ -77,7 +78,16 @@ typedef struct {
   uint64_t expect[MAX_RANKS];
   void **q[MAX_RANKS]; /* per-peer FIFO of outstanding requests, like NCCL's GFD ring */
   unsigned qhead[MAX_RANKS], qtail[MAX_RANKS];
+  double call_s; /* time spent inside the plugin's calls: the proxy's busy time */
 } bench_t;
+
+/* rc = a plugin call, its time added to b->call_s. */
+#define CALL(b, rc, expr)           \
+  do {                              \
+    double t0_ = drv_now();         \
+    (rc) = (expr);                  \
+    (b)->call_s += drv_now() - t0_; \
+  } while (0)
 
 /* Prints why, prefixed by the rank; returns -1. */
 static __attribute__((format(printf, 2, 3))) int fail(const bench_t *b, const char *fmt, ...) {
@@ -101,7 +111,8 @@ static int reap(bench_t *b) {
   for (int p = 0; p < b->r->nranks; p++)
     while (b->qhead[p] != b->qtail[p]) {
       int done = 0;
-      ncclResult_t rc = b->g->test(b->coll, b->q[p][b->qhead[p] % (unsigned)b->o->qdepth], &done);
+      ncclResult_t rc;
+      CALL(b, rc, b->g->test(b->coll, b->q[p][b->qhead[p] % (unsigned)b->o->qdepth], &done));
       if (rc != ncclSuccess) return fail(b, "test of a request to rank %d failed (%d)", p, rc);
       if (!done) break;
       b->qhead[p]++, n++;
@@ -155,11 +166,12 @@ static int run_batches(bench_t *b, size_t size, int t, int nb, int ahead, int ch
         uint64_t soff = (size_t)k * b->slot, doff = ((size_t)me * (size_t)b->tcap + k) * b->slot;
         const char *what = k < t - 1 ? "iput" : "iputSignal";
         void *req = NULL;
-        ncclResult_t rc = k < t - 1
+        ncclResult_t rc;
+        CALL(b, rc, k < t - 1
             ? b->g->iput(b->coll, soff, b->src_mh, size, doff, b->dst_mh, (uint32_t)p, &req)
             : b->g->iput_signal(b->coll, soff, b->src_mh, size, doff, b->dst_mh, (uint32_t)p,
                                 (uint64_t)me * 8, b->sig_mh, (uint64_t)t, NCCL_NET_SIGNAL_OP_ADD,
-                                &req);
+                                &req));
         if (rc != ncclSuccess) return fail(b, "%s to rank %d failed (%d)", what, p, rc);
         /* NCCL's proxy never retries: a NULL request would be a lost operation */
         if (!req) return fail(b, "%s to rank %d returned no request", what, p);
@@ -171,7 +183,9 @@ static int run_batches(bench_t *b, size_t size, int t, int nb, int ahead, int ch
     }
     int reaped = reap(b);
     if (reaped < 0) return -1;
-    if (b->g->progress(b->coll) != ncclSuccess) return fail(b, "progress failed");
+    ncclResult_t prc;
+    CALL(b, prc, b->g->progress(b->coll));
+    if (prc != ncclSuccess) return fail(b, "progress failed");
     int low = nb; /* batches received from every source */
     for (int s = 0; s < P; s++) {
       if (s == me) continue;
@@ -220,9 +234,10 @@ static int measure(bench_t *b, size_t size, int t, int stream, int check, meas_t
   if (o->warmup && run_batches(b, size, t, o->warmup, ahead, -1, NULL)) return -1;
   double f0, b0, f1, b1;
   if (drain_queues(b) || pbarrier(b) || stats(b, &f0, &b0)) return -1;
-  double t0 = drv_now();
+  double t0 = drv_now(), c0 = b->call_s;
   if (run_batches(b, size, t, o->iters, ahead, -1, NULL)) return -1;
   double t1 = drv_now();
+  m->call_us = (b->call_s - c0) * 1e6 / o->iters;
   if (drain_queues(b) || stats(b, &f1, &b1) || pbarrier(b)) return -1;
   m->us = (t1 - t0) * 1e6 / o->iters;
   m->fences = b->g->peer_stats ? (f1 - f0) / o->iters : NAN;
@@ -308,6 +323,7 @@ static meas_t reduce(const meas_t *m, int nranks) {
   for (int i = 0; i < nranks; i++) {
     a.us = m[i].us > a.us ? m[i].us : a.us;
     a.fences += m[i].fences / nranks, a.blocked_us += m[i].blocked_us / nranks;
+    a.call_us += m[i].call_us / nranks;
     a.wrong += m[i].wrong;
   }
   return a;
@@ -466,9 +482,17 @@ int main(int argc, char **argv) {
   const char *latency = getenv("PERSEUS_TEST_LATENCY_US"); /* read by the distant-NIC test build */
   if (plugin) printf("# plugin %s%s%s\n", plugin, latency ? ", PERSEUS_TEST_LATENCY_US=" : "",
                      latency ? latency : "");
-  if (d.nranks > sysconf(_SC_NPROCESSORS_ONLN))
-    printf("# note: more ranks than cores: drain polls inside the plugin on a core that the peer\n"
-           "# it waits for needs, so its blocked time includes scheduler time slices\n");
+  const char *prov = getenv("PERSEUS_PROVIDER");
+  int model = prov && !strcmp(prov, "model"); /* each rank also runs the model's NIC thread */
+  if (model) {
+    const char *lat = getenv("PERSEUS_MODEL_LATENCY_US"), *bw = getenv("PERSEUS_MODEL_GBPS");
+    printf("# model fabric (docs/model.md): latency %s us, %s GB/s per link\n", lat ? lat : "2 (default)",
+           bw ? bw : "12.5 (default)");
+  }
+  if (d.nranks * (model ? 2 : 1) > sysconf(_SC_NPROCESSORS_ONLN))
+    printf("# note: more busy threads than cores: drain polls inside the plugin on a core that the\n"
+           "# peer it waits for (or its NIC thread) needs, so its blocked time includes scheduler\n"
+           "# time slices\n");
   fflush(stdout);
   double t0 = drv_now();
   if (drv_run(&d, run_rank, &o)) {
@@ -496,9 +520,10 @@ int main(int argc, char **argv) {
   int have_drain = res->status[S_DRAIN] == ST_DONE;
   printf("# count: tiles a rank sends per batch (t x peers); time: per batch; algbw = size x count"
          " / time\n# (= alltoall busbw: no rank sends to itself); fences, blocked: engine counters"
-         " per batch,\n# summed over peers; vs drain: drain's time / this time\n#\n");
-  printf("# %10s %6s %9s %10s %11s %7s %11s %9s %7s\n", "size", "count", "strategy", "time(us)",
-         "algbw(GB/s)", "fences", "blocked(us)", "vs drain", "#wrong");
+         " per batch,\n# summed over peers; calls: the proxy's busy time per batch (inside the"
+         " plugin's calls,\n# blocking included); vs drain: drain's time / this time\n#\n");
+  printf("# %10s %6s %9s %10s %11s %7s %11s %9s %9s %7s\n", "size", "count", "strategy", "time(us)",
+         "algbw(GB/s)", "fences", "blocked(us)", "calls(us)", "vs drain", "#wrong");
   double bw_sum[NSTRAT] = {0};
   long wrong_total = 0;
   for (int i = 0; i < o.nsizes; i++) {
@@ -514,8 +539,8 @@ int main(int argc, char **argv) {
       fmt(blk, sizeof blk, m.blocked_us, "%.1f");
       fmt(vs, sizeof vs, have_drain ? drain.us / m.us : NAN, "%.2fx");
       if (o.check) snprintf(wr, sizeof wr, "%ld", m.wrong);
-      printf("  %10zu %6zu %9s %10.1f %11.3f %7s %11s %9s %7s\n", o.sizes[i], count, strat_name[s],
-             m.us, algbw, fen, blk, vs, wr);
+      printf("  %10zu %6zu %9s %10.1f %11.3f %7s %11s %9.1f %9s %7s\n", o.sizes[i], count,
+             strat_name[s], m.us, algbw, fen, blk, m.call_us, vs, wr);
       bw_sum[s] += algbw;
       wrong_total += m.wrong;
     }
