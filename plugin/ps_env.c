@@ -105,6 +105,8 @@ ncclResult_t ps_config_load(ps_config_t *cfg) {
   PS_CHECK(ps_env_int("PERSEUS_PROGRESS_INTERVAL_US", 4, 0, 1000, &cfg->progress_interval_us));
   static const char *const thread_choices[] = {"0", "1", "auto", NULL};
   PS_CHECK(ps_env_enum("PERSEUS_PROGRESS_THREAD", thread_choices, 2, &cfg->progress_thread));
+  static const char *const staging_choices[] = {"auto", "always", "never", NULL};
+  PS_CHECK(ps_env_enum("PERSEUS_STAGING", staging_choices, PS_STAGING_AUTO, &cfg->staging));
   PS_CHECK(ps_env_int("PERSEUS_RMA_INFLIGHT", -1, 0, 65536, &cfg->rma_inflight));
   return ncclSuccess;
 }

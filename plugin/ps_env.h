@@ -36,6 +36,7 @@ typedef struct {
   int tcp_passthru;        /* PERSEUS_TCP_PASSTHRU: rxm hands tagged calls straight to tcp */
   int stats;               /* PERSEUS_STATS: one-sided per-peer statistics at close */
   int progress_thread;     /* PERSEUS_PROGRESS_THREAD: 0 off, 1 on, 2 auto (ps_rma_thread.c) */
+  int staging;             /* PERSEUS_STAGING: PS_STAGING_AUTO, _ALWAYS or _NEVER */
   int64_t staging_bytes;   /* PERSEUS_STAGING_BYTES: pinned memory per comm for GPU windows */
   int64_t staging_chunk;   /* PERSEUS_STAGING_CHUNK: bytes a staged write carries at most */
   int64_t staging_coalesce_us; /* PERSEUS_STAGING_COALESCE_US: how long a slot copying out of
@@ -45,6 +46,10 @@ typedef struct {
   int64_t rma_inflight;    /* PERSEUS_RMA_INFLIGHT: posted one-sided ops per peer, 0 = no bound,
                             * -1 = unset (the provider's default, ps_fabric) */
 } ps_config_t;
+
+/* PERSEUS_STAGING: GPU windows through pinned host memory (always), registered
+ * with the provider (never: FI_HMEM required), or direct where it can (auto). */
+enum { PS_STAGING_AUTO = 0, PS_STAGING_ALWAYS = 1, PS_STAGING_NEVER = 2 };
 
 ncclResult_t ps_config_load(ps_config_t *cfg);
 

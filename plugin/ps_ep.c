@@ -244,24 +244,47 @@ fail:
   return ncclSystemError;
 }
 
-ncclResult_t ps_ep_reg(ps_ep_t *e, void *buf, size_t len, uint64_t access, struct fid_mr **mr) {
+/* Host memory (cuda_device < 0) or, through FI_HMEM, memory of that CUDA
+ * device: 0 or the provider's negative fi errno, nothing logged. */
+int ps_ep_try_reg(ps_ep_t *e, void *buf, size_t len, uint64_t access, int cuda_device,
+                  struct fid_mr **mr) {
   ps_device_t *d = e->dev;
   *mr = NULL;
   pthread_mutex_lock(&d->lock);
-  uint64_t key = d->mr_prov_key ? 0 : ps_fabric_next_key();
-  int rc = fi_mr_reg(d->domain, buf, len, access, 0, key, 0, mr, NULL);
+  struct iovec iov = {buf, len};
+  struct fi_mr_attr attr = {.mr_iov = &iov, .iov_count = 1, .access = access,
+                            .requested_key = d->mr_prov_key ? 0 : ps_fabric_next_key(),
+                            .iface = cuda_device < 0 ? FI_HMEM_SYSTEM : FI_HMEM_CUDA};
+  if (cuda_device >= 0) attr.device.cuda = cuda_device;
+  int rc = fi_mr_regattr(d->domain, &attr, 0, mr);
   if (!rc && d->mr_endpoint) {
     rc = fi_mr_bind(*mr, &e->ep->fid, 0);
     if (!rc) rc = fi_mr_enable(*mr);
   }
   pthread_mutex_unlock(&d->lock);
+  if (rc && *mr) fi_close(&(*mr)->fid);
+  if (rc) *mr = NULL;
+  return rc;
+}
+
+static ncclResult_t reg_mem(ps_ep_t *e, void *buf, size_t len, uint64_t access, int cuda_device,
+                            struct fid_mr **mr) {
+  int rc = ps_ep_try_reg(e, buf, len, access, cuda_device, mr);
   if (rc) {
-    PS_WARN("fi_mr_reg(%p, %zu) on %s failed: %s", buf, len, d->name, fi_strerror(-rc));
-    if (*mr) fi_close(&(*mr)->fid);
-    *mr = NULL;
+    PS_WARN("fi_mr_regattr(%p, %zu%s) on %s failed: %s", buf, len,
+            cuda_device < 0 ? "" : ", CUDA memory", e->dev->name, fi_strerror(-rc));
     return ncclSystemError;
   }
   return ncclSuccess;
+}
+
+ncclResult_t ps_ep_reg(ps_ep_t *e, void *buf, size_t len, uint64_t access, struct fid_mr **mr) {
+  return reg_mem(e, buf, len, access, -1, mr);
+}
+
+ncclResult_t ps_ep_reg_cuda(ps_ep_t *e, void *buf, size_t len, uint64_t access, int cuda_device,
+                            struct fid_mr **mr) {
+  return reg_mem(e, buf, len, access, cuda_device, mr);
 }
 
 ncclResult_t ps_ep_reg_local(ps_ep_t *e, void *buf, size_t len, struct fid_mr **mr) {

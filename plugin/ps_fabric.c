@@ -86,7 +86,8 @@ static struct fi_info *make_hints(const char *prov, uint64_t caps) {
   h->mode = FI_CONTEXT | FI_CONTEXT2;
   h->ep_attr->type = FI_EP_RDM;
   h->domain_attr->mr_mode =
-      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT |
+      ((caps & FI_HMEM) ? FI_MR_HMEM : 0);
   h->domain_attr->threading = FI_THREAD_SAFE;
   h->tx_attr->msg_order = FI_ORDER_SAS; /* same-tag messages match in order */
   h->rx_attr->msg_order = FI_ORDER_SAS;
@@ -137,6 +138,7 @@ static ncclResult_t open_device(ps_device_t *d, int index, struct fi_info *fi) {
   d->rma_msg_order = fi->tx_attr->msg_order & fi->rx_attr->msg_order;
   d->cq_data_size = fi->domain_attr->cq_data_size;
   d->rma_inflight = rma_inflight_quirk(fi->fabric_attr->prov_name);
+  d->hmem = (fi->caps & FI_HMEM) && (mm & FI_MR_HMEM);
   pthread_mutex_init(&d->lock, NULL);
   read_sysfs_facts(d, fi);
   if ((rc = fi_fabric(fi->fabric_attr, &d->fabric, NULL))) {
@@ -149,10 +151,10 @@ static ncclResult_t open_device(ps_device_t *d, int index, struct fi_info *fi) {
     return ncclSystemError;
   }
   PS_INFO(NCCL_INIT | NCCL_NET,
-          "%s device %d: %s speed %d Mb/s mr_mode 0x%llx progress %s max_msg %zu pci %s",
+          "%s device %d: %s speed %d Mb/s mr_mode 0x%llx progress %s max_msg %zu pci %s%s",
           d->rma ? "one-sided" : "net", index, d->name, d->speed_mbps, (unsigned long long)mm,
           d->manual_progress ? "manual" : "auto", d->max_msg_size,
-          d->pci_path ? d->pci_path : "-");
+          d->pci_path ? d->pci_path : "-", d->hmem ? ", registers CUDA memory (FI_HMEM)" : "");
   return ncclSuccess;
 }
 
@@ -386,11 +388,16 @@ ps_device_t *ps_fabric_rma_dev(int dev) {
   if (!rma_opened[dev]) {
     /* Native fenced atomics first (the fence strategy); a provider that only
      * emulates atomics (rxm) refuses FI_FENCE, and asking it for atomics
-     * alone would cost its write/send ordering, so the second try is plain. */
-    const uint64_t base = FI_TAGGED | FI_MSG | FI_RMA, wants[] = {base | FI_ATOMIC | FI_FENCE, base};
+     * alone would cost its write/send ordering, so the next try is plain.
+     * Each with FI_HMEM first (GPU windows without staging) unless
+     * PERSEUS_STAGING=always leaves it unused. */
+    const uint64_t base = FI_TAGGED | FI_MSG | FI_RMA, hmem = FI_HMEM,
+                   wants[] = {base | FI_ATOMIC | FI_FENCE | hmem, base | FI_ATOMIC | FI_FENCE,
+                              base | hmem, base};
     struct fi_info *list = NULL, *fi = NULL;
     int rc = 0;
-    for (int w = 0; w < 2 && !fi; w++) {
+    for (int w = 0; w < 4 && !fi; w++) {
+      if ((wants[w] & FI_HMEM) && config.staging == PS_STAGING_ALWAYS) continue;
       struct fi_info *hints = make_hints(provider, wants[w]);
       fi_freeinfo(list);
       list = NULL;

@@ -37,6 +37,7 @@ typedef struct {
   uint64_t rma_msg_order; /* FI_ORDER_* both tx and rx keep */
   size_t cq_data_size;    /* remote CQ data bytes a write can carry */
   uint32_t rma_inflight;  /* default bound on posted one-sided ops per peer, 0 = none */
+  int hmem;               /* registers CUDA memory itself (FI_HMEM, FI_MR_HMEM) */
 } ps_device_t;
 
 /* Opens the devices on first use; later calls return the cached result. */

@@ -15,6 +15,7 @@ static void print_stats(ps_rma_comm_t *c);
 static void close_comm(ps_rma_comm_t *c, int report);
 static int want_thread(void);
 static void dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r);
+static ncclResult_t choose_staging(ps_rma_comm_t *c);
 
 /* Tag (ps_handle.h): distinct from the net tables', gin_abi.c's and the
  * engine's others (ps_rma_ops.c). */
@@ -166,6 +167,7 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
                      (c->calls || !ps_fabric_config()->stats))
                         ? ncclSuccess : ncclSystemError;
   if (rc == ncclSuccess) rc = ps_order_choose(c->ep.dev, &c->ordering);
+  if (rc == ncclSuccess) rc = choose_staging(c);
   if (rc == ncclSuccess) rc = ps_rma_model_open(c);
   int64_t inflight = ps_fabric_config()->rma_inflight; /* -1: unset, the provider's default */
   c->max_posted = inflight >= 0 ? (uint64_t)inflight : c->ep.dev->rma_inflight;
@@ -194,8 +196,9 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   char bound[24] = "no bound";
   if (c->max_posted) snprintf(bound, sizeof bound, "%llu", (unsigned long long)c->max_posted);
   PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: rank %d of %d on %s, ordering %s, posted operations per peer: %s, "
-          "engine thread %s", rank, nranks, c->ep.dev->name, ps_ordering_names[c->ordering], bound,
-          c->threaded ? "on" : "off");
+          "engine thread %s, GPU windows %s", rank, nranks, c->ep.dev->name,
+          ps_ordering_names[c->ordering], bound, c->threaded ? "on" : "off",
+          c->gpu_direct ? "registered with the provider (FI_HMEM)" : "staged through host memory");
   *coll_comm = c;
   return ncclSuccess;
 }
@@ -341,7 +344,7 @@ static ncclResult_t allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
 /* Collective: registers this rank's part (host memory with the provider;
  * staged GPU memory needs no provider registration) and allgathers it. */
 static ncclResult_t reg_region(ps_rma_comm_t *c, void *data, size_t size, int staged,
-                               ps_rma_region_t **out) {
+                               int cuda_device, ps_rma_region_t **out) {
   if (c->nregions == c->cap_regions) {
     uint32_t cap = c->cap_regions ? 2 * c->cap_regions : 16;
     ps_rma_region_t **n = realloc(c->regions, cap * sizeof *n);
@@ -359,10 +362,12 @@ static ncclResult_t reg_region(ps_rma_comm_t *c, void *data, size_t size, int st
   }
   *r = (ps_rma_region_t){.id = c->nregions, .slot = r->slot, .comm = c, .base = data,
                          .size = size, .raddr = r->raddr, .rkey = r->rkey,
-                         .rsize = r->rsize, .rclosed = r->rclosed, .staged = staged};
+                         .rsize = r->rsize, .rclosed = r->rclosed, .staged = staged,
+                         .gpu = cuda_device >= 0};
   r->handle = ps_htab_bind(&ps_rma_win_tab, r->slot, r);
-  uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
-  if (!staged && ps_ep_reg(&c->ep, data, size ? size : 1, access, &r->mr) != ncclSuccess) {
+  uint64_t access = PS_RMA_WINDOW_ACCESS;
+  if (!staged && (cuda_device >= 0 ? ps_ep_reg_cuda(&c->ep, data, size ? size : 1, access, cuda_device, &r->mr)
+                                    : ps_ep_reg(&c->ep, data, size ? size : 1, access, &r->mr)) != ncclSuccess) {
     dereg_region(c, r);
     return ncclSystemError;
   }
@@ -373,13 +378,27 @@ static ncclResult_t reg_region(ps_rma_comm_t *c, void *data, size_t size, int st
   return ncclSuccess;
 }
 
+/* PERSEUS_STAGING: GPU windows go straight to the provider where it
+ * registers CUDA memory (FI_HMEM), unless staging is asked for; never
+ * staging on a provider that cannot is an error naming it. */
+static ncclResult_t choose_staging(ps_rma_comm_t *c) {
+  int mode = ps_fabric_config()->staging;
+  if (mode == PS_STAGING_NEVER && !c->ep.dev->hmem) {
+    PS_WARN("PERSEUS_STAGING=never is not possible on %s: the provider does not register CUDA "
+            "memory (no FI_HMEM with FI_MR_HMEM); use auto or always", c->ep.dev->name);
+    return ncclInvalidUsage;
+  }
+  c->gpu_direct = c->ep.dev->hmem && mode != PS_STAGING_ALWAYS;
+  return ncclSuccess;
+}
+
 /* Staging, set up by the first GPU window: the pools, then (collective, like
  * the window being registered) every rank's receive slots become a symmetric
  * region the origins write into. */
-static ncclResult_t stage_setup(ps_rma_comm_t *c, const void *gpu_ptr) {
-  PS_CHECK(ps_stage_init(c, gpu_ptr));
+static ncclResult_t stage_setup(ps_rma_comm_t *c, const void *gpu_ptr, size_t size) {
+  PS_CHECK(ps_stage_init(c, gpu_ptr, size));
   ps_rma_region_t *rx;
-  ncclResult_t rc = reg_region(c, c->stage->rx_pool, c->stage->rx_bytes, 0, &rx);
+  ncclResult_t rc = reg_region(c, c->stage->rx_pool, c->stage->rx_bytes, 0, -1, &rx);
   if (rc != ncclSuccess) {
     ps_stage_free(c);
     return rc;
@@ -409,15 +428,18 @@ static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, 
             NCCL_PTR_HOST, NCCL_PTR_CUDA);
     return ncclInvalidArgument;
   }
-  int staged = type == NCCL_PTR_CUDA;
-  if (staged && !c->stage) PS_CHECK(stage_setup(c, data));
-  if (staged && size && !ps_cuda_owns(c->stage->cu, data, size)) {
+  /* GPU windows need the staging set-up either way: a staged one for its
+   * data, a direct one for the signals into it (the copy stream). */
+  int gpu = type == NCCL_PTR_CUDA;
+  if (gpu && !c->stage) PS_CHECK(stage_setup(c, data, size)); /* settles c->gpu_direct */
+  int staged = gpu && !c->gpu_direct;
+  if (gpu && size && !ps_cuda_owns(c->stage->cu, data, size)) {
     PS_WARN("regMrSym: %p + %zu B is not device memory of the GPU this comm stages for (GPU %d)",
             data, size, ps_cuda_ordinal(c->stage->cu));
     return ncclInvalidArgument;
   }
   ps_rma_region_t *r;
-  PS_CHECK(reg_region(c, data, size, staged, &r));
+  PS_CHECK(reg_region(c, data, size, staged, gpu ? ps_cuda_ordinal(c->stage->cu) : -1, &r));
   *mh = r->handle;
   return ncclSuccess;
 }
@@ -445,7 +467,7 @@ static ncclResult_t dereg_sym_body(void *coll, void *mh) {
             "registered (deregister it once test() reported them done)", r->id, r->busy);
     return ncclInvalidUsage;
   }
-  if (r->staged) ps_stage_quiesce(c); /* the GPU memory may be unmapped right after */
+  if (r->gpu) ps_stage_quiesce(c); /* the GPU memory may be unmapped right after */
   uint32_t id = r->id;
   dereg_region(c, r);
   if (!c->error) ps_rma_notice_closed(c, id);

@@ -75,6 +75,8 @@ typedef struct {
   void *desc;
   uint64_t *raddr, *rkey, *rsize; /* per rank: target address (or 0), key, size */
   int staged; /* GPU memory the provider cannot reach: staged (same on every rank) */
+  int gpu;    /* GPU memory (staged, or registered with the provider): signals into it
+               * go through the copy stream (ps_stage_signal) */
   uint32_t busy; /* operations naming it (either side, or its signal) not yet completed */
   /* per rank: it deregistered its part and told us (PS_SIG_OP_CLOSED); calls
    * into that part are refused. Set by the engine, read by NCCL's calls. */
@@ -350,6 +352,7 @@ struct ps_rma_comm {
   ps_rma_req_t *inbox_head, *inbox_tail; /* operations the engine has not taken, in call order */
   int rank, nranks;
   ps_ordering_t ordering;
+  int gpu_direct; /* GPU windows registered with the provider (FI_HMEM), not staged */
   ps_ep_t ep;
   struct fid_ep **lanes; /* fence: one transmit endpoint per peer (see ps_ep_open_lane) */
   fi_addr_t *addr;
@@ -499,8 +502,12 @@ void ps_rma_send_notices(ps_rma_comm_t *c);
 void ps_rma_target_progress(ps_rma_comm_t *c);
 
 /* --- floor 6, ps_rma_stage.c: staging setup and the origin side --- */
+/* What a window's registration allows (ps_rma_comm.c, and the FI_HMEM probe). */
+#define PS_RMA_WINDOW_ACCESS \
+  (FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV)
+
 /* Sets up c->stage for GPU memory like gpu_ptr: checks, pools allocated. */
-ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr);
+ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr, size_t size);
 /* Takes rx, the receive pools registered as a symmetric region, checking
  * they are the same size on every rank; frees the staging when not. */
 ncclResult_t ps_stage_attach_rx(ps_rma_comm_t *c, ps_rma_region_t *rx);

@@ -52,13 +52,14 @@ static ncclResult_t size_pools(ps_stage_t *st, int nranks) {
   return ncclSuccess;
 }
 
-static ncclResult_t refuse_reason(ps_rma_comm_t *c) {
+/* What staging GPU windows needs of the provider and the strategy. */
+static ncclResult_t staging_refused(ps_rma_comm_t *c) {
   const ps_device_t *d = c->ep.dev;
   if (c->ordering == PS_ORD_FENCE) {
-    PS_WARN("GPU windows on %s are staged (the provider has no FI_HMEM), and the fence strategy "
-            "cannot keep a signal behind staged data: its fenced atomic lands before the target "
-            "has copied the payload into the GPU. Use PERSEUS_ORDERING=auto, ordered, target, "
-            "deferred or drain", d->name);
+    PS_WARN("GPU windows on %s are staged (no FI_HMEM, or PERSEUS_STAGING=always), and the fence "
+            "strategy cannot keep a signal behind staged data: its fenced atomic lands before the "
+            "target has copied the payload into the GPU. Use PERSEUS_ORDERING=auto, ordered, "
+            "target, deferred or drain", d->name);
     return ncclInvalidUsage;
   }
   if (d->cq_data_size < 8) {
@@ -66,6 +67,33 @@ static ncclResult_t refuse_reason(ps_rma_comm_t *c) {
             "(the provider has %zu)", d->name, d->cq_data_size);
     return ncclInvalidUsage;
   }
+  return ncclSuccess;
+}
+
+/* A provider may list FI_HMEM and still not register CUDA memory (libfabric
+ * built without CUDA: shm in Debian's 1.17 does so). The first GPU window
+ * tells (registered whole, as it will be): where that fails, auto stages,
+ * never is an error. */
+static ncclResult_t check_direct(ps_rma_comm_t *c, void *gpu_ptr, size_t size) {
+  struct fid_mr *mr;
+  int rc = ps_ep_try_reg(&c->ep, gpu_ptr, size, PS_RMA_WINDOW_ACCESS,
+                         ps_cuda_ordinal(c->stage->cu), &mr);
+  if (!rc) {
+    fi_close(&mr->fid);
+    return ncclSuccess;
+  }
+  if (ps_fabric_config()->staging == PS_STAGING_NEVER) {
+    PS_WARN("PERSEUS_STAGING=never: %s lists FI_HMEM but cannot register CUDA memory (%s): it "
+            "was built without CUDA support", c->ep.dev->name, fi_strerror(-rc));
+    return ncclInvalidUsage;
+  }
+  PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: %s lists FI_HMEM but cannot register CUDA memory "
+          "(%s): GPU windows are staged", c->ep.dev->name, fi_strerror(-rc));
+  c->gpu_direct = 0;
+  return ncclSuccess;
+}
+
+static ncclResult_t need_cuda(void) {
   if (!ps_cuda_available()) {
     PS_WARN("a GPU window was registered, but the CUDA driver (libcuda.so.1) cannot be loaded "
             "or sees no GPU");
@@ -76,7 +104,7 @@ static ncclResult_t refuse_reason(ps_rma_comm_t *c) {
    * enqueues: the waiting kernel never sees its signal. */
   const char *ml = getenv("CUDA_MODULE_LOADING");
   if (!ml || strcasecmp(ml, "EAGER"))
-    PS_WARN("GPU windows are staged with CUDA_MODULE_LOADING=%s: lazy module loading can deadlock "
+    PS_WARN("GPU windows are in use with CUDA_MODULE_LOADING=%s: lazy module loading can deadlock "
             "a kernel that waits for GIN signals; set CUDA_MODULE_LOADING=EAGER before CUDA starts",
             ml ? ml : "(unset: lazy)");
   return ncclSuccess;
@@ -108,12 +136,14 @@ static ncclResult_t alloc_pools(ps_rma_comm_t *c, ps_stage_t *st) {
   return ncclSuccess;
 }
 
-ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr) {
-  PS_CHECK(refuse_reason(c));
+ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr, size_t size) {
+  PS_CHECK(need_cuda());
   ps_stage_t *st = calloc(1, sizeof *st);
   if (!st) return ncclSystemError;
   c->stage = st;
   ncclResult_t rc = ps_cuda_open(gpu_ptr, &st->cu);
+  if (rc == ncclSuccess && c->gpu_direct) rc = check_direct(c, (void *)gpu_ptr, size ? size : 1);
+  if (rc == ncclSuccess && !c->gpu_direct) rc = staging_refused(c);
   if (rc == ncclSuccess) rc = size_pools(st, c->nranks);
   if (rc == ncclSuccess) rc = alloc_pools(c, st);
   if (rc != ncclSuccess) ps_stage_free(c);
@@ -136,10 +166,14 @@ ncclResult_t ps_stage_attach_rx(ps_rma_comm_t *c, ps_rma_region_t *rx) {
     ps_stage_free(c);
     return rc;
   }
-  PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: GPU windows staged through pinned host memory "
-          "(%s has no FI_HMEM): chunks of %zu B, %u receive slots per peer, %u send slots, %.1f MiB",
-          c->ep.dev->name, st->chunk, st->per_peer, st->nsend,
-          (double)((size_t)st->nsend * st->slot_bytes + st->rx_bytes) / (1 << 20));
+  if (c->gpu_direct)
+    PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: GPU windows registered with %s (FI_HMEM); the "
+            "staging set-up carries signal updates into GPU memory only", c->ep.dev->name);
+  else
+    PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: GPU windows staged through pinned host memory "
+            "(%s: no FI_HMEM, or PERSEUS_STAGING=always): chunks of %zu B, %u receive slots per "
+            "peer, %u send slots, %.1f MiB", c->ep.dev->name, st->chunk, st->per_peer, st->nsend,
+            (double)((size_t)st->nsend * st->slot_bytes + st->rx_bytes) / (1 << 20));
   return ncclSuccess;
 }
 

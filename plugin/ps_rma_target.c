@@ -63,7 +63,7 @@ static int apply_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m) {
     return 0;
   }
   uint64_t add = m->op == NCCL_NET_SIGNAL_OP_INC ? 1 : m->value;
-  if (r->staged) return ps_stage_signal(c, r->base + m->offset, add);
+  if (r->gpu) return ps_stage_signal(c, r->base + m->offset, add);
   /* The data it covers is in memory (the strategy made sure); release
    * ordering publishes the new value after everything written before it. */
   __atomic_fetch_add((uint64_t *)(r->base + m->offset), add, __ATOMIC_RELEASE);

@@ -87,6 +87,8 @@ typedef struct {
   int ordered;        /* links say they deliver in order */
   int reorder;        /* links swap neighbouring operations */
   int atomics;        /* native atomics with FI_FENCE offered */
+  int hmem;           /* FI_HMEM offered: "CUDA" memory registered as host memory,
+                       * which it is under the plugin's fake CUDA driver */
 } pm_params_t;
 const pm_params_t *pm_params(void);
 uint64_t pm_now_ns(void);

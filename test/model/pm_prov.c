@@ -50,6 +50,7 @@ static void params_load(void) {
   }
   params.ordered = order != 0, params.reorder = order != 1;
   params.atomics = env_num("PERSEUS_MODEL_ATOMICS", 1, 0, 1) != 0;
+  params.hmem = env_num("PERSEUS_MODEL_HMEM", 0, 0, 1) != 0;
 }
 const pm_params_t *pm_params(void) {
   pthread_once(&params_once, params_load);
@@ -416,7 +417,20 @@ static int mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access,
   return 0;
 }
 
-static struct fi_ops_mr mr_ops = {.size = sizeof(struct fi_ops_mr), .reg = mr_reg};
+/* Host memory, and with PERSEUS_MODEL_HMEM=1 "CUDA" memory too (the fake
+ * CUDA driver's device memory is host memory; a real GPU's is not, and
+ * writes into it then fail with an error completion). */
+static int mr_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_t flags,
+                      struct fid_mr **out) {
+  if (attr->iov_count != 1) return -FI_EINVAL;
+  if (attr->iface != FI_HMEM_SYSTEM && !(attr->iface == FI_HMEM_CUDA && pm_params()->hmem))
+    return -FI_ENOSYS;
+  return mr_reg(fid, attr->mr_iov[0].iov_base, attr->mr_iov[0].iov_len, attr->access, attr->offset,
+                attr->requested_key, flags, out, attr->context);
+}
+
+static struct fi_ops_mr mr_ops = {.size = sizeof(struct fi_ops_mr), .reg = mr_reg,
+                                  .regattr = mr_regattr};
 
 /* Segments of processes that died without closing them (a failed test). */
 static void reap_dead(void) {
@@ -481,6 +495,7 @@ static uint64_t offered_caps(void) {
   uint64_t c = FI_MSG | FI_TAGGED | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE |
                FI_SEND | FI_RECV;
   if (pm_params()->atomics) c |= FI_ATOMIC | FI_FENCE;
+  if (pm_params()->hmem) c |= FI_HMEM;
   return c;
 }
 
@@ -524,7 +539,8 @@ static int getinfo(uint32_t version, const char *node, const char *service, uint
   fi->domain_attr->data_progress = FI_PROGRESS_AUTO;
   fi->domain_attr->resource_mgmt = FI_RM_ENABLED;
   fi->domain_attr->av_type = FI_AV_TABLE;
-  fi->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+  fi->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
+                             ((fi->caps & FI_HMEM) ? FI_MR_HMEM : 0);
   fi->domain_attr->mr_key_size = 8;
   fi->domain_attr->cq_data_size = 8;
   fi->domain_attr->ep_cnt = 1 << 16;
