@@ -232,7 +232,16 @@ static ncclResult_t open_domains(struct fi_info *list, const char *prov) {
  * be set before our first fi_getinfo; a value the user set is kept. */
 static void apply_tcp_passthru(void) {
   const char *v = getenv("FI_OFI_RXM_ENABLE_PASSTHRU");
-  if (config.tcp_passthru && !v) setenv("FI_OFI_RXM_ENABLE_PASSTHRU", "1", 0);
+  /* Measured on 1.17. On 1.22 its tagged path crashed in the tcp provider
+   * (xnet_handle_tag, from rxm's connection thread) under perseus_rma_test,
+   * so other versions keep rxm's own protocol unless the user sets it. */
+  uint32_t ver = fi_version();
+  int known = FI_MAJOR(ver) == 1 && FI_MINOR(ver) <= 17;
+  if (config.tcp_passthru && !v && !known)
+    PS_INFO(NCCL_INIT | NCCL_NET, "rxm passthru left off on libfabric %u.%u (tested on 1.17 only; "
+            "its plain tcp provider is an RDM provider there: PERSEUS_PROVIDER=tcp)",
+            FI_MAJOR(ver), FI_MINOR(ver));
+  if (config.tcp_passthru && !v && known) setenv("FI_OFI_RXM_ENABLE_PASSTHRU", "1", 0);
   v = getenv("FI_OFI_RXM_ENABLE_PASSTHRU");
   PS_INFO(NCCL_INIT | NCCL_NET, "rxm passthru over tcp: %s (FI_OFI_RXM_ENABLE_PASSTHRU=%s)",
           v && strcmp(v, "0") ? "on" : "off", v ? v : "unset");
