@@ -198,7 +198,8 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: rank %d of %d on %s, ordering %s, posted operations per peer: %s, "
           "engine thread %s, GPU windows %s", rank, nranks, c->ep.dev->name,
           ps_ordering_names[c->ordering], bound, c->threaded ? "on" : "off",
-          c->gpu_direct ? "registered with the provider (FI_HMEM)" : "staged through host memory");
+          c->gpu_direct ? "to the provider, which lists FI_HMEM (the first one checks it)"
+                        : "staged through host memory");
   *coll_comm = c;
   return ncclSuccess;
 }
