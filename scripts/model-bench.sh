@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The proxy-bound regime of seed 000 on the model fabric (docs/model.md):
+# perseus_put_signal_perf per link latency, link bandwidth and peer count,
+# each strategy's time per batch next to what the model in docs/model.md
+# predicts, and drain's time over each strategy's.
+#
+#   scripts/model-bench.sh [LOGDIR]     (default ./model-logs; run from a built tree)
+#
+# Environment (each a space-separated list where it says so):
+#   MODEL_PEERS     peers per rank (ranks - 1), list (default "8")
+#   MODEL_LAT_US    link latencies in us, list (default "2 5")
+#   MODEL_GBPS      link bandwidths in GB/s, list (default "12.5 25")
+#   MODEL_SIZE      tile size (default 16K), MODEL_T tiles per signal (default 8)
+#   MODEL_ITERS     timed batches (default 200), warmup a tenth
+#   PERSEUS_BUILD_DIR  the build (default build)
+# First a calibration run measures c, the proxy's cost per operation: the
+# ordered strategy on links too fast to matter (0 us, 1000 GB/s), where
+# T = P (t + 1) c. Each rank needs a core for itself and one for its NIC
+# thread: a host with fewer than 2 (P + 1) cores measures its scheduler, and
+# the script says so.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+LOGDIR=${1:-model-logs}
+B=${PERSEUS_BUILD_DIR:-build}
+PEERS=${MODEL_PEERS:-8}
+LATS=${MODEL_LAT_US:-2 5}
+BWS=${MODEL_GBPS:-12.5 25}
+SIZE=${MODEL_SIZE:-16K}
+T=${MODEL_T:-8}
+ITERS=${MODEL_ITERS:-200}
+bench=$B/bench/perseus_put_signal_perf
+[ -x "$bench" ] || { echo "model-bench.sh: no $bench (build first)" >&2; exit 1; }
+[ -f "$B/test/model/libmodel-fi.so" ] || { echo "model-bench.sh: no model fabric in $B/test/model" >&2; exit 1; }
+mkdir -p "$LOGDIR"
+export FI_PROVIDER_PATH=$PWD/$B/test/model PERSEUS_PROVIDER=model PERSEUS_IFACE=model0
+bytes=$(numfmt --from=iec "$SIZE") || { echo "model-bench.sh: MODEL_SIZE=$SIZE is not a size" >&2; exit 1; }
+cores=$(nproc)
+echo "# model-bench: $(hostname), $cores cores, $(date -u '+%F %H:%M') UTC, $(git describe --always --dirty 2>/dev/null)"
+echo "# tile $bytes B, $T tiles per signal, $ITERS batches"
+
+# One run; prints "strategy time_us" per row of the table.
+run() { # log ranks latency gbps strategies
+  PERSEUS_MODEL_LATENCY_US=$3 PERSEUS_MODEL_GBPS=$4 timeout 600 "$bench" -r "$2" -b "$SIZE" -e "$SIZE" \
+    -t "$T" -n "$ITERS" -w $((ITERS / 10 + 1)) -c 1 -s "$5" -z "$SIZE" >"$1" 2>&1 || {
+    echo "model-bench.sh: run failed, see $1" >&2; tail -5 "$1" >&2; return 1; }
+  awk '$1 ~ /^[0-9]+$/ && NF >= 10 {print $3, $4}' "$1"
+}
+
+for P in $PEERS; do
+  R=$((P + 1))
+  [ $((2 * R)) -gt "$cores" ] && echo "# note: $R ranks and their NIC threads need $((2 * R)) cores, this host has $cores"
+  cal=$(run "$LOGDIR/calibrate-p$P.log" "$R" 0 1000 ordered) || exit 1
+  tcal=$(echo "$cal" | awk '$1 == "ordered" {print $2}')
+  c=$(awk -v t="$tcal" -v P="$P" -v k="$T" 'BEGIN {printf "%.3f", t / (P * (k + 1))}')
+  echo "# P = $P: calibration (0 us, 1000 GB/s) ordered $tcal us per batch: c = $c us per operation"
+  printf "# %4s %6s %9s %9s %11s %11s %8s %9s\n" P "L(us)" "B(GB/s)" strategy "meas(us)" "model(us)" "err" "vs drain"
+  for L in $LATS; do
+    for BW in $BWS; do
+      rows=$(run "$LOGDIR/p$P-l$L-b$BW.log" "$R" "$L" "$BW" ordered,fence,target,drain) || exit 1
+      echo "$rows" | awk -v P="$P" -v L="$L" -v BW="$BW" -v c="$c" -v k="$T" -v s="$bytes" '
+        { meas[$1] = $2; order[n++] = $1 }
+        END {
+          wire = k * s / (BW * 1e3)            # t.s/B in us
+          post = P * (k + 1) * c
+          tord = post > wire ? post : wire
+          tdrain = P * ((k + 1) * c + wire + 2 * L)
+          for (i = 0; i < n; i++) {
+            st = order[i]; m = meas[st]; pred = st == "drain" ? tdrain : tord
+            printf "  %4d %6s %9s %9s %11.1f %11.1f %+7.0f%% %8.2fx\n", P, L, BW, st, m, pred,
+                   100 * (m - pred) / pred, meas["drain"] / m
+          }
+        }'
+    done
+  done
+done
