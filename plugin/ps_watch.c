@@ -245,15 +245,19 @@ static void look(ps_watch_t *w) {
   ssize_t r = err ? -1 : recv(w->fd, b, sizeof b, MSG_DONTWAIT);
   if (r > 0 || (r < 0 && !err && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)))
     return; /* nothing is sent on a watch; what came is dropped */
-  if (err == ETIMEDOUT)
+  if (!err && r < 0) err = errno;
+  if (err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH || err == EHOSTDOWN) {
     snprintf(w->why, sizeof w->why, "the link to its host %s is down: nothing acknowledged for "
              "%lld ms (PERSEUS_PEER_TIMEOUT_MS)", where, (long long)cfg->peer_timeout_ms);
-  else if (r == 0)
-    snprintf(w->why, sizeof w->why, "its process closed the link watch at %s (it exited)", where);
-  else
-    snprintf(w->why, sizeof w->why, "the link watch at %s broke: %s", where,
-             strerror(err ? err : errno));
-  __atomic_store_n(&w->state, W_BROKEN, __ATOMIC_RELEASE); /* its why is written */
+    __atomic_store_n(&w->state, W_BROKEN, __ATOMIC_RELEASE); /* its why is written */
+    return;
+  }
+  /* The peer's process closed it: it exited, maybe after its last sends,
+   * whose bytes may still be on their way to us. Not a failure by itself;
+   * from here on the probes watch that peer. */
+  __atomic_store_n(&w->state, W_NEVER, __ATOMIC_RELAXED);
+  PS_INFO(NCCL_NET, "link watch of %s ended (%s): its process closed it", where,
+          r == 0 ? "end of stream" : strerror(err));
 }
 
 const char *ps_watch_broken(ps_watch_t *w) {

@@ -7,8 +7,10 @@
  * one plain TCP connection of its own with kernel keepalive and
  * TCP_USER_TIMEOUT = PERSEUS_PEER_TIMEOUT_MS. The peer's kernel answers the
  * keepalives whatever its process is doing (stopped, busy, idle on the
- * comm), so only a dead link, host or process breaks the watch. Nothing is
- * ever sent on it; comms to the same peer share one. */
+ * comm), so only a dead link or host breaks the watch (a peer process that
+ * exits closes it, which ends the watch without failing anything: its last
+ * bytes may still be on their way). Nothing is ever sent on it; comms to the
+ * same peer share one. */
 #ifndef PS_WATCH_H
 #define PS_WATCH_H
 
