@@ -185,7 +185,7 @@ static void check_liveness(ps_comm_t *c, uint64_t now) {
     c->probe_failures = 0;
     return;
   }
-  const char *cut = ps_watch_broken(c->watch);
+  const char *cut = ps_watch_broken(c->watch, now);
   if (cut) {
     fail_comm(c, ncclRemoteError, cut);
     return;

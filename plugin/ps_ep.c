@@ -267,8 +267,8 @@ int ps_ep_try_reg(ps_ep_t *e, void *buf, size_t len, uint64_t access, int cuda_d
   return rc;
 }
 
-static ncclResult_t reg_mem(ps_ep_t *e, void *buf, size_t len, uint64_t access, int cuda_device,
-                            struct fid_mr **mr) {
+ncclResult_t ps_ep_reg_dev(ps_ep_t *e, void *buf, size_t len, uint64_t access, int cuda_device,
+                           struct fid_mr **mr) {
   int rc = ps_ep_try_reg(e, buf, len, access, cuda_device, mr);
   if (rc) {
     PS_WARN("fi_mr_regattr(%p, %zu%s) on %s failed: %s", buf, len,
@@ -279,12 +279,7 @@ static ncclResult_t reg_mem(ps_ep_t *e, void *buf, size_t len, uint64_t access, 
 }
 
 ncclResult_t ps_ep_reg(ps_ep_t *e, void *buf, size_t len, uint64_t access, struct fid_mr **mr) {
-  return reg_mem(e, buf, len, access, -1, mr);
-}
-
-ncclResult_t ps_ep_reg_cuda(ps_ep_t *e, void *buf, size_t len, uint64_t access, int cuda_device,
-                            struct fid_mr **mr) {
-  return reg_mem(e, buf, len, access, cuda_device, mr);
+  return ps_ep_reg_dev(e, buf, len, access, -1, mr);
 }
 
 ncclResult_t ps_ep_reg_local(ps_ep_t *e, void *buf, size_t len, struct fid_mr **mr) {

@@ -74,12 +74,12 @@ ncclResult_t ps_ep_atomicmsg(ps_ep_t *ep, struct fid_ep *tx, const struct fi_msg
 ncclResult_t ps_ep_open_lane(ps_ep_t *ep, struct fid_ep **lane);
 /* Registers [buf, +len) with `access` (bound to `ep` under FI_MR_ENDPOINT). */
 ncclResult_t ps_ep_reg(ps_ep_t *ep, void *buf, size_t len, uint64_t access, struct fid_mr **mr);
-/* The same for memory of CUDA device `cuda_device` (FI_HMEM_CUDA); only on
- * devices whose provider registers it (ps_device_t.hmem). */
-ncclResult_t ps_ep_reg_cuda(ps_ep_t *e, void *buf, size_t len, uint64_t access, int cuda_device,
-                            struct fid_mr **mr);
-/* Either of the above (cuda_device < 0: host) without logging: 0 or the
- * provider's negative fi errno. */
+/* The same for memory of CUDA device `cuda_device` (FI_HMEM_CUDA; only on
+ * devices whose provider registers it, ps_device_t.hmem), or host memory
+ * where cuda_device < 0. */
+ncclResult_t ps_ep_reg_dev(ps_ep_t *e, void *buf, size_t len, uint64_t access, int cuda_device,
+                           struct fid_mr **mr);
+/* ps_ep_reg_dev without logging: 0 or the provider's negative fi errno. */
 int ps_ep_try_reg(ps_ep_t *e, void *buf, size_t len, uint64_t access, int cuda_device,
                   struct fid_mr **mr);
 /* Registers [buf, +len) for send/recv when the provider needs it (FI_MR_LOCAL

@@ -232,9 +232,9 @@ static ncclResult_t open_domains(struct fi_info *list, const char *prov) {
  * be set before our first fi_getinfo; a value the user set is kept. */
 static void apply_tcp_passthru(void) {
   const char *v = getenv("FI_OFI_RXM_ENABLE_PASSTHRU");
-  /* Measured on 1.17. On 1.22 its tagged path crashed in the tcp provider
-   * (xnet_handle_tag, from rxm's connection thread) under perseus_rma_test,
-   * so other versions keep rxm's own protocol unless the user sets it. */
+  /* Passthru is known good on 1.17. On 1.22 its tagged path crashes in the
+   * tcp provider (xnet_handle_tag, on rxm's connection thread), so other
+   * versions keep rxm's own protocol unless the user sets the variable. */
   uint32_t ver = fi_version();
   int known = FI_MAJOR(ver) == 1 && FI_MINOR(ver) <= 17;
   if (config.tcp_passthru && !v && !known)

@@ -343,32 +343,34 @@ static ncclResult_t allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
 }
 
 /* Collective: registers this rank's part (host memory with the provider;
- * staged GPU memory needs no provider registration) and allgathers it. */
+ * staged GPU memory needs no provider registration; `mr`, where not NULL,
+ * is its registration made already, which the region takes over) and
+ * allgathers it. */
 static ncclResult_t reg_region(ps_rma_comm_t *c, void *data, size_t size, int staged,
-                               int cuda_device, ps_rma_region_t **out) {
+                               int cuda_device, struct fid_mr *mr, ps_rma_region_t **out) {
+  ps_rma_region_t *r = NULL;
+  size_t P = (size_t)c->nranks;
   if (c->nregions == c->cap_regions) {
     uint32_t cap = c->cap_regions ? 2 * c->cap_regions : 16;
     ps_rma_region_t **n = realloc(c->regions, cap * sizeof *n);
-    if (!n) return ncclSystemError;
-    c->regions = n, c->cap_regions = cap;
+    if (n) c->regions = n, c->cap_regions = cap;
   }
-  ps_rma_region_t *r = calloc(1, sizeof *r);
-  size_t P = (size_t)c->nranks;
-  if (!r || !(r->raddr = calloc(P, 8)) || !(r->rkey = calloc(P, 8)) || !(r->rsize = calloc(P, 8)) ||
-      !(r->rclosed = calloc(P, 1)) || ps_htab_reserve(&ps_rma_win_tab, 1, &r->slot) != ncclSuccess) {
+  if (c->nregions == c->cap_regions || !(r = calloc(1, sizeof *r)) || !(r->raddr = calloc(P, 8)) ||
+      !(r->rkey = calloc(P, 8)) || !(r->rsize = calloc(P, 8)) || !(r->rclosed = calloc(P, 1)) || ps_htab_reserve(&ps_rma_win_tab, 1, &r->slot) != ncclSuccess) {
     PS_WARN("regMrSym: out of memory or window handles");
     if (r) free(r->raddr), free(r->rkey), free(r->rsize), free(r->rclosed);
     free(r);
+    if (mr) fi_close(&mr->fid);
     return ncclSystemError;
   }
   *r = (ps_rma_region_t){.id = c->nregions, .slot = r->slot, .comm = c, .base = data,
-                         .size = size, .raddr = r->raddr, .rkey = r->rkey,
+                         .size = size, .mr = mr, .raddr = r->raddr, .rkey = r->rkey,
                          .rsize = r->rsize, .rclosed = r->rclosed, .staged = staged,
                          .gpu = cuda_device >= 0};
   r->handle = ps_htab_bind(&ps_rma_win_tab, r->slot, r);
-  uint64_t access = PS_RMA_WINDOW_ACCESS;
-  if (!staged && (cuda_device >= 0 ? ps_ep_reg_cuda(&c->ep, data, size ? size : 1, access, cuda_device, &r->mr)
-                                    : ps_ep_reg(&c->ep, data, size ? size : 1, access, &r->mr)) != ncclSuccess) {
+  if (!staged && !r->mr &&
+      ps_ep_reg_dev(&c->ep, data, size ? size : 1, PS_RMA_WINDOW_ACCESS, cuda_device, &r->mr) !=
+          ncclSuccess) {
     dereg_region(c, r);
     return ncclSystemError;
   }
@@ -396,15 +398,20 @@ static ncclResult_t choose_staging(ps_rma_comm_t *c) {
 /* Staging, set up by the first GPU window: the pools, then (collective, like
  * the window being registered) every rank's receive slots become a symmetric
  * region the origins write into. */
-static ncclResult_t stage_setup(ps_rma_comm_t *c, const void *gpu_ptr, size_t size) {
-  PS_CHECK(ps_stage_init(c, gpu_ptr, size));
+static ncclResult_t stage_setup(ps_rma_comm_t *c, const void *gpu_ptr, size_t size,
+                               struct fid_mr **direct_mr) {
+  PS_CHECK(ps_stage_init(c, gpu_ptr, size, direct_mr));
   ps_rma_region_t *rx;
-  ncclResult_t rc = reg_region(c, c->stage->rx_pool, c->stage->rx_bytes, 0, -1, &rx);
-  if (rc != ncclSuccess) {
+  ncclResult_t rc = reg_region(c, c->stage->rx_pool, c->stage->rx_bytes, 0, -1, NULL, &rx);
+  if (rc != ncclSuccess)
     ps_stage_free(c);
-    return rc;
+  else
+    rc = ps_stage_attach_rx(c, rx); /* which frees the set-up if it fails */
+  if (rc != ncclSuccess && *direct_mr) {
+    fi_close(&(*direct_mr)->fid);
+    *direct_mr = NULL;
   }
-  return ps_stage_attach_rx(c, rx);
+  return rc;
 }
 
 static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, uint64_t mr_flags,
@@ -432,15 +439,17 @@ static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, 
   /* GPU windows need the staging set-up either way: a staged one for its
    * data, a direct one for the signals into it (the copy stream). */
   int gpu = type == NCCL_PTR_CUDA;
-  if (gpu && !c->stage) PS_CHECK(stage_setup(c, data, size)); /* settles c->gpu_direct */
+  struct fid_mr *mr = NULL; /* the first direct GPU window's, made while checking the provider */
+  if (gpu && !c->stage) PS_CHECK(stage_setup(c, data, size, &mr)); /* settles c->gpu_direct */
   int staged = gpu && !c->gpu_direct;
   if (gpu && size && !ps_cuda_owns(c->stage->cu, data, size)) {
     PS_WARN("regMrSym: %p + %zu B is not device memory of the GPU this comm stages for (GPU %d)",
             data, size, ps_cuda_ordinal(c->stage->cu));
+    if (mr) fi_close(&mr->fid);
     return ncclInvalidArgument;
   }
   ps_rma_region_t *r;
-  PS_CHECK(reg_region(c, data, size, staged, gpu ? ps_cuda_ordinal(c->stage->cu) : -1, &r));
+  PS_CHECK(reg_region(c, data, size, staged, gpu ? ps_cuda_ordinal(c->stage->cu) : -1, mr, &r));
   *mh = r->handle;
   return ncclSuccess;
 }

@@ -506,8 +506,12 @@ void ps_rma_target_progress(ps_rma_comm_t *c);
 #define PS_RMA_WINDOW_ACCESS \
   (FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV)
 
-/* Sets up c->stage for GPU memory like gpu_ptr: checks, pools allocated. */
-ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr, size_t size);
+/* Sets up c->stage for GPU memory like gpu_ptr: checks, pools allocated.
+ * Where c->gpu_direct, first registers [gpu_ptr, +size) with the provider:
+ * that registration goes to *direct_mr, or, where the provider cannot,
+ * c->gpu_direct is cleared (auto) or it fails (never). */
+ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr, size_t size,
+                           struct fid_mr **direct_mr);
 /* Takes rx, the receive pools registered as a symmetric region, checking
  * they are the same size on every rank; frees the staging when not. */
 ncclResult_t ps_stage_attach_rx(ps_rma_comm_t *c, ps_rma_region_t *rx);

@@ -71,17 +71,12 @@ static ncclResult_t staging_refused(ps_rma_comm_t *c) {
 }
 
 /* A provider may list FI_HMEM and still not register CUDA memory (libfabric
- * built without CUDA: shm in Debian's 1.17 does so). The first GPU window
- * tells (registered whole, as it will be): where that fails, auto stages,
- * never is an error. */
-static ncclResult_t check_direct(ps_rma_comm_t *c, void *gpu_ptr, size_t size) {
-  struct fid_mr *mr;
+ * built without CUDA: shm in Debian's 1.17 does so). The first GPU window's
+ * registration tells: where it fails, auto stages, never is an error. */
+static ncclResult_t check_direct(ps_rma_comm_t *c, void *gpu_ptr, size_t size, struct fid_mr **mr) {
   int rc = ps_ep_try_reg(&c->ep, gpu_ptr, size, PS_RMA_WINDOW_ACCESS,
-                         ps_cuda_ordinal(c->stage->cu), &mr);
-  if (!rc) {
-    fi_close(&mr->fid);
-    return ncclSuccess;
-  }
+                         ps_cuda_ordinal(c->stage->cu), mr);
+  if (!rc) return ncclSuccess;
   if (ps_fabric_config()->staging == PS_STAGING_NEVER) {
     PS_WARN("PERSEUS_STAGING=never: %s lists FI_HMEM but cannot register CUDA memory (%s): it "
             "was built without CUDA support", c->ep.dev->name, fi_strerror(-rc));
@@ -136,17 +131,24 @@ static ncclResult_t alloc_pools(ps_rma_comm_t *c, ps_stage_t *st) {
   return ncclSuccess;
 }
 
-ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr, size_t size) {
+ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr, size_t size,
+                           struct fid_mr **direct_mr) {
+  *direct_mr = NULL;
   PS_CHECK(need_cuda());
   ps_stage_t *st = calloc(1, sizeof *st);
   if (!st) return ncclSystemError;
   c->stage = st;
   ncclResult_t rc = ps_cuda_open(gpu_ptr, &st->cu);
-  if (rc == ncclSuccess && c->gpu_direct) rc = check_direct(c, (void *)gpu_ptr, size ? size : 1);
+  if (rc == ncclSuccess && c->gpu_direct)
+    rc = check_direct(c, (void *)gpu_ptr, size ? size : 1, direct_mr);
   if (rc == ncclSuccess && !c->gpu_direct) rc = staging_refused(c);
   if (rc == ncclSuccess) rc = size_pools(st, c->nranks);
   if (rc == ncclSuccess) rc = alloc_pools(c, st);
-  if (rc != ncclSuccess) ps_stage_free(c);
+  if (rc != ncclSuccess) {
+    if (*direct_mr) fi_close(&(*direct_mr)->fid);
+    *direct_mr = NULL;
+    ps_stage_free(c);
+  }
   return rc;
 }
 

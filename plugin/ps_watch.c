@@ -260,9 +260,8 @@ static void look(ps_watch_t *w) {
           r == 0 ? "end of stream" : strerror(err));
 }
 
-const char *ps_watch_broken(ps_watch_t *w) {
+const char *ps_watch_broken(ps_watch_t *w, uint64_t now) {
   if (!w) return NULL;
-  uint64_t now = ps_now_ns();
   if (now - __atomic_load_n(&w->looked_ns, __ATOMIC_RELAXED) < PS_WATCH_LOOK_NS)
     return __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) == W_BROKEN ? w->why : NULL;
   pthread_mutex_lock(&lock);

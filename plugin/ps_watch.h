@@ -32,9 +32,9 @@ uint16_t ps_watch_port(ps_device_t *d);
 ps_watch_t *ps_watch_attach(ps_device_t *d, const void *addr, size_t addrlen, uint16_t port);
 void ps_watch_detach(ps_watch_t *w);
 
-/* NULL while the link answers (or the watch never came up, which is logged
- * and then ignored); otherwise why it is broken. Cheap: the socket is
- * looked at once per 50 ms at most. */
-const char *ps_watch_broken(ps_watch_t *w);
+/* NULL while the link answers (or the watch never came up or ended, which
+ * is logged and then ignored); otherwise why it is broken. `now` is
+ * ps_now_ns(). Cheap: the socket is looked at once per 50 ms at most. */
+const char *ps_watch_broken(ps_watch_t *w, uint64_t now);
 
 #endif

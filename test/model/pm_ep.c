@@ -52,7 +52,8 @@ typedef struct pm_ep {
   pthread_mutex_t lock;
   pm_link_t *links;
   size_t nlinks;
-  pm_op_t *waiting, *acking; /* performed: until done_ns; sent: until the target's ACK */
+  pm_op_t *waiting, *waiting_tail; /* performed, in that order: until done_ns */
+  pm_op_t *acking;                  /* sent: until the target's ACK */
   pm_recv_t *recvs;
   pm_held_t *unexp, *held;
   unsigned rnd;
@@ -141,9 +142,9 @@ static int perform(pm_ep_t *e, pm_op_t *op, uint64_t now) {
     }
     op->done_ns = now + p->latency_ns + (op->type == OP_READ ? (uint64_t)(op->len * p->ns_per_byte) : 0);
     op->next = NULL;
-    pm_op_t **w = &e->waiting;
-    while (*w) w = &(*w)->next;
-    *w = op;
+    if (e->waiting_tail) e->waiting_tail->next = op;
+    else e->waiting = op;
+    e->waiting_tail = op;
     return 0;
   }
   pm_msg_t m = {.type = op->type == OP_TSEND ? PM_MSG_TSEND : PM_MSG_ATOMIC, .src_pid = getpid(),
@@ -290,7 +291,7 @@ static int ep_pass(pm_ep_t *e, uint64_t now) {
   }
   while (e->waiting && e->waiting->done_ns <= now) {
     pm_op_t *op = e->waiting;
-    e->waiting = op->next;
+    if (!(e->waiting = op->next)) e->waiting_tail = NULL;
     complete(e, op, 0, NULL);
     work = 1;
   }
