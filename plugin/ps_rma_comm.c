@@ -289,8 +289,14 @@ static ncclResult_t allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
   r->raddr[c->rank] = mine.addr, r->rsize[c->rank] = mine.size, r->rkey[c->rank] = mine.key;
   /* registration is collective: a peer that has not sent its part within
    * PERSEUS_PEER_TIMEOUT_MS is not registering (or is gone) */
-  uint64_t deadline = ps_now_ns() + c->timeout_ns;
+  uint64_t start = ps_now_ns(), deadline = start + c->timeout_ns, last = start, longest = 0;
+  unsigned passes = 0;
   for (int left = 1; rc == ncclSuccess && left;) {
+    /* the longest gap between our own passes tells a starved or stopped
+     * process (ours) from a silent peer in the timeout message */
+    uint64_t t = ps_now_ns();
+    if (t - last > longest) longest = t - last;
+    last = t, passes++;
     ps_rma_progress_pass(c);
     __atomic_add_fetch(&c->progress_calls, 1, __ATOMIC_RELAXED); /* a wait of ours counts as a call */
     rc = c->error;
@@ -306,15 +312,19 @@ static ncclResult_t allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
       if (rx[p].done < 0 || tx[p].done < 0) rc = ncclRemoteError;
       left += !rx[p].done + (tx[p].done != 1);
     }
-    if (left && ps_now_ns() > deadline) {
+    uint64_t now = ps_now_ns();
+    if (now - last > longest) longest = now - last;
+    if (left && now > deadline) {
       int missing = -1;
       for (int p = 0; p < P && missing < 0; p++)
         if (p != c->rank && !rx[p].done) missing = p;
       char who[64] = "our part was not taken";
       if (missing >= 0) snprintf(who, sizeof who, "rank %d (and maybe others) sent no part", missing);
       PS_WARN("symmetric registration %u: %s within %llu ms (PERSEUS_PEER_TIMEOUT_MS); "
-              "registration is collective: every rank must register its window", r->id, who,
-              (unsigned long long)(c->timeout_ns / 1000000));
+              "registration is collective: every rank must register its window (this rank "
+              "made %u progress passes, at most %llu ms apart)", r->id, who,
+              (unsigned long long)(c->timeout_ns / 1000000), passes,
+              (unsigned long long)(longest / 1000000));
       rc = ncclRemoteError;
     }
   }

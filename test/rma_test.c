@@ -372,6 +372,10 @@ int main(int argc, char **argv) {
   args_t a = {.abi = "gin11", .scenario = "invariant", .batches = 24};
   drv_opts_t o = {.nranks = 2, .timeout_s = 180, .no_load = 1, .no_mesh = 1};
   int c;
+  /* Every peer in these scenarios is alive: a timeout here could only call a
+   * rank starved by a loaded machine (an ASan pass on 2 cores) dead. Liveness
+   * has its own tests (rma_fault_test, hostile_rma); a value set outside wins. */
+  setenv("PERSEUS_PEER_TIMEOUT_MS", "60000", 0);
   while ((c = getopt(argc, argv, "a:p:s:r:b:G:Rh")) != -1) {
     if (drv_gin_opt(c, optarg, &a.abi, &a.plugin, &a.scenario, &o.nranks)) continue;
     if (c == 'R') a.expect_refusal = 1;
