@@ -18,6 +18,7 @@
 
 #include "perseus/perseus_rma.h"
 #include "ps_abi.h"
+#include "ps_cuda.h"
 #include "ps_gin_abi.h"
 #include "ps_handle.h"
 #include "ps_log.h"
@@ -168,6 +169,7 @@ static ncclResult_t gin_props_v11(int dev, ps_props_v11_t *props) {
   }
   PS_CHECK(ps_abi_props_v11(dev, props));
   props->netDeviceType = NCCL_NET_DEVICE_GIN_PROXY;
+  if (ps_cuda_available()) props->ptrSupport |= NCCL_PTR_CUDA; /* staged or direct */
   return ncclSuccess;
 }
 
@@ -178,6 +180,7 @@ static ncclResult_t gin_props_v12(int dev, ps_props_v12_t *props) {
   }
   PS_CHECK(ps_abi_props_v12(dev, props));
   props->netDeviceType = NCCL_NET_DEVICE_GIN_PROXY;
+  if (ps_cuda_available()) props->ptrSupport |= NCCL_PTR_CUDA; /* staged or direct */
   return ncclSuccess;
 }
 

@@ -41,6 +41,7 @@ typedef union {
 
 enum {
   CUDA_SUCCESS = 0,
+  CUDA_ERROR_INVALID_VALUE = 1,
   CUDA_ERROR_NOT_READY = 600,
   CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
@@ -70,6 +71,9 @@ static struct {
   CUresult (*pointer_get_attribute)(void *, int, CUdeviceptr);
   CUresult (*mem_host_alloc)(void **, size_t, unsigned int);
   CUresult (*mem_free_host)(void *);
+  CUresult (*ctx_get_device)(CUdevice *);
+  CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+  CUresult (*mem_free)(CUdeviceptr);
   CUresult (*stream_create)(CUstream *, unsigned int);
   CUresult (*stream_synchronize)(CUstream);
   CUresult (*stream_destroy)(CUstream);
@@ -154,6 +158,7 @@ static void cu_load(void) {
       cu_sym(lib, "cuCtxPushCurrent_v2", &cu.ctx_push) || cu_sym(lib, "cuCtxPopCurrent_v2", &cu.ctx_pop) ||
       cu_sym(lib, "cuPointerGetAttribute", &cu.pointer_get_attribute) ||
       cu_sym(lib, "cuMemHostAlloc", &cu.mem_host_alloc) || cu_sym(lib, "cuMemFreeHost", &cu.mem_free_host) ||
+      cu_sym(lib, "cuCtxGetDevice", &cu.ctx_get_device) || cu_sym(lib, "cuMemAlloc_v2", &cu.mem_alloc) || cu_sym(lib, "cuMemFree_v2", &cu.mem_free) ||
       cu_sym(lib, "cuStreamCreate", &cu.stream_create) ||
       cu_sym(lib, "cuStreamSynchronize", &cu.stream_synchronize) ||
       cu_sym(lib, "cuStreamDestroy_v2", &cu.stream_destroy) ||
@@ -356,6 +361,59 @@ int ps_cuda_owns(ps_cuda_dev_t *d, const void *ptr, size_t size) {
   int ok = p + size > p && byte_owned(d, p) && byte_owned(d, p + size - 1);
   ctx_pop("ps_cuda_owns");
   return ok;
+}
+
+int ps_cuda_ptr_ordinal(const void *ptr) {
+  unsigned int mtype = 0;
+  int ordinal = -1;
+  if (!ptr || !ps_cuda_available()) return -1;
+  return cu.pointer_get_attribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dptr(ptr)) == CUDA_SUCCESS &&
+                 mtype == CU_MEMORYTYPE_DEVICE &&
+                 cu.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dptr(ptr)) ==
+                     CUDA_SUCCESS
+             ? ordinal
+             : -1;
+}
+
+/* In GPU `ordinal`'s primary context, retained for the call's duration. */
+static CUresult in_primary(int ordinal, CUdeviceptr *p, size_t size) {
+  CUdevice dev;
+  CUcontext ctx, prev;
+  CUresult rc = cu.device_get(&dev, ordinal);
+  if (rc != CUDA_SUCCESS || (rc = cu.primary_ctx_retain(&ctx, dev)) != CUDA_SUCCESS) return rc;
+  if ((rc = cu.ctx_push(ctx)) == CUDA_SUCCESS) {
+    rc = size ? cu.mem_alloc(p, size) : cu.mem_free(*p);
+    cu.ctx_pop(&prev);
+  }
+  cu.primary_ctx_release(dev); /* an allocation keeps its context alive */
+  return rc;
+}
+
+/* The caller's current GPU only: touching another would create a context
+ * there (hundreds of MiB) for a probe. */
+ncclResult_t ps_cuda_probe_alloc(size_t size, int *ordinal, void **out) {
+  CUdeviceptr p = 0;
+  CUdevice dev = -1;
+  *out = NULL, *ordinal = -1;
+  if (!ps_cuda_available() || !size) return ncclInvalidUsage;
+  CUresult rc = cu.ctx_get_device(&dev);
+  if (rc != CUDA_SUCCESS) {
+    PS_INFO(NCCL_INIT | NCCL_NET, "no current CUDA context to probe with (%s)", cu_err(rc));
+    return ncclInvalidUsage;
+  }
+  if ((rc = in_primary((int)dev, &p, size)) != CUDA_SUCCESS) {
+    PS_INFO(NCCL_INIT | NCCL_NET, "cuMemAlloc of %zu bytes on GPU %d failed: %s", size, (int)dev,
+            cu_err(rc));
+    return ncclUnhandledCudaError;
+  }
+  *out = (void *)(uintptr_t)p, *ordinal = (int)dev;
+  return ncclSuccess;
+}
+
+void ps_cuda_probe_free(int ordinal, void *ptr) {
+  CUdeviceptr p = dptr(ptr);
+  CUresult rc = ptr ? in_primary(ordinal, &p, 0) : CUDA_SUCCESS;
+  if (rc != CUDA_SUCCESS) PS_WARN("cuMemFree(%p) on GPU %d failed: %s", ptr, ordinal, cu_err(rc));
 }
 
 ncclResult_t ps_cuda_host_alloc(ps_cuda_dev_t *d, size_t size, void **out) {

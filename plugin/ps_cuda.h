@@ -42,6 +42,15 @@ int ps_cuda_ordinal(const ps_cuda_dev_t *d);
 /* Whether `ptr` .. ptr+size-1 is device memory of d's GPU (0/1). */
 int ps_cuda_owns(ps_cuda_dev_t *d, const void *ptr, size_t size);
 
+/* The GPU that owns device memory at ptr, or -1 (host memory, not CUDA's,
+ * or no driver). */
+int ps_cuda_ptr_ordinal(const void *ptr);
+/* A small device allocation on the calling thread's current GPU (*ordinal),
+ * to ask a provider whether it registers CUDA memory. Fails (logged at INFO)
+ * without a driver, a GPU or a current context. */
+ncclResult_t ps_cuda_probe_alloc(size_t size, int *ordinal, void **out);
+void ps_cuda_probe_free(int ordinal, void *p);
+
 /* Page-locked host memory the copy engines can reach (cuMemHostAlloc). */
 ncclResult_t ps_cuda_host_alloc(ps_cuda_dev_t *d, size_t size, void **out);
 void ps_cuda_host_free(ps_cuda_dev_t *d, void *p);

@@ -181,6 +181,20 @@ void ps_cuda_close(ps_cuda_dev_t *d) {
 
 int ps_cuda_ordinal(const ps_cuda_dev_t *d) { return d ? 0 : -1; }
 
+/* Every pointer is "device memory" of GPU 0 here, as ps_cuda_open takes any. */
+int ps_cuda_ptr_ordinal(const void *ptr) { return ptr ? 0 : -1; }
+
+ncclResult_t ps_cuda_probe_alloc(size_t size, int *ordinal, void **out) {
+  *out = size ? calloc(1, size) : NULL;
+  *ordinal = *out ? 0 : -1;
+  return *out ? ncclSuccess : ncclSystemError;
+}
+
+void ps_cuda_probe_free(int ordinal, void *p) {
+  (void)ordinal;
+  free(p);
+}
+
 int ps_cuda_owns(ps_cuda_dev_t *d, const void *ptr, size_t size) {
   (void)size;
   return d && ptr;

@@ -116,7 +116,7 @@ static void read_sysfs_facts(ps_device_t *d, const struct fi_info *fi) {
   }
 }
 
-static ncclResult_t open_device(ps_device_t *d, int index, struct fi_info *fi) {
+static ncclResult_t open_device(ps_device_t *d, int index, const struct fi_info *fi) {
   int rc;
   memset(d, 0, sizeof *d);
   d->info = fi_dupinfo(fi);
@@ -154,7 +154,7 @@ static ncclResult_t open_device(ps_device_t *d, int index, struct fi_info *fi) {
           "%s device %d: %s speed %d Mb/s mr_mode 0x%llx progress %s max_msg %zu pci %s%s",
           d->rma ? "one-sided" : "net", index, d->name, d->speed_mbps, (unsigned long long)mm,
           d->manual_progress ? "manual" : "auto", d->max_msg_size,
-          d->pci_path ? d->pci_path : "-", d->hmem ? ", registers CUDA memory (FI_HMEM)" : "");
+          d->pci_path ? d->pci_path : "-", d->hmem ? ", lists FI_HMEM" : "");
   return ncclSuccess;
 }
 
@@ -166,6 +166,21 @@ static int link_local(const struct fi_info *fi) {
   if (!fi->src_addr || fi->addr_format != FI_SOCKADDR_IN6) return 0;
   const struct sockaddr_in6 *s = fi->src_addr;
   return IN6_IS_ADDR_LINKLOCAL(&s->sin6_addr);
+}
+
+/* The provider's entries asked for with FI_HMEM as well (NULL: none, or
+ * PERSEUS_STAGING=always): a device opens from its twin there, so that it
+ * can register CUDA memory where the provider does (ps_net.c asks it). */
+static struct fi_info *hmem_list;
+
+static const struct fi_info *hmem_twin(const struct fi_info *fi) {
+  for (const struct fi_info *h = hmem_list; h; h = h->next)
+    if (!strcmp(h->fabric_attr->prov_name, fi->fabric_attr->prov_name) &&
+        !strcmp(h->domain_attr->name, fi->domain_attr->name) && h->addr_format == fi->addr_format &&
+        h->src_addrlen == fi->src_addrlen &&
+        (!fi->src_addrlen || !memcmp(h->src_addr, fi->src_addr, fi->src_addrlen)))
+      return h;
+  return fi;
 }
 
 /* Opens prov's domains that pass `rule` (NULL: all). A list of names to
@@ -183,7 +198,7 @@ static ncclResult_t open_matching(struct fi_info *list, const char *prov, const 
       int dup = 0;
       for (int i = 0; i < ndevices; i++) dup |= !strcmp(devices[i].domain_name, dn);
       if (dup) continue;
-      PS_CHECK(open_device(&devices[ndevices], ndevices, fi));
+      PS_CHECK(open_device(&devices[ndevices], ndevices, hmem_twin(fi)));
       ndevices++;
     }
     if (listed) break;
@@ -361,8 +376,14 @@ static ncclResult_t do_init(void) {
   }
   snprintf(provider, sizeof provider, "%s", chosen);
   if (!strcmp(provider, "shm")) shm_reap_stale();
+  hints = config.staging == PS_STAGING_ALWAYS ? NULL
+                                               : make_hints(provider, FI_TAGGED | FI_MSG | FI_HMEM);
+  if (hints && fi_getinfo(PS_FI_VERSION, NULL, NULL, 0, hints, &hmem_list)) hmem_list = NULL;
+  fi_freeinfo(hints);
   ncclResult_t res = open_domains(list, provider);
   fi_freeinfo(list);
+  fi_freeinfo(hmem_list);
+  hmem_list = NULL;
   if (res != ncclSuccess) return res;
   if (ndevices == 0) {
     PS_WARN("provider %s has no usable domain", provider);

@@ -38,6 +38,7 @@ typedef struct {
   size_t cq_data_size;    /* remote CQ data bytes a write can carry */
   uint32_t rma_inflight;  /* default bound on posted one-sided ops per peer, 0 = none */
   int hmem;               /* registers CUDA memory itself (FI_HMEM, FI_MR_HMEM) */
+  int cuda_reg;           /* two-sided: 1 a CUDA buffer registered, -1 not, 0 not asked yet */
 } ps_device_t;
 
 /* Opens the devices on first use; later calls return the cached result. */

@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "ps_comm.h"
+#include "ps_cuda.h"
+#include "ps_fabric.h"
 #include "ps_log.h"
 #include "ps_version.h"
 
@@ -42,6 +44,38 @@ static size_t max_p2p_bytes(const ps_device_t *d) {
   return cap < (1UL << 30) ? cap : (1UL << 30);
 }
 
+/* Whether NCCL may hand this device CUDA buffers (ptrSupport CUDA): the
+ * provider lists FI_HMEM and a small allocation on the caller's GPU
+ * registers. A provider may list FI_HMEM and still refuse (a libfabric built
+ * without CUDA), and NCCL must not learn that only at its first regMr. Asked
+ * once per device (getProperties or a CUDA regMr, with a current GPU). */
+static int registers_cuda(ps_device_t *d) {
+  if (!d->hmem || ps_fabric_config()->staging == PS_STAGING_ALWAYS) return 0;
+  int known = __atomic_load_n(&d->cuda_reg, __ATOMIC_ACQUIRE);
+  if (known) return known > 0;
+  void *buf;
+  int ordinal, rc = -FI_ENOSYS;
+  if (ps_cuda_probe_alloc(4096, &ordinal, &buf) != ncclSuccess) return 0; /* ask again later */
+  struct iovec iov = {buf, 4096};
+  struct fi_mr_attr attr = {.mr_iov = &iov, .iov_count = 1, .access = FI_SEND | FI_RECV,
+                            .requested_key = d->mr_prov_key ? 0 : ps_fabric_next_key(),
+                            .iface = FI_HMEM_CUDA, .device.cuda = ordinal};
+  struct fid_mr *mr = NULL;
+  pthread_mutex_lock(&d->lock);
+  rc = fi_mr_regattr(d->domain, &attr, 0, &mr);
+  if (mr) fi_close(&mr->fid);
+  pthread_mutex_unlock(&d->lock);
+  __atomic_store_n(&d->cuda_reg, rc ? -1 : 1, __ATOMIC_RELEASE);
+  ps_cuda_probe_free(ordinal, buf);
+  PS_INFO(NCCL_INIT | NCCL_NET, "net device %s: %s", d->name,
+          rc ? "lists FI_HMEM but does not register CUDA memory: NCCL stages through host buffers"
+             : "registers CUDA memory (FI_HMEM): NCCL may send from and receive into GPU buffers");
+  if (rc && ps_fabric_config()->staging == PS_STAGING_NEVER)
+    PS_WARN("PERSEUS_STAGING=never: %s cannot register CUDA memory (%s): NCCL will stage through "
+            "host buffers on the two-sided path", d->name, fi_strerror(-rc));
+  return !rc;
+}
+
 ncclResult_t ps_net_get_properties(int dev, ps_props_t *p) {
   ps_device_t *d = ps_fabric_dev(dev);
   if (!d || !p) {
@@ -53,7 +87,7 @@ ncclResult_t ps_net_get_properties(int dev, ps_props_t *p) {
   p->name = d->name;
   p->pci_path = d->pci_path;
   p->guid = d->guid;
-  p->ptr_support = NCCL_PTR_HOST; /* no provider here registers CUDA memory (no FI_HMEM) */
+  p->ptr_support = NCCL_PTR_HOST | (registers_cuda(d) ? NCCL_PTR_CUDA : 0);
   p->reg_is_global = !d->mr_endpoint;
   p->speed = d->speed_mbps;
   p->port = 0;
@@ -75,8 +109,15 @@ ncclResult_t ps_net_reg_mr(void *comm, void *data, size_t size, int type, void *
       ps_comm_refused("regMr", comm, PS_COMM_SEND | PS_COMM_RECV);
     return ncclInvalidArgument;
   }
-  if (type != NCCL_PTR_HOST) {
-    PS_WARN("regMr: pointer type %d not supported (this device reports ptrSupport=HOST)", type);
+  int cuda_ok = type == NCCL_PTR_CUDA && registers_cuda(c->ep.dev);
+  int cuda = type == NCCL_PTR_CUDA && cuda_ok ? ps_cuda_ptr_ordinal(data) : -1;
+  if (type != NCCL_PTR_HOST && !(type == NCCL_PTR_CUDA && cuda_ok)) {
+    PS_WARN("regMr: pointer type %d not supported on %s (ptrSupport %s)", type, c->ep.dev->name,
+            registers_cuda(c->ep.dev) ? "HOST|CUDA" : "HOST");
+    return ncclInvalidArgument;
+  }
+  if (type == NCCL_PTR_CUDA && cuda < 0) {
+    PS_WARN("regMr: %p (%zu B) was registered as CUDA memory but is not device memory", data, size);
     return ncclInvalidArgument;
   }
   if (!data && size) {
@@ -94,7 +135,10 @@ ncclResult_t ps_net_reg_mr(void *comm, void *data, size_t size, int type, void *
     free(m);
     return rc;
   }
-  rc = ps_ep_reg_local(&c->ep, data, size, &m->mr);
+  /* CUDA buffers always carry a registration (FI_MR_HMEM), host ones where
+   * the provider asks for it */
+  rc = cuda >= 0 ? ps_ep_reg_dev(&c->ep, data, size, FI_SEND | FI_RECV, cuda, &m->mr)
+                 : ps_ep_reg_local(&c->ep, data, size, &m->mr);
   if (rc != ncclSuccess) {
     ps_htab_release(&mr_tab, m->slot, 1);
     free(m);

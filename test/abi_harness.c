@@ -1,7 +1,12 @@
 /* ABI harness: loads the built plugin through one exported ncclNetPlugin_vN
  * table and drives it as NCCL's net transport does, from forked ranks.
  *
- *   perseus_abi_harness -v VERSION -r RANKS -s SCENARIO [-m MAXBYTES] [-i ITERS]
+ *   perseus_abi_harness -v VERSION -r RANKS -s SCENARIO [-m MAXBYTES] [-i ITERS] [-C]
+ *
+ * -C: every buffer is registered as NCCL_PTR_CUDA, and getProperties must
+ * report ptrSupport HOST|CUDA (without it, HOST alone). With the fake-CUDA
+ * plugin on a provider that registers CUDA memory (the model fabric with
+ * PERSEUS_MODEL_HMEM=1), that runs the GPU-buffer path without a GPU.
  *
  * Scenarios (each verifies every byte it receives):
  *   sizes     every peer pair exchanges messages from 0 B to MAXBYTES
@@ -29,9 +34,12 @@ static uint64_t msg_id(int src, int dst, int idx) {
   return ((uint64_t)src << 48) ^ ((uint64_t)dst << 32) ^ (uint64_t)idx;
 }
 
+static int cuda_buffers; /* -C */
+
 /* Registers buf with comm as NCCL does before every transfer. */
 static int reg(drv_rank_t *r, void *comm, void *buf, size_t n, void **mh) {
-  return r->net.reg_mr(comm, buf, n ? n : 1, NCCL_PTR_HOST, mh) == ncclSuccess ? 0 : -1;
+  int type = cuda_buffers ? NCCL_PTR_CUDA : NCCL_PTR_HOST;
+  return r->net.reg_mr(comm, buf, n ? n : 1, type, mh) == ncclSuccess ? 0 : -1;
 }
 
 /* Sends one message to each peer and receives one from each, all in flight
@@ -290,7 +298,8 @@ static int scenario_props(drv_rank_t *r, void *arg) {
   CHECK(r->net.devices(&n) == ncclSuccess && n >= 1, "devices");
   CHECK(r->net.get_props(0, &p) == ncclSuccess, "getProperties");
   CHECK(!strcmp(r->net.name, "Perseus"), "plugin name '%s', expected 'Perseus'", r->net.name);
-  CHECK(p.ptr_support == NCCL_PTR_HOST, "ptrSupport %d", p.ptr_support);
+  int want = NCCL_PTR_HOST | (cuda_buffers ? NCCL_PTR_CUDA : 0);
+  CHECK(p.ptr_support == want, "ptrSupport %d, expected %d", p.ptr_support, want);
   CHECK(p.max_recvs >= 1 && p.max_recvs <= 8, "maxRecvs %d", p.max_recvs);
   CHECK(p.speed > 0 && p.max_comms > 0, "speed %d maxComms %d", p.speed, p.max_comms);
   CHECK(p.max_p2p_bytes >= (1u << 20), "maxP2pBytes %zu", p.max_p2p_bytes);
@@ -312,7 +321,7 @@ int main(int argc, char **argv) {
   args_t a = {.max_bytes = 64u << 20, .iters = 2000};
   const char *scen = "sizes";
   int c;
-  while ((c = getopt(argc, argv, "v:r:s:m:i:p:h")) != -1) {
+  while ((c = getopt(argc, argv, "v:r:s:m:i:p:Ch")) != -1) {
     switch (c) {
       case 'v': o.version = atoi(optarg); break;
       case 'r': o.nranks = atoi(optarg); break;
@@ -320,9 +329,10 @@ int main(int argc, char **argv) {
       case 'm': a.max_bytes = strtoull(optarg, NULL, 0); break;
       case 'i': a.iters = atoi(optarg); break;
       case 'p': o.plugin = optarg; break;
+      case 'C': cuda_buffers = 1; break;
       default:
         fprintf(stderr, "usage: %s -v 8..12 -r RANKS -s sizes|many|backpressure|truncate|props "
-                        "[-m MAXBYTES] [-i ITERS] [-p PLUGIN]\n", argv[0]);
+                        "[-m MAXBYTES] [-i ITERS] [-p PLUGIN] [-C: CUDA buffers]\n", argv[0]);
         return c == 'h' ? 0 : 2;
     }
   }

@@ -360,10 +360,15 @@ static int rank_fn(drv_rank_t *r, void *arg) {
 static int props(const args_t *a) {
   drv_gin_t g;
   if (drv_gin_load(a->plugin, a->abi, &g)) return 1;
+  /* GPU windows are taken wherever CUDA runs (staged or direct): -G says
+   * this plugin has it (the fake-CUDA one), so ptrSupport must name CUDA */
+  int ptrs_ok = (g.ptr_support & NCCL_PTR_HOST) && !(g.ptr_support & ~(NCCL_PTR_HOST | NCCL_PTR_CUDA)) &&
+                (!a->gpu || (g.ptr_support & NCCL_PTR_CUDA));
   int ok = g.net_device_type == NCCL_NET_DEVICE_GIN_PROXY && g.name && !strcmp(g.name, "Perseus") &&
-           g.peer_stats && g.ordering && (g.iget != NULL) == (strcmp(a->abi, "gin11") && strcmp(a->abi, "gin12"));
-  printf("%s: name %s, netDeviceType %d, extensions %s\n", a->abi, g.name ? g.name : "?",
-         g.net_device_type, g.peer_stats && g.ordering ? "resolved" : "missing");
+           g.peer_stats && g.ordering && (g.iget != NULL) == (strcmp(a->abi, "gin11") && strcmp(a->abi, "gin12")) &&
+           ptrs_ok;
+  printf("%s: name %s, netDeviceType %d, ptrSupport %d, extensions %s\n", a->abi, g.name ? g.name : "?",
+         g.net_device_type, g.ptr_support, g.peer_stats && g.ordering ? "resolved" : "missing");
   if (drv_gin_close(&g, NULL) != ncclSuccess) ok = 0;
   return ok ? 0 : 1;
 }
