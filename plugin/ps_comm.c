@@ -7,6 +7,7 @@
 #include "ps_clock.h"
 #include "ps_log.h"
 #include "ps_model_nic.h"
+#include "ps_stripe.h"
 #include "ps_watch.h"
 
 /* Tags (ps_handle.h): distinct values in 0x01..0x7f. */
@@ -79,6 +80,7 @@ void ps_comm_free(ps_comm_t *c) {
    * nothing looks up a comm half torn down. */
   if (c->has_req_slots) ps_htab_release(&ps_req_tab, c->req_slots, (uint32_t)c->nreqs);
   if (c->has_slot) ps_htab_release(&ps_comm_tab, c->slot, 1);
+  ps_stripe_close(c->stripe); /* first: its threads complete into our requests */
   ps_ep_close(&c->ep);
   ps_watch_detach(c->watch);
   if (c->ctrl_tx.mr) fi_close(&c->ctrl_tx.mr->fid);
@@ -244,11 +246,15 @@ static void check_liveness(ps_comm_t *c, uint64_t now) {
   }
 }
 
+ncclResult_t ps_comm_post_recv(ps_comm_t *c, ps_req_t *r, int i, int *posted) {
+  return ps_ep_trecv(&c->ep, r->data[i], r->cap[i], r->desc[i], r->tag[i], &r->ops[i], posted);
+}
+
 static ncclResult_t post_pending(ps_comm_t *c) {
   ps_req_t *r = c->pending;
   while (r && r->posted < r->n) {
     int i = r->posted, ok = 0;
-    PS_CHECK(ps_ep_trecv(&c->ep, r->data[i], r->cap[i], r->desc[i], r->tag[i], &r->ops[i], &ok));
+    PS_CHECK(ps_comm_post_recv(c, r, i, &ok));
     if (!ok) return ncclSuccess; /* still refused: try on the next call */
     r->posted++;
   }
@@ -273,6 +279,8 @@ ncclResult_t ps_comm_progress(ps_comm_t *c) {
     c->probe_refused_since_ns = 0;
     if (!c->probe_failures) c->last_activity_ns = now;
   }
+  const char *why = ps_stripe_failed(c->stripe);
+  if (why) fail_comm(c, ncclRemoteError, why);
   check_liveness(c, now);
   return c->failed;
 }

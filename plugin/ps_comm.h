@@ -21,8 +21,14 @@ typedef struct ps_req {
   void *handle; /* what NCCL holds while the request is live */
   ps_op_t ops[PS_MAX_RECVS];
   ps_comm_t *comm;
+  /* ncomplete and status are also written by stripe threads (atomics) */
   int type, n, posted, ncomplete;
   ncclResult_t status;
+  /* parts of sub-request i not yet complete (1 unless striped; atomic) and
+   * the operations of its parts on the extra endpoints (ps_stripe.h) */
+  int parts_left[PS_MAX_RECVS];
+  ps_op_t part_ops[PS_MAX_RECVS][PS_MAX_STREAMS - 1];
+  uint64_t part_len[PS_MAX_RECVS][PS_MAX_STREAMS - 1];
   void *data[PS_MAX_RECVS];
   void *desc[PS_MAX_RECVS];
   size_t cap[PS_MAX_RECVS], sizes[PS_MAX_RECVS];
@@ -64,6 +70,8 @@ struct ps_comm {
   uint64_t tx_posted, tx_finished, probe_after_tx;
   ps_op_t probe_tx, probe_rx;
   struct ps_watch *watch; /* the link to the peer's host (ps_watch.h), NULL = none */
+  struct ps_stripe *stripe; /* extra endpoints (ps_stripe.h), NULL = one endpoint */
+  uint32_t stripe_seq;      /* striped messages sent */
   /* handshake */
   uint64_t listen_id, conn_id;
   ps_ctrl_slot_t ctrl_tx, ctrl_rx;
@@ -89,6 +97,8 @@ ncclResult_t ps_comm_progress(ps_comm_t *c);
 /* Posts what is left of a partly posted grouped receive, in order. Returns
  * the comm's failure, if any; c->pending stays set while the provider refuses. */
 ncclResult_t ps_comm_flush_pending(ps_comm_t *c);
+/* Posts sub-receive i of r on the comm's endpoint (*posted = 0: refused). */
+ncclResult_t ps_comm_post_recv(ps_comm_t *c, ps_req_t *r, int i, int *posted);
 /* Arms the liveness machinery once the peer address is known. */
 ncclResult_t ps_comm_start_liveness(ps_comm_t *c);
 

@@ -14,6 +14,7 @@
 #include "ps_comm.h"
 #include "ps_log.h"
 #include "ps_net.h"
+#include "ps_stripe.h"
 #include "ps_watch.h"
 
 /* Connects under way, at most this many. Abandoned ones are closed after
@@ -75,6 +76,7 @@ static ncclResult_t post_ctrl_send(ps_comm_t *c) {
 static ncclResult_t send_ctrl(ps_comm_t *c, uint16_t type, uint64_t tag) {
   PS_CHECK(ps_ctrl_encode(&c->ctrl_tx.msg, type, ps_fabric_wire_hash(), c->listen_id, c->conn_id,
                           c->ep.addr, c->ep.addrlen, ps_watch_port(c->ep.dev)));
+  ps_stripe_addrs(c->stripe, &c->ctrl_tx.msg);
   c->ctrl_tx.done = 0;
   c->ctrl_tx.op = (ps_op_t){.cb = ctrl_done, .owner = &c->ctrl_tx};
   c->ctrl_tx_tag = tag;
@@ -164,24 +166,34 @@ static void free_chain(ps_comm_t *c) {
   }
 }
 
-/* arg: {now, limit} in ns */
+typedef struct {
+  uint64_t now, limit;
+  int dev;
+  const ps_handle_t *h; /* the connect this call resumes: never reaped by it */
+} reap_arg_t;
+
+static int same_listener(const ps_comm_t *c, int dev, const ps_handle_t *h);
+
 static int left_alone(const ps_comm_t *c, const void *arg) {
-  const uint64_t *t = arg;
-  return t[0] - c->connect_polled_ns > t[1];
+  const reap_arg_t *a = arg;
+  return a->now - c->connect_polled_ns > a->limit && !same_listener(c, a->dev, a->h);
 }
 
 static int owned_by(const ps_comm_t *c, const void *arg) {
   return c->owner == *(const uintptr_t *)arg;
 }
 
-static void connecting_reap(void) {
+/* A caller held up elsewhere (an accept that opens endpoints, seconds under
+ * load) comes back to its connect late: that one is resumed, not reaped. */
+static void connecting_reap(int dev, const ps_handle_t *h) {
   uint64_t limit_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
   int n;
   pthread_mutex_lock(&connecting_lock);
-  uint64_t t[2] = {ps_now_ns(), limit_ns}; /* under the lock: no release stamps a later time meanwhile */
-  ps_comm_t *reaped = connecting_unlink(left_alone, t, &n);
-  int trim = n && t[0] - last_trim_ns > limit_ns;
-  if (trim) last_trim_ns = t[0];
+  /* under the lock: no release stamps a later time meanwhile */
+  reap_arg_t a = {.now = ps_now_ns(), .limit = limit_ns, .dev = dev, .h = h};
+  ps_comm_t *reaped = connecting_unlink(left_alone, &a, &n);
+  int trim = n && a.now - last_trim_ns > limit_ns;
+  if (trim) last_trim_ns = a.now;
   pthread_mutex_unlock(&connecting_lock);
   (void)trim;
   if (!n) return;
@@ -205,7 +217,7 @@ static void connecting_reap(void) {
  * the local device, not by where the handle lies: NCCL may pass a fresh copy
  * on every call, and each copy must resume the one connect. */
 static int same_listener(const ps_comm_t *c, int dev, const ps_handle_t *h) {
-  return c->dev_index == dev && c->connect_to.listen_id == h->listen_id &&
+  return h && c->dev_index == dev && c->connect_to.listen_id == h->listen_id &&
          c->connect_to.addrlen == h->addrlen && !memcmp(c->connect_to.addr, h->addr, h->addrlen);
 }
 
@@ -240,8 +252,13 @@ static ncclResult_t connect_start(int dev, const ps_handle_t *h, uintptr_t owner
   c->conn_id = ps_random64();
   c->connect_to = *h;
   c->owner = owner;
+  int streams = ps_stripe_wanted(c->ep.dev); /* offered in CONNECT, the listener takes as many */
+  ncclResult_t rc = streams ? ps_stripe_open(c->ep.dev, streams, c->nreqs * PS_MAX_RECVS, &c->stripe)
+                            : ncclSuccess;
+  /* the handshake's clock starts here: opening endpoints is our own time
+   * (rxm's own protocol takes about 0.3 s for each, seconds under load) */
   c->connect_ns = ps_now_ns();
-  ncclResult_t rc = ps_ep_insert_len(&c->ep, h->addr, h->addrlen, &c->peer);
+  if (rc == ncclSuccess) rc = ps_ep_insert_len(&c->ep, h->addr, h->addrlen, &c->peer);
   if (rc == ncclSuccess) ps_ep_addr_str(&c->ep, h->addr, c->peer_str, sizeof c->peer_str);
   if (rc == ncclSuccess) rc = post_ctrl_recv(c, PS_TAG_ACCEPT);
   if (rc == ncclSuccess) rc = send_ctrl(c, PS_CTRL_CONNECT, PS_TAG_CONNECT);
@@ -296,6 +313,16 @@ static ncclResult_t connect_poll(ps_comm_t *c, int *ready) {
   }
   /* From now on the peer is the recv comm's own endpoint. */
   PS_CHECK(ps_ep_insert_len(&c->ep, m.addr, m.addrlen, &c->peer));
+  if (m.nstreams) {
+    if (!c->stripe) {
+      PS_WARN("handshake rejected: ACCEPT names %u extra endpoints, we offered none", m.nstreams);
+      return ncclRemoteError;
+    }
+    PS_CHECK(ps_stripe_connect(c->stripe, &m, m.nstreams));
+  } else {
+    ps_stripe_close(c->stripe);
+    c->stripe = NULL;
+  }
   ps_ep_addr_str(&c->ep, m.addr, c->peer_str, sizeof c->peer_str);
   PS_CHECK(ps_comm_start_liveness(c));
   c->watch = ps_watch_attach(c->ep.dev, m.addr, m.addrlen, m.watch_port);
@@ -322,8 +349,9 @@ ncclResult_t ps_net_connect(int dev, void *handle, void **send_comm, uintptr_t o
     return ncclInvalidArgument;
   }
   *send_comm = NULL;
-  connecting_reap();
-  PS_CHECK(ps_handle_decode(handle, NCCL_NET_HANDLE_MAXSIZE, ps_fabric_wire_hash(), &h));
+  ncclResult_t hrc = ps_handle_decode(handle, NCCL_NET_HANDLE_MAXSIZE, ps_fabric_wire_hash(), &h);
+  connecting_reap(dev, hrc == ncclSuccess ? &h : NULL);
+  PS_CHECK(hrc);
   if (!ps_fabric_dev(dev)) {
     PS_WARN("connect: device %d does not exist (this plugin has %d)", dev, ps_fabric_ndev());
     return ncclInvalidArgument;
@@ -440,8 +468,14 @@ static ncclResult_t accept_one(ps_comm_t *l, const ps_ctrl_msg_t *m, ps_comm_t *
   PS_CHECK(ps_comm_alloc(PS_COMM_RECV, l->dev_index, &c));
   c->listen_id = l->listen_id;
   c->conn_id = m->conn_id;
-  c->connect_ns = ps_now_ns();
-  ncclResult_t rc = ps_ep_insert_len(&c->ep, m->addr, m->addrlen, &c->peer);
+  /* as many extra endpoints as both sides want */
+  int streams = ps_stripe_wanted(c->ep.dev);
+  streams = streams < m->nstreams ? streams : m->nstreams;
+  ncclResult_t rc = streams ? ps_stripe_open(c->ep.dev, streams, c->nreqs * PS_MAX_RECVS, &c->stripe)
+                            : ncclSuccess;
+  c->connect_ns = ps_now_ns(); /* after our own set-up, as for connect */
+  if (rc == ncclSuccess && c->stripe) rc = ps_stripe_connect(c->stripe, m, streams);
+  if (rc == ncclSuccess) rc = ps_ep_insert_len(&c->ep, m->addr, m->addrlen, &c->peer);
   if (rc == ncclSuccess) rc = ps_comm_start_liveness(c);
   if (rc == ncclSuccess) rc = send_ctrl(c, PS_CTRL_ACCEPT, PS_TAG_ACCEPT);
   if (rc != ncclSuccess) {

@@ -206,6 +206,11 @@ ncclResult_t ps_ep_tsend(ps_ep_t *e, const void *buf, size_t len, void *desc, fi
   PS_POST_RETRY(e, posted, "fi_tsend", fi_tsend(e->ep, buf, len, desc, dest, tag, op));
 }
 
+ncclResult_t ps_ep_tsenddata(ps_ep_t *e, const void *buf, size_t len, void *desc, uint64_t data,
+                             fi_addr_t dest, uint64_t tag, ps_op_t *op, int *posted) {
+  PS_POST_RETRY(e, posted, "fi_tsenddata", fi_tsenddata(e->ep, buf, len, desc, data, dest, tag, op));
+}
+
 ncclResult_t ps_ep_trecv(ps_ep_t *e, void *buf, size_t len, void *desc, uint64_t tag, ps_op_t *op,
                          int *posted) {
   PS_POST_RETRY(e, posted, "fi_trecv", fi_trecv(e->ep, buf, len, desc, FI_ADDR_UNSPEC, tag, 0, op));

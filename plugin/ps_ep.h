@@ -55,6 +55,9 @@ ncclResult_t ps_ep_progress(ps_ep_t *ep, int budget, int *handled);
  * still refused after the configured retries (the caller backs off). */
 ncclResult_t ps_ep_tsend(ps_ep_t *ep, const void *buf, size_t len, void *desc, fi_addr_t dest,
                          uint64_t tag, ps_op_t *op, int *posted);
+/* ps_ep_tsend with 8 bytes of remote CQ data for the receiver's completion. */
+ncclResult_t ps_ep_tsenddata(ps_ep_t *ep, const void *buf, size_t len, void *desc, uint64_t data,
+                             fi_addr_t dest, uint64_t tag, ps_op_t *op, int *posted);
 ncclResult_t ps_ep_trecv(ps_ep_t *ep, void *buf, size_t len, void *desc, uint64_t tag,
                          ps_op_t *op, int *posted);
 /* RMA write, read and atomic with the same retry contract, posted on `tx`:

@@ -10,6 +10,7 @@
 #include "ps_cuda.h"
 #include "ps_fabric.h"
 #include "ps_log.h"
+#include "ps_stripe.h"
 #include "ps_version.h"
 
 /* NCCL holds memory handles by handle (ps_handle.h): a deregistered or
@@ -198,19 +199,106 @@ static ncclResult_t mr_desc(const ps_comm_t *c, void *mh, const void *data, size
   return ncclSuccess;
 }
 
-static void req_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
+/* Part done: the sub-request completes with its last part. */
+static void part_finished(ps_req_t *r, int i) {
+  if (!__atomic_sub_fetch(&r->parts_left[i], 1, __ATOMIC_ACQ_REL))
+    __atomic_add_fetch(&r->ncomplete, 1, __ATOMIC_RELEASE);
+}
+
+static void set_status(ps_req_t *r, ncclResult_t rc) {
+  ncclResult_t none = ncclSuccess;
+  __atomic_compare_exchange_n(&r->status, &none, rc, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+/* A part on an extra endpoint (its thread): nothing here touches the comm. */
+static void part_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
   ps_req_t *r = op->owner;
-  if (r->type == PS_REQ_SEND) r->comm->tx_finished++;
+  int i = op->idx / PS_MAX_STREAMS, part = op->idx % PS_MAX_STREAMS;
+  if (!err && e && r->type == PS_REQ_RECV && e->len != r->part_len[i][part - 1]) {
+    PS_WARN("part %d of a striped message from %s carried %zu bytes, %llu expected", part,
+            r->comm->peer_str, e->len, (unsigned long long)r->part_len[i][part - 1]);
+    err = -FI_EIO, errstr = "a part of a striped message had the wrong size";
+  }
   if (err) {
     if (err == -FI_ECANCELED) return;
-    if (!r->status) r->status = err == -FI_ETRUNC ? ncclInvalidUsage : ncclRemoteError;
-    PS_WARN("%s %d of %d to/from %s failed: %s", r->type == PS_REQ_SEND ? "send" : "receive",
-            op->idx, r->n, r->comm->peer_str, errstr);
-    if (!r->comm->failed) r->comm->failed = r->status;
+    PS_WARN("part %d of %s %d to/from %s failed: %s", part,
+            r->type == PS_REQ_SEND ? "send" : "receive", i, r->comm->peer_str, errstr);
+    set_status(r, err == -FI_ETRUNC ? ncclInvalidUsage : ncclRemoteError);
     return;
   }
-  r->sizes[op->idx] = r->type == PS_REQ_RECV ? e->len : r->cap[op->idx];
-  r->ncomplete++;
+  part_finished(r, i);
+}
+
+/* Posts parts 1.. of sub-request i (a message of n bytes, stripe number seq)
+ * on the extra endpoints: the sender's parts, or the receiver's once part 0
+ * said n and seq. */
+static ncclResult_t post_parts(ps_req_t *r, int i, uint64_t n, uint32_t seq) {
+  ps_comm_t *c = r->comm;
+  int parts = ps_stripe_count(c->stripe) + 1;
+  for (int p = 1; p < parts; p++) {
+    uint64_t off, len;
+    ps_stripe_part(n, parts, p, &off, &len);
+    r->part_len[i][p - 1] = len;
+    if (!len) continue;
+    __atomic_add_fetch(&r->parts_left[i], 1, __ATOMIC_ACQ_REL);
+    ps_op_t *op = &r->part_ops[i][p - 1];
+    *op = (ps_op_t){.cb = part_done, .owner = r, .idx = i * PS_MAX_STREAMS + p};
+    PS_CHECK(ps_stripe_post(c->stripe, p, r->type == PS_REQ_SEND, (char *)r->data[i] + off,
+                            (size_t)len, r->desc[i], PS_TAG_STRIPE(seq, p), op));
+  }
+  return ncclSuccess;
+}
+
+/* A message on a striped comm's own endpoint arrived: its CQ data says
+ * whether it is whole or the first part of a striped one (then the other
+ * parts are posted). sockets (libfabric 1.17) delivers the data without
+ * FI_REMOTE_CQ_DATA in the flags when the message came before its receive,
+ * hence PS_STRIPE_VALID; a provider that lost the data fails the receive
+ * rather than report a part as the message. A peer's numbers are untrusted. */
+static ncclResult_t striped_arrival(ps_req_t *r, int i, const struct fi_cq_tagged_entry *e) {
+  uint64_t d = e->data, n = d & ((1ULL << PS_STRIPE_SIZE_BITS) - 1), off, len0 = n;
+  uint32_t seq = (uint32_t)(d >> PS_STRIPE_SIZE_BITS) & PS_STRIPE_SEQ_MASK;
+  if (!(d & PS_STRIPE_VALID)) {
+    PS_WARN("receive %d from %s: a message without its remote CQ data on a striped comm (flags "
+            "0x%llx): the provider lost it", i, r->comm->peer_str, (unsigned long long)e->flags);
+    return ncclSystemError;
+  }
+  if (d & PS_STRIPE_FIRST) ps_stripe_part(n, ps_stripe_count(r->comm->stripe) + 1, 0, &off, &len0);
+  if (n > r->cap[i]) {
+    PS_WARN("receive %d from %s: a message of %llu bytes, larger than the posted receive (%zu "
+            "bytes)", i, r->comm->peer_str, (unsigned long long)n, r->cap[i]);
+    return ncclInvalidUsage;
+  }
+  if (e->len != len0) {
+    PS_WARN("receive %d from %s: %s of %llu bytes carried %zu, %llu expected", i,
+            r->comm->peer_str, d & PS_STRIPE_FIRST ? "the first part of a message" : "a message",
+            (unsigned long long)n, e->len, (unsigned long long)len0);
+    return ncclRemoteError;
+  }
+  r->sizes[i] = n;
+  return d & PS_STRIPE_FIRST ? post_parts(r, i, n, seq) : ncclSuccess;
+}
+
+static void req_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
+  ps_req_t *r = op->owner;
+  int i = op->idx;
+  if (r->type == PS_REQ_SEND) r->comm->tx_finished++;
+  if (!err && r->type == PS_REQ_RECV && r->comm->stripe) {
+    ncclResult_t rc = striped_arrival(r, i, e);
+    if (rc != ncclSuccess) err = -FI_EIO, errstr = "a message on a striped comm was refused";
+    if (rc != ncclSuccess) set_status(r, rc);
+  } else if (!err) {
+    r->sizes[i] = r->type == PS_REQ_RECV ? e->len : r->cap[i];
+  }
+  if (err) {
+    if (err == -FI_ECANCELED) return;
+    set_status(r, err == -FI_ETRUNC ? ncclInvalidUsage : ncclRemoteError);
+    PS_WARN("%s %d of %d to/from %s failed: %s", r->type == PS_REQ_SEND ? "send" : "receive",
+            i, r->n, r->comm->peer_str, errstr);
+    if (!r->comm->failed) r->comm->failed = __atomic_load_n(&r->status, __ATOMIC_ACQUIRE);
+    return;
+  }
+  part_finished(r, i);
 }
 
 static uint32_t req_slot(const ps_req_t *r) {
@@ -225,7 +313,10 @@ static ps_req_t *req_get(ps_comm_t *c, int type, int n) {
   r->handle = ps_htab_bind(&ps_req_tab, req_slot(r), r);
   r->type = type;
   r->n = n;
-  for (int i = 0; i < n; i++) r->ops[i] = (ps_op_t){.cb = req_done, .owner = r, .idx = i};
+  for (int i = 0; i < n; i++) {
+    r->ops[i] = (ps_op_t){.cb = req_done, .owner = r, .idx = i};
+    r->parts_left[i] = 1;
+  }
   return r;
 }
 
@@ -262,16 +353,35 @@ ncclResult_t ps_net_isend(void *send_comm, void *data, size_t size, int tag, voi
   if (c->failed) return c->failed; /* completions are read by test(), not here */
   ps_req_t *r = req_get(c, PS_REQ_SEND, 1);
   if (!r) return ncclSuccess; /* pool exhausted: NCCL retries later */
-  r->cap[0] = size;
-  int posted = 0;
+  r->cap[0] = size, r->data[0] = data, r->desc[0] = desc;
+  int posted = 0, parts = ps_stripe_count(c->stripe) + 1;
+  int striped = parts > 1 && size >= (size_t)c->cfg->stripe_min;
+  uint32_t seq = c->stripe_seq & PS_STRIPE_SEQ_MASK;
+  uint64_t off, len0;
+  ps_stripe_part(size, parts, 0, &off, &len0);
+  /* the first part holds the sub-request open until the others are posted */
+  if (striped) __atomic_add_fetch(&r->parts_left[0], 1, __ATOMIC_ACQ_REL);
+  uint64_t cq_data = PS_STRIPE_VALID | (uint64_t)size |
+                     (striped ? PS_STRIPE_FIRST | ((uint64_t)seq << PS_STRIPE_SIZE_BITS) : 0);
   ncclResult_t rc =
-      ps_ep_tsend(&c->ep, data, size, desc, c->peer, (uint32_t)tag, &r->ops[0], &posted);
+      parts > 1 ? ps_ep_tsenddata(&c->ep, data, striped ? (size_t)len0 : size, desc, cq_data,
+                                  c->peer, (uint32_t)tag, &r->ops[0], &posted)
+                : ps_ep_tsend(&c->ep, data, size, desc, c->peer, (uint32_t)tag, &r->ops[0], &posted);
   if (rc != ncclSuccess || !posted) {
     req_put(r);
     return rc;
   }
   r->posted = 1;
   c->tx_posted++;
+  if (striped) {
+    c->stripe_seq++;
+    rc = post_parts(r, 0, size, seq);
+    part_finished(r, 0);
+    if (rc != ncclSuccess) { /* part 0 is on its way: the comm cannot go on */
+      set_status(r, rc);
+      c->failed = rc;
+    }
+  }
   *req = r->handle;
   return ncclSuccess;
 }
@@ -301,7 +411,7 @@ ncclResult_t ps_net_irecv(void *recv_comm, int n, void **data, const size_t *siz
   }
   for (; r->posted < n; r->posted++) {
     int i = r->posted, ok = 0;
-    PS_CHECK(ps_ep_trecv(&c->ep, r->data[i], r->cap[i], r->desc[i], r->tag[i], &r->ops[i], &ok));
+    PS_CHECK(ps_comm_post_recv(c, r, i, &ok));
     if (ok) continue;
     if (r->posted == 0) { /* nothing posted yet: plain backpressure */
       req_put(r);
@@ -337,9 +447,10 @@ ncclResult_t ps_net_test(void *request, int *done, int *sizes) {
   *done = 0;
   ps_comm_t *c = r->comm;
   ncclResult_t rc = ps_comm_progress(c);
-  if (r->status) return r->status;
+  ncclResult_t st = __atomic_load_n(&r->status, __ATOMIC_ACQUIRE);
+  if (st) return st;
   if (rc != ncclSuccess) return rc;
-  if (r->ncomplete < r->n) return ncclSuccess;
+  if (__atomic_load_n(&r->ncomplete, __ATOMIC_ACQUIRE) < r->n) return ncclSuccess;
   if (sizes)
     for (int i = 0; i < r->n; i++) sizes[i] = r->sizes[i] > INT_MAX ? INT_MAX : (int)r->sizes[i];
   *done = 1;

@@ -468,6 +468,9 @@ void ps_rma_req_refused(ps_rma_comm_t *c, const void *request) PS_COLD;
  * read. The engine's own waits (registration, drain) make passes with it:
  * with an engine thread, NCCL's progress call makes none. */
 int ps_rma_progress_pass(ps_rma_comm_t *c);
+/* Blocking allgather of region r's {address, size, key} among the comm's
+ * ranks (ps_rma_reg.c); fails the comm when a rank sends no part in time. */
+ncclResult_t ps_rma_allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r);
 /* The engine thread, under c->lock: takes the requests of its inbox into
  * the queues, in call order, then makes a progress pass. Returns whether
  * anything was taken or completed. */

@@ -100,6 +100,12 @@ ncclResult_t ps_ctrl_decode(const void *buf, size_t len, uint16_t type, uint32_t
     PS_WARN("control message rejected: type %u, expected %u", out->type, type);
     return ncclInvalidArgument;
   }
+  if (out->nstreams > PS_MAX_STREAMS - 1 ||
+      (out->nstreams && (!out->stream_addrlen || out->stream_addrlen > PS_STREAM_ADDR_MAX))) {
+    PS_WARN("control message rejected: %u extra streams (at most %d) with %u-byte addresses "
+            "(1..%d)", out->nstreams, PS_MAX_STREAMS - 1, out->stream_addrlen, PS_STREAM_ADDR_MAX);
+    return ncclInvalidArgument;
+  }
   return ncclSuccess;
 }
 

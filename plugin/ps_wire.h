@@ -10,15 +10,26 @@
 #include "ps_nccl_abi.h"
 
 #define PS_WIRE_MAGIC 0x50535553u /* "PSUS" */
-#define PS_WIRE_VERSION 4
+#define PS_WIRE_VERSION 5
 #define PS_HANDLE_ADDR_MAX 96
 #define PS_CTRL_ADDR_MAX 224
+#define PS_MAX_STREAMS 8       /* endpoints of one two-sided comm (PERSEUS_NSTREAMS) */
+#define PS_STREAM_ADDR_MAX 64  /* a provider with longer addresses does not stripe */
 
 /* Tags: NCCL's tag in the low 32 bits; bit 63 marks our control traffic. */
 #define PS_TAG_CTRL (1ULL << 63)
 #define PS_TAG_CONNECT (PS_TAG_CTRL | 1)
 #define PS_TAG_ACCEPT (PS_TAG_CTRL | 2)
 #define PS_TAG_PROBE (PS_TAG_CTRL | 3)
+/* Part `part` (1..) of striped message `seq` (ps_stripe.h), on its stream. */
+#define PS_TAG_STRIPE(seq, part) ((1ULL << 62) | ((uint64_t)(seq) << 8) | (uint64_t)(part))
+/* On a striped comm every message on the comm's own endpoint carries remote
+ * CQ data: PS_STRIPE_VALID, its total size, and for the first part of a
+ * striped message PS_STRIPE_FIRST and the message's stripe number. */
+#define PS_STRIPE_VALID (1ULL << 63)
+#define PS_STRIPE_FIRST (1ULL << 62)
+#define PS_STRIPE_SIZE_BITS 40
+#define PS_STRIPE_SEQ_MASK 0x3fffffu
 
 typedef struct {
   uint32_t magic;
@@ -44,6 +55,11 @@ typedef struct {
   uint8_t addr[PS_CTRL_ADDR_MAX];
   uint16_t watch_port; /* the sender's link-watch listener (ps_watch.h), 0 = none */
   uint16_t pad[3];
+  /* the sender's extra endpoints (ps_stripe.h): CONNECT offers, ACCEPT takes
+   * at most as many */
+  uint8_t nstreams, stream_addrlen;
+  uint8_t pad8[6];
+  uint8_t stream_addr[PS_MAX_STREAMS - 1][PS_STREAM_ADDR_MAX];
 } ps_ctrl_msg_t;
 
 ncclResult_t ps_handle_encode(ps_handle_t *h, uint32_t wire_hash, uint32_t dev, uint64_t listen_id,

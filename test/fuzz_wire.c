@@ -26,7 +26,7 @@
 #include "ps_wire.h"
 
 #define HASH 0x5eed1e55u
-#define MAX_INPUT 640 /* > 2 * sizeof(ps_ctrl_msg_t): room for overlong inputs */
+#define MAX_INPUT 1600 /* > 2 * sizeof(ps_ctrl_msg_t): room for overlong inputs */
 
 static void die(const char *what, const void *buf, size_t len) {
   fprintf(stderr, "fuzz_wire: invariant broken: %s (input of %zu bytes:", what, len);

@@ -53,7 +53,7 @@ typedef struct {
   _Atomic uint64_t seq; /* ring position protocol (bounded MPMC queue) */
   uint32_t type, status;   /* status: ACK's fi errno, 0 = done */
   int32_t src_pid;
-  uint32_t pad;
+  uint32_t has_data; /* TSEND: `data` is remote CQ data (fi_tsenddata) */
   uint64_t tag, len, addr, key, data, ctx, not_before_ns;
   char src[PM_NAME_LEN]; /* the sender endpoint's name, for the answer */
   uint8_t inl[PM_INLINE]; /* a small send's bytes, copied when it left */

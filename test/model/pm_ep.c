@@ -149,7 +149,8 @@ static int perform(pm_ep_t *e, pm_op_t *op, uint64_t now) {
   }
   pm_msg_t m = {.type = op->type == OP_TSEND ? PM_MSG_TSEND : PM_MSG_ATOMIC, .src_pid = getpid(),
                 .tag = op->tag, .len = op->len, .addr = op->type == OP_TSEND ? (uint64_t)(uintptr_t)op->buf : op->raddr,
-                .key = op->key, .data = op->data, .ctx = (uint64_t)(uintptr_t)op};
+                .key = op->key, .data = op->data, .ctx = (uint64_t)(uintptr_t)op,
+                .has_data = op->type == OP_TSEND && op->remote_cq};
   memcpy(m.src, e->name, PM_NAME_LEN);
   if (op->type == OP_TSEND && op->len <= PM_INLINE && op->len) memcpy(m.inl, op->buf, op->len);
   if (pm_inbox_put(peer->seg, &m)) return -FI_EAGAIN;
@@ -206,8 +207,10 @@ static int match(pm_ep_t *e) {
       pm_cq_push_err(e->cq, rv->ctx, FI_RECV | FI_TAGGED, FI_ETRUNC, m->len - rv->len,
                      "message larger than the receive");
     else
-      pm_cq_push(e->cq, &(struct fi_cq_tagged_entry){.op_context = rv->ctx, .flags = FI_RECV | FI_TAGGED | FI_MSG,
-                                                      .len = m->len, .buf = rv->buf, .tag = m->tag});
+      pm_cq_push(e->cq, &(struct fi_cq_tagged_entry){
+                            .op_context = rv->ctx, .len = m->len, .buf = rv->buf, .tag = m->tag,
+                            .flags = FI_RECV | FI_TAGGED | FI_MSG | (m->has_data ? FI_REMOTE_CQ_DATA : 0),
+                            .data = m->has_data ? m->data : 0});
     ack(e, m, 0);
     pm_held_t *done = *u;
     *u = done->next;
@@ -388,6 +391,15 @@ static ssize_t tsend(struct fid_ep *ep, const void *buf, size_t len, void *desc,
   return post((pm_ep_t *)ep, op, 0);
 }
 
+static ssize_t tsenddata(struct fid_ep *ep, const void *buf, size_t len, void *desc, uint64_t data,
+                         fi_addr_t dest, uint64_t tag, void *ctx) {
+  (void)desc;
+  pm_op_t *op = new_op(OP_TSEND, ctx, FI_SEND | FI_TAGGED | FI_MSG, (void *)buf, len, dest);
+  if (!op) return -FI_ENOMEM;
+  op->tag = tag, op->data = data, op->remote_cq = 1;
+  return post((pm_ep_t *)ep, op, 0);
+}
+
 static ssize_t trecv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src,
                      uint64_t tag, uint64_t ignore, void *ctx) {
   pm_ep_t *e = (pm_ep_t *)ep;
@@ -511,7 +523,7 @@ static struct fi_ops_ep ep_ops = {.size = sizeof(struct fi_ops_ep)};
 static struct fi_ops_cm cm_ops = {.size = sizeof(struct fi_ops_cm), .getname = ep_getname};
 static struct fi_ops_msg msg_ops = {.size = sizeof(struct fi_ops_msg)};
 static struct fi_ops_tagged tagged_ops = {.size = sizeof(struct fi_ops_tagged), .send = tsend,
-                                          .recv = trecv};
+                                          .senddata = tsenddata, .recv = trecv};
 static struct fi_ops_rma rma_ops = {.size = sizeof(struct fi_ops_rma), .writemsg = writemsg,
                                     .readmsg = readmsg};
 static struct fi_ops_atomic atomic_ops = {.size = sizeof(struct fi_ops_atomic), .writemsg = atomicmsg};
