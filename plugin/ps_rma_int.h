@@ -168,6 +168,7 @@ typedef struct ps_stage_slot {
   size_t used;                /* bytes of records */
   uint32_t nrec;
   int bare;                   /* one chunk into a host window */
+  int sealed;                 /* a put that is not staged came after it: nothing more joins */
   ps_stage_rec_t rec[PS_STAGE_MAX_RECS];
   ps_op_t op;
   struct ps_stage_slot *next; /* free list, or the peer's list of prepared slots */

@@ -224,7 +224,8 @@ static size_t rec_bytes(const ps_stage_t *st, const ps_rma_req_t *r, uint32_t i)
  * carries several. */
 static int open_to(const ps_rma_comm_t *c, const ps_stage_slot_t *s, size_t bytes) {
   const ps_stage_t *st = c->stage;
-  if (!s || s->bare || s->nrec == PS_STAGE_MAX_RECS || s->used + bytes > st->slot_bytes) return 0;
+  if (!s || s->bare || s->sealed || s->nrec == PS_STAGE_MAX_RECS || s->used + bytes > st->slot_bytes)
+    return 0;
   return s->pass == c->passes || (s->ticket && c->now_ns - s->opened_ns < st->coalesce_ns);
 }
 
@@ -247,6 +248,10 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
   while (p->prep_req && !c->error) {
     ps_rma_req_t *r = p->prep_req;
     if (!r->staged || r->prepared == nrecs(r)) {
+      /* A slot goes out when the put of its first record heads the queue:
+       * a later record joining it across a put that is not staged would
+       * pass that put (and a riding signal would overtake its data). */
+      if (!r->staged && p->prep_tail) p->prep_tail->sealed = 1;
       p->prep_req = r->next;
       continue;
     }
@@ -256,6 +261,7 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
       if (taken == limit || !(s = st->free_slots)) break;
       st->free_slots = s->next;
       s->ticket = 0, s->pass = c->passes, s->opened_ns = c->now_ns, s->used = 0, s->nrec = 0;
+      s->sealed = 0;
       s->bare = !r->dst_staged;
       s->next = NULL;
       if (p->prep_tail) p->prep_tail->next = s;
