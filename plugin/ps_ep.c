@@ -249,11 +249,13 @@ fail:
   return ncclSystemError;
 }
 
-/* Host memory (cuda_device < 0) or, through FI_HMEM, memory of that CUDA
- * device: 0 or the provider's negative fi errno, nothing logged. */
 int ps_ep_try_reg(ps_ep_t *e, void *buf, size_t len, uint64_t access, int cuda_device,
                   struct fid_mr **mr) {
-  ps_device_t *d = e->dev;
+  return ps_dev_try_reg(e->dev, e->ep, buf, len, access, cuda_device, mr);
+}
+
+int ps_dev_try_reg(ps_device_t *d, struct fid_ep *ep, void *buf, size_t len, uint64_t access,
+                   int cuda_device, struct fid_mr **mr) {
   *mr = NULL;
   pthread_mutex_lock(&d->lock);
   struct iovec iov = {buf, len};
@@ -262,8 +264,8 @@ int ps_ep_try_reg(ps_ep_t *e, void *buf, size_t len, uint64_t access, int cuda_d
                             .iface = cuda_device < 0 ? FI_HMEM_SYSTEM : FI_HMEM_CUDA};
   if (cuda_device >= 0) attr.device.cuda = cuda_device;
   int rc = fi_mr_regattr(d->domain, &attr, 0, mr);
-  if (!rc && d->mr_endpoint) {
-    rc = fi_mr_bind(*mr, &e->ep->fid, 0);
+  if (!rc && d->mr_endpoint && ep) {
+    rc = fi_mr_bind(*mr, &ep->fid, 0);
     if (!rc) rc = fi_mr_enable(*mr);
   }
   pthread_mutex_unlock(&d->lock);

@@ -55,17 +55,11 @@ static int registers_cuda(ps_device_t *d) {
   int known = __atomic_load_n(&d->cuda_reg, __ATOMIC_ACQUIRE);
   if (known) return known > 0;
   void *buf;
-  int ordinal, rc = -FI_ENOSYS;
+  int ordinal;
   if (ps_cuda_probe_alloc(4096, &ordinal, &buf) != ncclSuccess) return 0; /* ask again later */
-  struct iovec iov = {buf, 4096};
-  struct fi_mr_attr attr = {.mr_iov = &iov, .iov_count = 1, .access = FI_SEND | FI_RECV,
-                            .requested_key = d->mr_prov_key ? 0 : ps_fabric_next_key(),
-                            .iface = FI_HMEM_CUDA, .device.cuda = ordinal};
-  struct fid_mr *mr = NULL;
-  pthread_mutex_lock(&d->lock);
-  rc = fi_mr_regattr(d->domain, &attr, 0, &mr);
+  struct fid_mr *mr;
+  int rc = ps_dev_try_reg(d, NULL, buf, 4096, FI_SEND | FI_RECV, ordinal, &mr);
   if (mr) fi_close(&mr->fid);
-  pthread_mutex_unlock(&d->lock);
   __atomic_store_n(&d->cuda_reg, rc ? -1 : 1, __ATOMIC_RELEASE);
   ps_cuda_probe_free(ordinal, buf);
   PS_INFO(NCCL_INIT | NCCL_NET, "net device %s: %s", d->name,
@@ -285,8 +279,10 @@ static void req_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, c
   if (r->type == PS_REQ_SEND) r->comm->tx_finished++;
   if (!err && r->type == PS_REQ_RECV && r->comm->stripe) {
     ncclResult_t rc = striped_arrival(r, i, e);
-    if (rc != ncclSuccess) err = -FI_EIO, errstr = "a message on a striped comm was refused";
-    if (rc != ncclSuccess) set_status(r, rc);
+    if (rc != ncclSuccess) {
+      set_status(r, rc);
+      err = -FI_EIO, errstr = "a message on a striped comm was refused";
+    }
   } else if (!err) {
     r->sizes[i] = r->type == PS_REQ_RECV ? e->len : r->cap[i];
   }
@@ -357,16 +353,20 @@ ncclResult_t ps_net_isend(void *send_comm, void *data, size_t size, int tag, voi
   int posted = 0, parts = ps_stripe_count(c->stripe) + 1;
   int striped = parts > 1 && size >= (size_t)c->cfg->stripe_min;
   uint32_t seq = c->stripe_seq & PS_STRIPE_SEQ_MASK;
-  uint64_t off, len0;
-  ps_stripe_part(size, parts, 0, &off, &len0);
-  /* the first part holds the sub-request open until the others are posted */
-  if (striped) __atomic_add_fetch(&r->parts_left[0], 1, __ATOMIC_ACQ_REL);
-  uint64_t cq_data = PS_STRIPE_VALID | (uint64_t)size |
-                     (striped ? PS_STRIPE_FIRST | ((uint64_t)seq << PS_STRIPE_SIZE_BITS) : 0);
-  ncclResult_t rc =
-      parts > 1 ? ps_ep_tsenddata(&c->ep, data, striped ? (size_t)len0 : size, desc, cq_data,
-                                  c->peer, (uint32_t)tag, &r->ops[0], &posted)
-                : ps_ep_tsend(&c->ep, data, size, desc, c->peer, (uint32_t)tag, &r->ops[0], &posted);
+  ncclResult_t rc;
+  if (parts == 1) {
+    rc = ps_ep_tsend(&c->ep, data, size, desc, c->peer, (uint32_t)tag, &r->ops[0], &posted);
+  } else { /* a striped comm: every message says its size (ps_wire.h) */
+    uint64_t off, len = size, cq_data = PS_STRIPE_VALID | (uint64_t)size;
+    if (striped) {
+      ps_stripe_part(size, parts, 0, &off, &len);
+      cq_data |= PS_STRIPE_FIRST | ((uint64_t)seq << PS_STRIPE_SIZE_BITS);
+      /* the first part holds the sub-request open until the others are posted */
+      __atomic_add_fetch(&r->parts_left[0], 1, __ATOMIC_ACQ_REL);
+    }
+    rc = ps_ep_tsenddata(&c->ep, data, (size_t)len, desc, cq_data, c->peer, (uint32_t)tag,
+                         &r->ops[0], &posted);
+  }
   if (rc != ncclSuccess || !posted) {
     req_put(r);
     return rc;

@@ -382,22 +382,25 @@ static pm_op_t *new_op(int type, void *ctx, uint64_t cflags, void *buf, size_t l
   return op;
 }
 
+/* A tagged send; with has_data, `data` reaches the receiver as remote CQ data. */
+static ssize_t send_tagged(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest,
+                           uint64_t tag, int has_data, uint64_t data, void *ctx) {
+  pm_op_t *op = new_op(OP_TSEND, ctx, FI_SEND | FI_TAGGED | FI_MSG, (void *)buf, len, dest);
+  if (!op) return -FI_ENOMEM;
+  op->tag = tag, op->data = data, op->remote_cq = has_data;
+  return post((pm_ep_t *)ep, op, 0);
+}
+
 static ssize_t tsend(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest,
                      uint64_t tag, void *ctx) {
   (void)desc;
-  pm_op_t *op = new_op(OP_TSEND, ctx, FI_SEND | FI_TAGGED | FI_MSG, (void *)buf, len, dest);
-  if (!op) return -FI_ENOMEM;
-  op->tag = tag;
-  return post((pm_ep_t *)ep, op, 0);
+  return send_tagged(ep, buf, len, dest, tag, 0, 0, ctx);
 }
 
 static ssize_t tsenddata(struct fid_ep *ep, const void *buf, size_t len, void *desc, uint64_t data,
                          fi_addr_t dest, uint64_t tag, void *ctx) {
   (void)desc;
-  pm_op_t *op = new_op(OP_TSEND, ctx, FI_SEND | FI_TAGGED | FI_MSG, (void *)buf, len, dest);
-  if (!op) return -FI_ENOMEM;
-  op->tag = tag, op->data = data, op->remote_cq = 1;
-  return post((pm_ep_t *)ep, op, 0);
+  return send_tagged(ep, buf, len, dest, tag, 1, data, ctx);
 }
 
 static ssize_t trecv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src,
