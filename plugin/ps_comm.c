@@ -96,6 +96,22 @@ static void fail_comm(ps_comm_t *c, ncclResult_t rc, const char *why) {
   PS_WARN("connection to %s failed: %s", c->peer_str[0] ? c->peer_str : "peer", why);
 }
 
+/* A failed comm's endpoints close before the failure reaches the caller:
+ * operations still posted (other parts of a striped message, other grouped
+ * receives) die with them, so no provider writes into or reads from a buffer
+ * the caller frees on the error. Not from a completion callback. */
+static void quiesce(ps_comm_t *c) {
+  ps_stripe_close(c->stripe); /* first: its threads complete into our requests */
+  c->stripe = NULL;
+  ps_ep_close(&c->ep);
+}
+
+ncclResult_t ps_comm_fail(ps_comm_t *c, ncclResult_t rc, const char *why) {
+  fail_comm(c, rc, why);
+  quiesce(c);
+  return c->failed;
+}
+
 /* Probe receives are re-posted as they complete; a probe carries no data. */
 static void probe_rx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err,
                           const char *errstr) {
@@ -263,14 +279,14 @@ static ncclResult_t post_pending(ps_comm_t *c) {
 }
 
 ncclResult_t ps_comm_flush_pending(ps_comm_t *c) {
-  if (c->failed) return c->failed;
-  ncclResult_t rc = post_pending(c);
+  ncclResult_t rc = c->failed ? ncclSuccess : post_pending(c);
   if (rc != ncclSuccess) fail_comm(c, rc, "posting a deferred receive failed");
+  if (c->failed) quiesce(c);
   return c->failed;
 }
 
-ncclResult_t ps_comm_progress(ps_comm_t *c) {
-  PS_CHECK(ps_comm_flush_pending(c));
+static void progress_once(ps_comm_t *c) {
+  if (ps_comm_flush_pending(c) != ncclSuccess) return;
   int handled = 0;
   ncclResult_t rc = ps_ep_progress(&c->ep, 256, &handled);
   if (rc != ncclSuccess) fail_comm(c, rc, c->ep.fatal);
@@ -282,5 +298,10 @@ ncclResult_t ps_comm_progress(ps_comm_t *c) {
   const char *why = ps_stripe_failed(c->stripe);
   if (why) fail_comm(c, ncclRemoteError, why);
   check_liveness(c, now);
+}
+
+ncclResult_t ps_comm_progress(ps_comm_t *c) {
+  if (!c->failed) progress_once(c);
+  if (c->failed) quiesce(c);
   return c->failed;
 }

@@ -92,8 +92,12 @@ struct ps_comm {
 ncclResult_t ps_comm_alloc(int kind, int dev, ps_comm_t **out);
 void ps_comm_free(ps_comm_t *c);
 /* Drives a comm: posts deferred receives, reads completions, probes an idle
- * peer. Returns the comm's failure, if any. */
+ * peer. Returns the comm's failure, if any: a failed comm's endpoints are
+ * closed by then, so no buffer of its requests is touched afterwards. */
 ncclResult_t ps_comm_progress(ps_comm_t *c);
+/* Fails the comm (the first reason is logged and kept) and closes its
+ * endpoints; returns the comm's failure. */
+ncclResult_t ps_comm_fail(ps_comm_t *c, ncclResult_t rc, const char *why);
 /* Posts what is left of a partly posted grouped receive, in order. Returns
  * the comm's failure, if any; c->pending stays set while the provider refuses. */
 ncclResult_t ps_comm_flush_pending(ps_comm_t *c);

@@ -448,7 +448,10 @@ ncclResult_t ps_net_test(void *request, int *done, int *sizes) {
   ps_comm_t *c = r->comm;
   ncclResult_t rc = ps_comm_progress(c);
   ncclResult_t st = __atomic_load_n(&r->status, __ATOMIC_ACQUIRE);
-  if (st) return st;
+  if (st) { /* the comm goes with it, before the caller may free the buffers */
+    ps_comm_fail(c, st, "a request failed");
+    return st;
+  }
   if (rc != ncclSuccess) return rc;
   if (__atomic_load_n(&r->ncomplete, __ATOMIC_ACQUIRE) < r->n) return ncclSuccess;
   if (sizes)
