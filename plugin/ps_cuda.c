@@ -548,7 +548,13 @@ static ncclResult_t hold(ps_cuda_dev_t *d, int s, const held_t *op, const char *
     ctx_pop(what);
     PS_CHECK(r);
   }
-  x->held[x->nheld++] = *op;
+  held_t *last = x->nheld ? &x->held[x->nheld - 1] : NULL;
+  if (last && op->kind != HELD_WRITE && last->kind == op->kind && last->src + last->n == op->src &&
+      last->dst + last->n == op->dst) {
+    last->n += op->n; /* the driver's cost is per copy: adjacent chunks go as one */
+  } else {
+    x->held[x->nheld++] = *op;
+  }
   *ticket = x->marks + 1;
   return ncclSuccess;
 }

@@ -152,11 +152,10 @@ typedef struct ps_rma_req_chunk {
 typedef struct {
   struct ps_rma_req *req;
   uint32_t chunk;
-  uint32_t off; /* of its header in the slot */
 } ps_stage_rec_t;
 
 /* A send slot in pinned memory: the chunks, each a record (header +
- * payload), that go to one peer in one staged write. Consecutive chunks
+ * payload, laid out as ps_wire.h says), that go to one peer in one staged write. Consecutive chunks
  * queued to the peer in one progress pass share a slot while they fit: one
  * write, one completion, one receive slot at the peer. A chunk into a host
  * window goes alone and bare (its payload after the first header's room). */
@@ -166,6 +165,7 @@ typedef struct ps_stage_slot {
   uint64_t pass;              /* the progress pass it was opened in */
   uint64_t opened_ns;
   size_t used;                /* bytes of records */
+  size_t paid;                /* of which payloads (after the first header) */
   uint32_t nrec;
   int bare;                   /* one chunk into a host window */
   int sealed;                 /* a put that is not staged came after it: nothing more joins */

@@ -260,7 +260,8 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
     if (!joins(c, s, r, i)) {
       if (taken == limit || !(s = st->free_slots)) break;
       st->free_slots = s->next;
-      s->ticket = 0, s->pass = c->passes, s->opened_ns = c->now_ns, s->used = 0, s->nrec = 0;
+      s->ticket = 0, s->pass = c->passes, s->opened_ns = c->now_ns, s->used = 0, s->paid = 0;
+      s->nrec = 0;
       s->sealed = 0;
       s->bare = !r->dst_staged;
       s->next = NULL;
@@ -270,7 +271,7 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
       taken++;
     }
     size_t n = i == r->nchunks ? 0 : chunk_len(st, r, i);
-    char *at = (char *)s->hdr + s->used, *payload = s->bare ? (char *)(s->hdr + 1) : at + PS_STAGE_HDR;
+    char *payload = (char *)(s->hdr + 1) + s->paid;
     const char *from = n ? r->src + (size_t)i * st->chunk : NULL;
     if (r->src_gpu && n) {
       if (!i && p->ops) r->ts.copy_start = ps_rma_stats_now();
@@ -281,9 +282,9 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
     } else if (n) {
       memcpy(payload, from, n);
     }
-    s->rec[s->nrec++] = (ps_stage_rec_t){.req = r, .chunk = i == r->nchunks ? PS_STAGE_SIG_REC : i,
-                                         .off = (uint32_t)s->used};
+    s->rec[s->nrec++] = (ps_stage_rec_t){.req = r, .chunk = i == r->nchunks ? PS_STAGE_SIG_REC : i};
     s->used += rec_bytes(st, r, i);
+    s->paid = s->bare ? s->used : s->used - s->nrec * PS_STAGE_HDR;
     r->prepared++;
   }
   return taken;
@@ -363,10 +364,11 @@ static ncclResult_t post_slot(ps_rma_comm_t *c, ps_stage_slot_t *s, uint64_t sse
   for (uint32_t k = 0; k < s->nrec; k++) {
     ps_rma_req_t *q = s->rec[k].req;
     uint32_t i = s->rec[k].chunk;
-    ps_stage_hdr_t *h = (ps_stage_hdr_t *)((char *)s->hdr + s->rec[k].off);
+    size_t hdrs_off = PS_STAGE_HDR + s->paid;
+    ps_stage_hdr_t *h = (ps_stage_hdr_t *)((char *)s->hdr + (k ? hdrs_off + (k - 1) * PS_STAGE_HDR : 0));
     *h = (ps_stage_hdr_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
                           .more = (uint16_t)(k + 1 < s->nrec), .src_rank = (uint32_t)c->rank,
-                          .stage_seq = sseq};
+                          .stage_seq = sseq, .hdrs_off = k ? 0 : (uint32_t)hdrs_off};
     if (i == PS_STAGE_SIG_REC) {
       h->region_id = q->sig.region_id, h->offset = q->sig.offset, h->seq = q->sig.covers;
       h->sig_op = q->sig.op, h->sig_value = q->sig.value;

@@ -33,16 +33,18 @@ static int check_first(ps_rma_comm_t *c, uint32_t src, uint32_t slot, const ps_s
   return 1;
 }
 
-/* Checks the record at `off` in receive slot `slot` (`buf`) and enqueues its
- * copy into the GPU window it names; 0 when refused (the comm failed).
- * `first`: the write's first record, NULL for that one itself. */
-static int take_record(ps_rma_comm_t *c, uint32_t src, uint32_t slot, const char *buf, size_t off,
-                       const ps_stage_hdr_t *first, ps_stage_hdr_t *h, uint64_t *ticket) {
+/* Checks the record whose header is at `hoff` in receive slot `slot`
+ * (`buf`) and whose payload starts at `doff` and must end by `dend`, and
+ * enqueues its copy into the GPU window it names; 0 when refused (the comm
+ * failed). `first`: the write's first record, NULL for that one itself. */
+static int take_record(ps_rma_comm_t *c, uint32_t src, uint32_t slot, const char *buf, size_t hoff,
+                       size_t doff, size_t dend, const ps_stage_hdr_t *first, ps_stage_hdr_t *h,
+                       uint64_t *ticket) {
   ps_stage_t *st = c->stage;
-  if (off + sizeof *h > st->slot_bytes ||
-      ps_stage_decode(buf + off, sizeof *h, src, st->slot_bytes - off - sizeof *h, h) != ncclSuccess) {
-    ps_rma_fail(c, ncclRemoteError, "malformed staged write from rank %u dropped (record at byte %zu)",
-                src, off);
+  if (hoff > st->slot_bytes - sizeof *h || doff > dend ||
+      ps_stage_decode(buf + hoff, sizeof *h, src, dend - doff, h) != ncclSuccess) {
+    ps_rma_fail(c, ncclRemoteError, "malformed staged write from rank %u dropped (record at byte %zu, "
+                "payload at byte %zu)", src, hoff, doff);
     return 0;
   }
   if (!first && !check_first(c, src, slot, h)) return 0;
@@ -59,8 +61,8 @@ static int take_record(ps_rma_comm_t *c, uint32_t src, uint32_t slot, const char
                 (unsigned long long)h->offset, (unsigned long long)h->len, r ? r->size : (size_t)0);
     return 0;
   }
-  if (h->len && ps_cuda_h2d(st->cu, PS_CUDA_COPY_STREAM, r->base + h->offset, buf + off + sizeof *h,
-                            h->len, ticket) != ncclSuccess) {
+  if (h->len && ps_cuda_h2d(st->cu, PS_CUDA_COPY_STREAM, r->base + h->offset, buf + doff, h->len,
+                            ticket) != ncclSuccess) {
     ps_rma_fail(c, ncclSystemError, "copying a staged write from rank %u into the GPU failed", src);
     return 0;
   }
@@ -92,18 +94,26 @@ int ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *se
   const char *buf = st->rx_pool + ((size_t)src * st->per_peer + slot) * st->slot_bytes;
   ps_stage_hdr_t first, h;
   uint64_t ticket = 0;
-  if (!take_record(c, src, slot, buf, 0, NULL, &first, &ticket)) return 0;
+  const size_t H = sizeof h;
+  if (!take_record(c, src, slot, buf, 0, H, st->slot_bytes, NULL, &first, &ticket)) return 0;
+  /* the payloads lie between the first header and the other headers */
+  size_t hdrs = first.hdrs_off, doff = H + ((first.len + 63) & ~(uint64_t)63);
+  if (first.more && (hdrs < doff || hdrs > st->slot_bytes)) {
+    ps_rma_fail(c, ncclRemoteError, "staged write %llu from rank %u puts its headers at byte %zu, "
+                "inside its first payload or past the slot (%zu B)",
+                (unsigned long long)first.stage_seq, src, hdrs, st->slot_bytes);
+    return 0;
+  }
   sort_record(src, &first, seqs, nseq, sigs, nsig);
   uint32_t n = 1;
-  size_t off = 0;
   for (h = first; h.more; n++) {
     if (n == PS_STAGE_MAX_RECS) {
       ps_rma_fail(c, ncclRemoteError, "staged write %llu from rank %u holds over %u records",
                   (unsigned long long)first.stage_seq, src, PS_STAGE_MAX_RECS);
       return 0;
     }
-    off += sizeof h + ((h.len + 63) & ~(uint64_t)63);
-    if (!take_record(c, src, slot, buf, off, &first, &h, &ticket)) return 0;
+    if (!take_record(c, src, slot, buf, hdrs + (n - 1) * H, doff, hdrs, &first, &h, &ticket)) return 0;
+    doff += (h.len + 63) & ~(uint64_t)63;
     sort_record(src, &h, seqs, nseq, sigs, nsig);
   }
   ps_stage_copy_t *k = &st->copies[(st->copy_head + st->ncopies) % ring_size(c)];

@@ -10,7 +10,7 @@
 #include "ps_nccl_abi.h"
 
 #define PS_WIRE_MAGIC 0x50535553u /* "PSUS" */
-#define PS_WIRE_VERSION 5
+#define PS_WIRE_VERSION 6
 #define PS_HANDLE_ADDR_MAX 96
 #define PS_CTRL_ADDR_MAX 224
 #define PS_MAX_STREAMS 8       /* endpoints of one two-sided comm (PERSEUS_NSTREAMS) */
@@ -109,8 +109,11 @@ typedef struct {
   uint64_t key;
 } ps_reg_msg_t;
 
-/* A staged write is one or more records, each this header and its payload;
- * a record starts at the next 64-byte boundary after the one before. A
+/* A staged write is one or more records, each this header and its payload.
+ * The first header is at byte 0; the payloads follow it back to back, each
+ * padded to 64 bytes, so that chunks adjacent in a GPU window copy in and
+ * out as one; the headers of records 2.. come after the payloads, from byte
+ * `hdrs_off` of the first header, one after another. A
  * record with sig_op set is a signal instead (no payload): an add to the
  * 8-byte word at region_id/offset, applied once the writes it covers (every
  * staged write up to this one; under the target strategy also `seq` writes)
@@ -128,7 +131,7 @@ typedef struct {
   uint64_t sig_value; /* signal: the operand of NCCL_NET_SIGNAL_OP_ADD */
   uint16_t sig_op;    /* 0: a chunk; NCCL_NET_SIGNAL_OP_INC or _ADD: a signal */
   uint16_t pad16;
-  uint32_t pad32;
+  uint32_t hdrs_off;  /* first record: where the second record's header is */
 } ps_stage_hdr_t;
 _Static_assert(sizeof(ps_stage_hdr_t) == 64, "staged write header is one cache line");
 

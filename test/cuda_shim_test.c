@@ -2,7 +2,8 @@
  * both ways, write64 ordered after the copy before it; marks that pass only
  * after ps_cuda_flush and their work, a busy stream's not at once while an
  * idle one's does, and close waits for flushed work; 200 small copies
- * flushed together (the batch path) all landing, and copies that depend on
+ * flushed together (the batch path; apart, or adjacent, where they join
+ * into one) all landing, and copies that depend on
  * each other before a flush (overlapping ones, a read of what a write
  * before it wrote) in call order; tickets one up per mark and no growth
  * over 10000 cycles; bad arguments refused; every call from a thread with no
@@ -237,11 +238,14 @@ static void batches_and_order(ps_cuda_dev_t *d, CUdeviceptr dev) {
   uint64_t t = 0, t0 = 0;
   if (!pat || !back) goto out;
   for (size_t i = 0; i < NB * B; i++) pat[i] = (unsigned char)rnd();
-  for (int d2h = 0; d2h < 2; d2h++) { /* h2d to the blocks, then d2h back from them */
+  for (int v = 0; v < 4; v++) { /* h2d to the blocks, then d2h back from them */
+    /* out of order (7 is prime to NB: every block once), then in order,
+     * where each copy extends the one before it */
+    int d2h = v & 1, in_order = v >> 1;
     int s = d2h ? OUT : COPY, errors = 0, other = 0;
     memset(back, 0, NB * B);
-    for (int i = 0; i < NB; i++) { /* 7 is prime to NB: every block once, out of order */
-      size_t j = (size_t)(i * 7 % NB) * B;
+    for (int i = 0; i < NB; i++) {
+      size_t j = (size_t)(in_order ? i : i * 7 % NB) * B;
       errors += (d2h ? ps_cuda_d2h(d, s, back + j, at(dev, j), B, &t)
                      : ps_cuda_h2d(d, s, at(dev, j), pat + j, B, &t)) != ncclSuccess;
       if (!i) t0 = t;
@@ -252,8 +256,8 @@ static void batches_and_order(ps_cuda_dev_t *d, CUdeviceptr dev) {
       errors +=
           ps_cuda_d2h(d, READ, back, at(dev, 0), NB * B, &t) != ncclSuccess || !settle(d, READ, t);
     EXPECT(errors == 0 && other == 0 && !memcmp(back, pat, NB * B),
-           "%d x %d B %s, one flush: %d failures, %d tickets not the first's, or bytes differ", NB,
-           B, d2h ? "d2h" : "h2d", errors, other);
+           "%d x %d B %s %s, one flush: %d failures, %d tickets not the first's, or bytes differ",
+           NB, B, d2h ? "d2h" : "h2d", in_order ? "adjacent" : "apart", errors, other);
   }
 
   /* A big copy, then copies that each overlap it and the one before by
