@@ -28,7 +28,7 @@
 #include "ps_gin_abi.h"
 
 #define NSTRAT 5
-#define MAX_RANKS 16
+#define MAX_RANKS 32
 #define MAX_SIZES 32
 #define NFIT 5
 #define MAX_QDEPTH 1024

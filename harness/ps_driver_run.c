@@ -12,7 +12,7 @@
 #include "ps_driver.h"
 #include "size_parse.h"
 
-#define DRV_MAX_RANKS 16
+#define DRV_MAX_RANKS 32
 
 struct drv_shared {
   atomic_int arrived, generation, failed;
