@@ -502,10 +502,12 @@ static void print_stats(ps_rma_comm_t *c) {
                (unsigned long long)c->peers[p].stage_chunks,
                (unsigned long long)c->peers[p].stage_sigs);
     fprintf(stderr,
-            "perseus stats: rank %d -> %d (%s, %s): puts %llu signals %llu fences posted %llu "
-            "avoided %llu blocked %.3f ms max in flight %llu; from it: %llu writes in sequence%s\n",
+            "perseus stats: rank %d -> %d (%s, %s): puts %llu signals %llu (%llu as atomics) fences "
+            "posted %llu avoided %llu blocked %.3f ms max in flight %llu; from it: %llu writes in "
+            "sequence%s\n",
             c->rank, p, c->ep.dev->name, ps_ordering_names[c->ordering],
             (unsigned long long)s->puts, (unsigned long long)s->signals,
+            (unsigned long long)c->peers[p].atomic_sigs,
             (unsigned long long)s->fences_posted, (unsigned long long)s->fences_avoided,
             (double)s->blocked_ns / 1e6, (unsigned long long)s->inflight_max,
             (unsigned long long)c->peers[p].arrived.below - 1, staged);

@@ -301,6 +301,7 @@ typedef struct {
   uint64_t stage_sent;    /* every staged write below this was posted (the next one's sequence) */
   uint64_t stage_chunks;  /* chunks those writes carried (PERSEUS_STATS) */
   uint64_t stage_sigs;    /* signals that rode in them */
+  uint64_t atomic_sigs;   /* signals posted as atomic adds (the NIC applies them) */
   uint64_t stage_freed;   /* the peer consumed every one below this (its credit) */
   ps_stage_slot_t *prep_head, *prep_tail; /* slots filled for queued chunks, in order */
   struct ps_rma_req *prep_req;            /* next request with chunks to prepare */
@@ -488,6 +489,8 @@ int ps_order_sig_ready(const ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_
 ncclResult_t ps_order_post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted);
 /* 1 when a signal may go as a record of a staged write. */
 int ps_order_sig_may_ride(const ps_rma_comm_t *c);
+/* Whether a signal goes as an atomic add the NIC applies (ps_rma_order.c). */
+int ps_order_sig_atomic(const ps_rma_comm_t *c);
 /* Counts a queued signal's fence or the one it avoided; 1 when the caller
  * must block until the puts it covers are delivered (drain). */
 int ps_order_count_fence(ps_rma_comm_t *c, ps_rma_peer_t *p, uint64_t need);

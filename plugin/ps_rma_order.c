@@ -2,7 +2,9 @@
  * correct (PERSEUS_ORDERING), when a queued signal may go and how it is
  * posted. A signal leaves only after every put it covers was posted, and,
  * per strategy:
- *   ordered  - at once: the provider keeps sends behind earlier writes (SAW)
+ *   ordered  - at once: the provider keeps sends behind earlier writes (SAW);
+ *              where it also keeps atomics behind them (WAW) and has native
+ *              atomics, as an atomic add the NIC applies (no staging)
  *   fence    - at once, as an atomic add carrying FI_FENCE
  *   target   - at once, saying how many writes it covers; the target applies
  *              it when that many have arrived (remote CQ data counts them)
@@ -72,9 +74,22 @@ static void sig_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, c
 }
 
 
+/* Whether a signal goes as an atomic add rather than a message for the
+ * target's proxy to apply. fence: always. ordered: where the provider keeps
+ * atomics behind earlier writes (FI_ORDER_WAW covers RMA and atomic writes
+ * alike) and applies them itself (what fence needs too), and no GPU window is
+ * staged (a staged put reaches its window only when the target copies it out
+ * of its staging slot, after the write the atomic follows). The NIC then
+ * applies the signal: the target's proxy never handles it. */
+int ps_order_sig_atomic(const ps_rma_comm_t *c) {
+  if (c->ordering == PS_ORD_FENCE) return 1;
+  return c->ordering == PS_ORD_ORDERED && !c->stage && (c->ep.dev->rma_msg_order & FI_ORDER_WAW) &&
+         !missing_for(c->ep.dev, PS_ORD_FENCE);
+}
+
 ncclResult_t ps_order_post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
   r->sig_op = (ps_op_t){.cb = sig_done, .owner = r};
-  if (c->ordering != PS_ORD_FENCE)
+  if (!ps_order_sig_atomic(c))
     return ps_rma_post_sig_send(c, r->peer, &r->sig, sizeof r->sig, r->chunk_desc, PS_TAG_RMA_SIG,
                                 &r->sig_op, posted);
   r->operand = r->sig.op == NCCL_NET_SIGNAL_OP_INC ? 1 : r->sig.value;
@@ -82,8 +97,11 @@ ncclResult_t ps_order_post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
   struct fi_msg_atomic m = {.msg_iov = &ioc, .desc = &r->chunk_desc, .iov_count = 1,
                             .addr = c->addr[r->peer], .rma_iov = &r->sig_rma, .rma_iov_count = 1,
                             .datatype = FI_UINT64, .op = FI_SUM, .context = &r->sig_op};
-  /* on the peer's lane, behind that peer's puts only; none ahead: no fence */
-  return ps_rma_post_atomic(c, r->peer, &m, FI_COMPLETION | (r->need > 1 ? FI_FENCE : 0), posted);
+  /* fence: on the peer's lane, behind that peer's puts only; none ahead: no fence */
+  int fence = c->ordering == PS_ORD_FENCE && r->need > 1;
+  ncclResult_t rc = ps_rma_post_atomic(c, r->peer, &m, FI_COMPLETION | (fence ? FI_FENCE : 0), posted);
+  c->peers[r->peer].atomic_sigs += rc == ncclSuccess && *posted;
+  return rc;
 }
 
 int ps_order_sig_ready(const ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_rma_req_t *r) {

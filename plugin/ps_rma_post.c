@@ -62,10 +62,11 @@ ncclResult_t ps_rma_post_read(ps_rma_comm_t *c, const struct fi_msg_rma *m, int 
   return ps_ep_readmsg(&c->ep, m, FI_COMPLETION, posted);
 }
 
-/* On the peer's lane (fence strategy): FI_FENCE orders behind that peer's puts only. */
+/* Where the peer's puts went: its lane under fence (FI_FENCE orders behind
+ * that peer's puts only), else the comm's endpoint. */
 ncclResult_t ps_rma_post_atomic(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_atomic *m,
                                 uint64_t flags, int *posted) {
-  return ps_ep_atomicmsg(&c->ep, c->lanes[peer], m, flags, posted);
+  return ps_ep_atomicmsg(&c->ep, c->lanes ? c->lanes[peer] : c->ep.ep, m, flags, posted);
 }
 
 /* Staging credits go straight to the provider, never through a model NIC. */

@@ -20,13 +20,18 @@
 #     data calls timed where the comm was busy (some comm was), and the gap
 #     between data calls in order;
 #     with --throttled (a long PERSEUS_PROGRESS_INTERVAL_US) some comm made
-#     at least twice as many calls as passes.
-staged=0 throttled=0 want_threaded=0
+#     at least twice as many calls as passes;
+#   - with --atomics all|none: every signal of every peer went as an atomic
+#     add (the NIC applies it), or none did.
+staged=0 throttled=0 want_threaded=0 atomics=""
 while :; do
   case $1 in
     --staged) staged=1; shift ;;
     --throttled) throttled=1; shift ;;
     --threaded) want_threaded=1; shift ;;
+    --atomics)
+      case $2 in all | none) ;; *) echo "check_opstats.sh: --atomics takes all or none, not '$2'" >&2; exit 2 ;; esac
+      atomics=$2; shift 2 ;;
     *) break ;;
   esac
 done
@@ -39,7 +44,7 @@ if [ "$rc" -ne 0 ]; then
   echo "check_opstats.sh: $1 exited with $rc" >&2
   exit 1
 fi
-awk -v staged="$staged" -v throttled="$throttled" -v want_threaded="$want_threaded" '
+awk -v staged="$staged" -v throttled="$throttled" -v want_threaded="$want_threaded" -v atomics="$atomics" '
 function fail(msg) { print "check_opstats.sh: " msg >"/dev/stderr"; bad = 1 }
 # The value of interval `name` on this line: "-" (not timed) or its four
 # numbers and mean in v[1..5]; "" when the line lacks it.
@@ -79,6 +84,11 @@ function interval(line, name, v,   s, n) {
     if ($i == "in" && $(i + 1) == "flight") inflight[key] = $(i + 2) + 0
     if ($i == "staged" && $(i + 1) == "writes") swrites[key] = $(i + 2) + 0
     if ($i == "chunks" && $(i - 2) == "of") schunks[key] = $(i - 1) + 0
+    if ($i == "signals" && $(i + 2) ~ /^\(/) {
+      nsig = $(i + 1) + 0; nat = substr($(i + 2), 2) + 0; sigs += nsig
+      if (atomics == "all" && nat != nsig) fail(key ": " nat " of " nsig " signals as atomics, all expected")
+      if (atomics == "none" && nat != 0) fail(key ": " nat " of " nsig " signals as atomics, none expected")
+    }
   }
 }
 /^perseus stats: rank [0-9]+ -> [0-9]+ times of / {
@@ -135,6 +145,7 @@ END {
     if ((key in swrites) && swrites[key] > 0 && swrites[key] < schunks[key]) packed++
   }
   if (!npeers) fail("no peer with puts: is PERSEUS_STATS read?")
+  if (atomics != "" && !sigs) fail("--atomics " atomics ": no signals counted")
   if (!ncomms) fail("no progress calls line")
   if (ncalls != ncomms) fail(ncomms " progress calls lines but " ncalls " calls lines")
   if (!datacalls) fail("no comm timed a data call")
