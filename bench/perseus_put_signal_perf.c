@@ -253,8 +253,10 @@ static int run_strategy(bench_t *b, int s) {
   b->tcap = o->tiles > fit_tiles[NFIT - 1] ? o->tiles : fit_tiles[NFIT - 1];
   size_t src_bytes = (size_t)b->tcap * b->slot, dst_bytes = (size_t)P * src_bytes;
   b->src = aligned_alloc(4096, (src_bytes + 4095) & ~(size_t)4095);
-  b->dst = aligned_alloc(4096, (dst_bytes + 4095) & ~(size_t)4095);
-  b->sig = calloc((size_t)P, 8);
+  /* what peers write into: shared memory, which the model fabric writes at
+   * memory speed (plain memory to any other provider) */
+  b->dst = drv_shared_alloc(dst_bytes);
+  b->sig = drv_shared_alloc((size_t)P * 8);
   int qok = 1;
   for (int p = 0; p < P; p++) qok &= (b->q[p] = calloc((size_t)o->qdepth, sizeof(void *))) != NULL;
   if (!b->src || !b->dst || !b->sig || !qok) {
@@ -280,7 +282,9 @@ out:
   if (b->dst_mh) b->g->dereg_sym(b->coll, b->dst_mh);
   if (b->src_mh) b->g->dereg_sym(b->coll, b->src_mh);
   for (int p = 0; p < P; p++) free(b->q[p]);
-  free(b->src), free(b->dst), free(b->sig);
+  free(b->src);
+  drv_shared_free(b->dst, dst_bytes);
+  drv_shared_free(b->sig, (size_t)P * 8);
   return rc;
 }
 

@@ -101,6 +101,13 @@ void drv_fill(void *buf, size_t n, uint64_t id);
 long drv_verify(const void *buf, size_t n, uint64_t id);
 /* Number of bytes that differ from the pattern. */
 long drv_count_wrong(const void *buf, size_t n, uint64_t id);
+/* Zeroed memory that peers' writes land in: a shared mapping of a /dev/shm
+ * file named "pm_<pid>_w<n>", which the model fabric (test/model) maps in
+ * the writer to copy at memory speed (a file a crash leaves is removed by
+ * the next model domain opened). Any provider treats it as plain memory.
+ * NULL (printed why) on failure; drv_shared_free takes the same size. */
+void *drv_shared_alloc(size_t size);
+void drv_shared_free(void *p, size_t size);
 
 /* In a rank function: on failure print where and why, and return 1. */
 #define CHECK(cond, ...)                                        \

@@ -1,4 +1,9 @@
 /* Forked ranks over shared memory: spawn, barrier, full-mesh connect. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -289,4 +294,50 @@ int drv_parse_int(const char *flag, const char *s, int lo, int hi) {
     exit(2);
   }
   return v;
+}
+
+/* The file's first page holds its name, for drv_shared_free; the caller's
+ * memory starts after it. */
+#define SHARED_HEAD 4096
+
+/* Window files of processes that ended without freeing them (killed). */
+static void reap_dead_windows(void) {
+  DIR *dir = opendir("/dev/shm");
+  if (!dir) return;
+  for (struct dirent *de; (de = readdir(dir));) {
+    int pid;
+    char w;
+    if (sscanf(de->d_name, "pm_%d_%c", &pid, &w) == 2 && w == 'w' && pid > 0 && kill(pid, 0) &&
+        errno == ESRCH)
+      shm_unlink(de->d_name);
+  }
+  closedir(dir);
+}
+
+void *drv_shared_alloc(size_t size) {
+  static unsigned n;
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, reap_dead_windows);
+  char name[64];
+  snprintf(name, sizeof name, "/pm_%d_w%u", (int)getpid(), __atomic_fetch_add(&n, 1, __ATOMIC_RELAXED));
+  size_t total = SHARED_HEAD + ((size + 4095) & ~(size_t)4095);
+  int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  char *p = fd < 0 || ftruncate(fd, (off_t)total)
+                ? MAP_FAILED
+                : mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    fprintf(stderr, "shared memory of %zu bytes (%s): %s\n", total, name, strerror(errno));
+    if (fd >= 0) shm_unlink(name);
+  }
+  if (fd >= 0) close(fd);
+  if (p == MAP_FAILED) return NULL;
+  snprintf(p, SHARED_HEAD, "%s", name); /* the name stays while the memory lives: peers map by it */
+  return p + SHARED_HEAD;
+}
+
+void drv_shared_free(void *mem, size_t size) {
+  if (!mem) return;
+  char *p = (char *)mem - SHARED_HEAD;
+  shm_unlink(p);
+  munmap(p, SHARED_HEAD + ((size + 4095) & ~(size_t)4095));
 }

@@ -13,6 +13,8 @@
 #   MODEL_SIZE      tile size (default 16K), MODEL_T tiles per signal (default 8)
 #   MODEL_ITERS     timed batches (default 200), warmup a tenth
 #   PERSEUS_BUILD_DIR  the build (default build)
+#   PERSEUS_MODEL_NIC_THREADS  NIC threads per rank (default: what the cores
+#                   allow, 1..4: the ranks' cores left over, shared out)
 # First a calibration run measures c, the proxy's cost per operation: the
 # ordered strategy on links too fast to matter (0 us, 1000 GB/s), where
 # T = P (t + 1) c. Each rank needs a core for itself and one for its NIC
@@ -46,9 +48,17 @@ run() { # log ranks latency gbps strategies
   awk '$1 ~ /^[0-9]+$/ && NF >= 10 {print $3, $4}' "$1"
 }
 
+USER_NIC=${PERSEUS_MODEL_NIC_THREADS:-}
 for P in $PEERS; do
   R=$((P + 1))
   [ $((2 * R)) -gt "$cores" ] && echo "# note: $R ranks and their NIC threads need $((2 * R)) cores, this host has $cores"
+  # A rank's copies to its peers run on its NIC threads: with one, a rank's
+  # links share one core's memcpy rate, not the per-link bandwidth asked for.
+  nic=${USER_NIC:-$(( cores / R - 1 ))}
+  [ "$nic" -lt 1 ] && nic=1
+  [ -z "$USER_NIC" ] && [ "$nic" -gt 4 ] && nic=4
+  export PERSEUS_MODEL_NIC_THREADS=$nic
+  echo "# P = $P: $R ranks, $nic NIC thread(s) each (PERSEUS_MODEL_NIC_THREADS)"
   cal=$(run "$LOGDIR/calibrate-p$P.log" "$R" 0 1000 ordered) || exit 1
   tcal=$(echo "$cal" | awk '$1 == "ordered" {print $2}')
   c=$(awk -v t="$tcal" -v P="$P" -v k="$T" 'BEGIN {printf "%.3f", t / (P * (k + 1))}')

@@ -62,6 +62,11 @@ typedef struct {
 typedef struct {
   _Atomic uint64_t key; /* 0 = free */
   uint64_t addr, len, access;
+  /* Registered memory that lies in a shared mapping of /dev/shm/<shm>, at
+   * byte shm_off of the file: peers map the file and copy at memory speed
+   * (else the NIC thread moves the bytes with process_vm_writev/readv). */
+  char shm[PM_NAME_LEN];
+  uint64_t shm_off;
 } pm_mr_slot_t;
 
 typedef struct {
@@ -89,12 +94,26 @@ typedef struct {
   int atomics;        /* native atomics with FI_FENCE offered */
   int hmem;           /* FI_HMEM offered: "CUDA" memory registered as host memory,
                        * which it is under the plugin's fake CUDA driver */
+  int nic_threads;    /* NIC threads per process: links are shared out among them */
 } pm_params_t;
+#define PM_MAX_NIC_THREADS 16
 const pm_params_t *pm_params(void);
 uint64_t pm_now_ns(void);
 
 /* A mapped segment of another endpoint or domain (cached per process). */
 void *pm_map(const char *name, size_t size);
+/* Our registration of [buf, buf + len): the /dev/shm file it lies in
+ * (shared mapping) and its offset there, or shm[0] = 0 (pm_win.c). */
+void pm_window_find(const void *buf, size_t len, char shm[PM_NAME_LEN], uint64_t *off);
+/* Moves an RMA operation's bytes between `buf` and the peer's memory at
+ * raddr (a write, or a read with `is_read`): through a mapping of its window
+ * file where it has one, else process_vm_writev/readv; NULL, or why it
+ * failed (pm_win.c). The registration was checked. */
+const char *pm_move(const pm_mr_slot_t *s, pid_t pid, int is_read, void *buf, uint64_t raddr,
+                    size_t len, char *why, size_t why_len);
+/* Where a peer's registration `s` (checked for [addr, addr + len)) is
+ * mapped here, or NULL when it lies in no shared file (pm_win.c). */
+void *pm_window_at(const pm_mr_slot_t *s, uint64_t addr, size_t len);
 /* A fresh segment of ours: its name in `name`. */
 void *pm_create(char *name, size_t size);
 void pm_unlink(const char *name, void *seg, size_t size);

@@ -14,13 +14,15 @@ enum { OP_WRITE = 1, OP_READ, OP_TSEND, OP_ATOMIC };
 typedef struct pm_op {
   struct pm_op *next;
   int type, written, fence;
+  int err;       /* move_data failed: the completion's error, and why */
+  char why[96];
   void *ctx, *buf;
   uint64_t cflags; /* the completion's flags */
   size_t len;
   uint64_t raddr, key, tag, data;
   int remote_cq;
   fi_addr_t dest;
-  uint64_t arrive_ns, done_ns;
+  uint64_t posted_ns, arrive_ns, done_ns;
 } pm_op_t;
 
 typedef struct {
@@ -50,6 +52,10 @@ typedef struct pm_ep {
   char name[PM_NAME_LEN];
   pm_ep_seg_t *seg;
   pthread_mutex_t lock;
+  /* Posted and not yet on a link: a caller's post takes only post_lock,
+   * never the lock the NIC thread holds through its pass. */
+  pthread_mutex_t post_lock;
+  pm_op_t *sub_head, *sub_tail;
   pm_link_t *links;
   size_t nlinks;
   pm_op_t *waiting, *waiting_tail; /* performed, in that order: until done_ns */
@@ -59,10 +65,12 @@ typedef struct pm_ep {
   unsigned rnd;
 } pm_ep_t;
 
-static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Held for reading by the NIC threads through each pass, for writing (writers first) where
+ * an endpoint comes or goes (its memory is freed only when no pass uses it). */
+static pthread_rwlock_t all_lock = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
 static pm_ep_t *all_eps;
-static pthread_t nic;
-static int nic_running;
+static pthread_t nic[PM_MAX_NIC_THREADS];
+static int nic_running; /* threads started */
 static _Atomic int nic_stop;
 
 static void push_back(pm_held_t **list, pm_held_t *h) {
@@ -107,6 +115,39 @@ static const char *check_mr(pm_dom_seg_t *dom, uint64_t key, uint64_t addr, size
   return NULL;
 }
 
+static int my_pid(void) {
+  static _Atomic int pid;
+  int p = atomic_load_explicit(&pid, memory_order_relaxed);
+  if (!p) atomic_store_explicit(&pid, p = (int)getpid(), memory_order_relaxed);
+  return p;
+}
+
+/* Moves a write's or read's bytes (op->written = 1), or says why it failed
+ * (op->err, op->why). Touches no endpoint state: the NIC thread runs it
+ * without the endpoint's lock, so that the caller's posts do not wait for
+ * the copies of the operations ahead of theirs. */
+static void move_data(pm_ep_t *e, pm_op_t *op) {
+  const pm_peer_t *peer = pm_av_get(e->av, op->dest);
+  if (!peer) {
+    op->err = FI_EINVAL, snprintf(op->why, sizeof op->why, "destination not in the address vector");
+    return;
+  }
+  const char *bad = check_mr(peer->dom, op->key, op->raddr, op->len,
+                             op->type == OP_WRITE ? FI_REMOTE_WRITE : FI_REMOTE_READ);
+  if (bad) {
+    op->err = FI_EACCES, snprintf(op->why, sizeof op->why, "%s", bad);
+    return;
+  }
+  if (pm_move(&peer->dom->mr[op->key >> 48], peer->pid, op->type == OP_READ, op->buf, op->raddr,
+              op->len, op->why, sizeof op->why)) {
+    op->err = FI_EIO;
+    return;
+  }
+  op->written = 1;
+}
+
+static int is_rma(const pm_op_t *op) { return op->type == OP_WRITE || op->type == OP_READ; }
+
 /* Performs an operation whose time came; -FI_EAGAIN when the target's inbox is full. */
 static int perform(pm_ep_t *e, pm_op_t *op, uint64_t now) {
   const pm_params_t *p = pm_params();
@@ -115,26 +156,11 @@ static int perform(pm_ep_t *e, pm_op_t *op, uint64_t now) {
     complete(e, op, FI_EINVAL, "destination not in the address vector");
     return 0;
   }
-  if (op->type == OP_WRITE || op->type == OP_READ) {
-    if (!op->written) {
-      const char *bad = check_mr(peer->dom, op->key, op->raddr, op->len,
-                                 op->type == OP_WRITE ? FI_REMOTE_WRITE : FI_REMOTE_READ);
-      if (bad) {
-        complete(e, op, FI_EACCES, bad);
-        return 0;
-      }
-      struct iovec l = {op->buf, op->len}, r = {(void *)(uintptr_t)op->raddr, op->len};
-      ssize_t n = !op->len ? 0
-                  : op->type == OP_WRITE ? process_vm_writev(peer->pid, &l, 1, &r, 1, 0)
-                                         : process_vm_readv(peer->pid, &l, 1, &r, 1, 0);
-      if (n != (ssize_t)op->len) {
-        char why[96];
-        snprintf(why, sizeof why, "process_vm_%sv to pid %d: %s", op->type == OP_WRITE ? "write" : "read",
-                 (int)peer->pid, n < 0 ? strerror(errno) : "short");
-        complete(e, op, FI_EIO, why);
-        return 0;
-      }
-      op->written = 1;
+  if (is_rma(op)) {
+    if (!op->written && !op->err) move_data(e, op);
+    if (op->err) {
+      complete(e, op, op->err, op->why);
+      return 0;
     }
     if (op->remote_cq) {
       pm_msg_t m = {.type = PM_MSG_RCQ, .data = op->data};
@@ -147,7 +173,7 @@ static int perform(pm_ep_t *e, pm_op_t *op, uint64_t now) {
     e->waiting_tail = op;
     return 0;
   }
-  pm_msg_t m = {.type = op->type == OP_TSEND ? PM_MSG_TSEND : PM_MSG_ATOMIC, .src_pid = getpid(),
+  pm_msg_t m = {.type = op->type == OP_TSEND ? PM_MSG_TSEND : PM_MSG_ATOMIC, .src_pid = my_pid(),
                 .tag = op->tag, .len = op->len, .addr = op->type == OP_TSEND ? (uint64_t)(uintptr_t)op->buf : op->raddr,
                 .key = op->key, .data = op->data, .ctx = (uint64_t)(uintptr_t)op,
                 .has_data = op->type == OP_TSEND && op->remote_cq};
@@ -232,11 +258,17 @@ static int fence_holds(const pm_ep_t *e, const pm_op_t *op, int ahead) {
   return 0;
 }
 
-/* One pass over an endpoint; returns whether it found work. */
-static int ep_pass(pm_ep_t *e, uint64_t now) {
+static int take_posted(pm_ep_t *e);
+
+/* One pass of NIC thread `tid` of `n` over an endpoint: the links i with
+ * i % n == tid (so a link's operations stay in order, and copies to
+ * different peers run in parallel); thread 0 also takes new posts and does
+ * the rest. Returns whether it found work. */
+static int ep_pass(pm_ep_t *e, uint64_t now, int tid, int n) {
   int work = 0;
   pthread_mutex_lock(&e->lock);
-  for (size_t i = 0; i < e->nlinks; i++) {
+  if (!tid) work |= take_posted(e);
+  for (size_t i = (size_t)tid; i < e->nlinks; i += (size_t)n) {
     pm_link_t *l = &e->links[i];
     if (pm_params()->reorder) { /* any operation whose time came, in no particular order */
       pm_op_t *prev = NULL;
@@ -264,12 +296,25 @@ static int ep_pass(pm_ep_t *e, uint64_t now) {
       continue;
     }
     while (l->head && l->head->arrive_ns <= now && !fence_holds(e, l->head, 0)) {
-      pm_op_t *op = l->head, *next = op->next;
+      pm_op_t *op = l->head;
+      if (is_rma(op) && !op->written && !op->err) {
+        /* it stays at the head (only this thread takes from there); posts
+         * append behind it meanwhile */
+        pthread_mutex_unlock(&e->lock);
+        move_data(e, op);
+        pthread_mutex_lock(&e->lock);
+        l = &e->links[i]; /* a post to a new destination may have grown the array */
+      }
+      pm_op_t *next = op->next;
       if (perform(e, op, now)) break;
       l->head = next;
       if (!next) l->tail = NULL;
       work = 1;
     }
+  }
+  if (tid) {
+    pthread_mutex_unlock(&e->lock);
+    return work;
   }
   pm_msg_t m;
   while (!pm_inbox_get(e->seg, &m)) {
@@ -304,14 +349,14 @@ static int ep_pass(pm_ep_t *e, uint64_t now) {
 }
 
 static void *nic_main(void *arg) {
-  (void)arg;
+  int tid = (int)(intptr_t)arg, n = pm_params()->nic_threads;
   int idle = 0;
   while (!atomic_load(&nic_stop)) {
     uint64_t now = pm_now_ns();
     int work = 0;
-    pthread_mutex_lock(&all_lock);
-    for (pm_ep_t *e = all_eps; e; e = e->next_all) work |= ep_pass(e, now);
-    pthread_mutex_unlock(&all_lock);
+    pthread_rwlock_rdlock(&all_lock);
+    for (pm_ep_t *e = all_eps; e; e = e->next_all) work |= ep_pass(e, now, tid, n);
+    pthread_rwlock_unlock(&all_lock);
     idle = work ? 0 : idle + 1;
     if (idle > 2000) nanosleep(&(struct timespec){0, 20000}, NULL); /* nothing for a while */
     else if (idle > 50) sched_yield();
@@ -320,13 +365,13 @@ static void *nic_main(void *arg) {
 }
 
 void pm_nic_stop(void) {
-  pthread_mutex_lock(&all_lock);
+  pthread_rwlock_wrlock(&all_lock);
   int running = nic_running;
   nic_running = 0;
-  pthread_mutex_unlock(&all_lock);
+  pthread_rwlock_unlock(&all_lock);
   if (!running) return;
   atomic_store(&nic_stop, 1);
-  pthread_join(nic, NULL);
+  for (int i = 0; i < running; i++) pthread_join(nic[i], NULL);
   atomic_store(&nic_stop, 0);
 }
 
@@ -342,24 +387,15 @@ static pm_link_t *link_of(pm_ep_t *e, fi_addr_t dest) {
   return &e->links[dest];
 }
 
-/* Queues op on its link as a NIC would: it starts when the link is free (a
- * fenced one also once everything before it completed), holds it for
- * len / bandwidth and arrives one latency later. */
-static ssize_t post(pm_ep_t *e, pm_op_t *op, uint64_t flags) {
+/* Puts op on its link as a NIC would (NIC thread, e->lock held): it starts
+ * when the link is free and it was posted (a fenced one also once
+ * everything before it completed), holds the link for len / bandwidth and
+ * arrives one latency later. */
+static int to_link(pm_ep_t *e, pm_op_t *op) {
   const pm_params_t *p = pm_params();
-  if (!pm_av_get(e->av, op->dest)) {
-    free(op);
-    return -FI_EINVAL;
-  }
-  pthread_mutex_lock(&e->lock);
   pm_link_t *l = link_of(e, op->dest);
-  if (!l) {
-    pthread_mutex_unlock(&e->lock);
-    free(op);
-    return -FI_ENOMEM;
-  }
-  uint64_t now = pm_now_ns(), start = now > l->free_ns ? now : l->free_ns;
-  op->fence = !!(flags & FI_FENCE);
+  if (!l) return -FI_ENOMEM;
+  uint64_t start = op->posted_ns > l->free_ns ? op->posted_ns : l->free_ns;
   if (op->fence && l->last_done_ns > start) start = l->last_done_ns;
   l->free_ns = start + (uint64_t)(op->len * p->ns_per_byte);
   op->arrive_ns = l->free_ns + p->latency_ns;
@@ -372,7 +408,36 @@ static ssize_t post(pm_ep_t *e, pm_op_t *op, uint64_t flags) {
   if (l->tail) l->tail->next = op;
   else l->head = op;
   l->tail = op;
-  pthread_mutex_unlock(&e->lock);
+  return 0;
+}
+
+/* The operations posted since the last pass go onto their links, in order. */
+static int take_posted(pm_ep_t *e) {
+  pthread_mutex_lock(&e->post_lock);
+  pm_op_t *op = e->sub_head;
+  e->sub_head = e->sub_tail = NULL;
+  pthread_mutex_unlock(&e->post_lock);
+  int any = op != NULL;
+  for (pm_op_t *next; op; op = next) {
+    next = op->next;
+    if (to_link(e, op)) complete(e, op, FI_ENOMEM, "out of memory for a link");
+  }
+  return any;
+}
+
+static ssize_t post(pm_ep_t *e, pm_op_t *op, uint64_t flags) {
+  if (!pm_av_get(e->av, op->dest)) {
+    free(op);
+    return -FI_EINVAL;
+  }
+  op->fence = !!(flags & FI_FENCE);
+  op->posted_ns = pm_now_ns();
+  op->next = NULL;
+  pthread_mutex_lock(&e->post_lock);
+  if (e->sub_tail) e->sub_tail->next = op;
+  else e->sub_head = op;
+  e->sub_tail = op;
+  pthread_mutex_unlock(&e->post_lock);
   return 0;
 }
 
@@ -461,21 +526,22 @@ static void free_ops(pm_op_t *op) {
 
 static int ep_close(struct fid *fid) {
   pm_ep_t *e = (pm_ep_t *)fid;
-  pthread_mutex_lock(&all_lock);
+  pthread_rwlock_wrlock(&all_lock);
   for (pm_ep_t **p = &all_eps; *p; p = &(*p)->next_all)
     if (*p == e) {
       *p = e->next_all;
       break;
     }
-  pthread_mutex_unlock(&all_lock);
+  pthread_rwlock_unlock(&all_lock);
   for (size_t i = 0; i < e->nlinks; i++) free_ops(e->links[i].head);
-  free_ops(e->waiting), free_ops(e->acking);
+  free_ops(e->waiting), free_ops(e->acking), free_ops(e->sub_head);
   for (pm_recv_t *r = e->recvs, *n; r; r = n) n = r->next, free(r);
   for (pm_held_t *h = e->unexp, *n; h; h = n) n = h->next, free(h);
   for (pm_held_t *h = e->held, *n; h; h = n) n = h->next, free(h);
   if (e->seg) pm_unlink(e->name, e->seg, sizeof *e->seg);
   free(e->links);
   pthread_mutex_destroy(&e->lock);
+  pthread_mutex_destroy(&e->post_lock);
   free(e);
   return 0;
 }
@@ -500,13 +566,15 @@ static int ep_control(struct fid *fid, int command, void *arg) {
   e->seg->magic = PM_MAGIC, e->seg->pid = getpid();
   memcpy(e->seg->dom, e->d->seg_name, PM_NAME_LEN);
   for (uint64_t i = 0; i < PM_INBOX; i++) atomic_store(&e->seg->ring[i].seq, i);
-  pthread_mutex_lock(&all_lock);
+  pthread_rwlock_wrlock(&all_lock);
   e->next_all = all_eps;
   all_eps = e;
-  int start = !nic_running;
-  if (start) nic_running = pthread_create(&nic, NULL, nic_main, NULL) == 0;
-  int ok = nic_running;
-  pthread_mutex_unlock(&all_lock);
+  int want = pm_params()->nic_threads;
+  while (nic_running < want &&
+         !pthread_create(&nic[nic_running], NULL, nic_main, (void *)(intptr_t)nic_running))
+    nic_running++;
+  int ok = nic_running == want;
+  pthread_rwlock_unlock(&all_lock);
   return ok ? 0 : -FI_EOTHER;
 }
 
@@ -538,6 +606,7 @@ int pm_ep_open(struct fid_domain *domain, struct fi_info *info, struct fid_ep **
   e->d = (pm_domain_t *)domain;
   e->rnd = (unsigned)pm_now_ns();
   pthread_mutex_init(&e->lock, NULL);
+  pthread_mutex_init(&e->post_lock, NULL);
   e->ep = (struct fid_ep){.fid = {.fclass = FI_CLASS_EP, .context = ctx, .ops = &ep_fi_ops},
                           .ops = &ep_ops, .cm = &cm_ops, .msg = &msg_ops, .rma = &rma_ops,
                           .tagged = &tagged_ops, .atomic = &atomic_ops};

@@ -51,6 +51,12 @@ static void params_load(void) {
   params.ordered = order != 0, params.reorder = order != 1;
   params.atomics = env_num("PERSEUS_MODEL_ATOMICS", 1, 0, 1) != 0;
   params.hmem = env_num("PERSEUS_MODEL_HMEM", 0, 0, 1) != 0;
+  double nt = env_num("PERSEUS_MODEL_NIC_THREADS", 1, 1, PM_MAX_NIC_THREADS);
+  if (nt != (int)nt) {
+    fprintf(stderr, "model fabric: PERSEUS_MODEL_NIC_THREADS=%g is invalid: expected an integer\n", nt);
+    params_bad = 1, nt = 1;
+  }
+  params.nic_threads = (int)nt;
 }
 const pm_params_t *pm_params(void) {
   pthread_once(&params_once, params_load);
@@ -408,6 +414,7 @@ static int mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access,
   uint64_t key = (uint64_t)slot << 48 | (atomic_fetch_add(&next_key, 1) & 0xffffffffffffULL);
   pm_mr_slot_t *s = &d->seg->mr[slot];
   s->addr = (uint64_t)(uintptr_t)buf, s->len = len, s->access = access;
+  pm_window_find(buf, len, s->shm, &s->shm_off);
   atomic_store(&s->key, key);
   pthread_mutex_unlock(&d->lock);
   m->d = d, m->slot = slot;
