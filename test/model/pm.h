@@ -2,12 +2,15 @@
  * only, never installed. It behaves like an RDMA NIC with a configurable
  * one-way latency and per-link bandwidth, between processes of one host:
  *
- * - Each process runs one NIC thread. A posted operation waits on its link
- *   (origin endpoint -> destination) as a NIC queue would: it starts when the
- *   link is free, occupies it for len / bandwidth, and arrives one latency
- *   later. Then the NIC thread performs it: an RMA write or read straight into
- *   (out of) the target's memory with process_vm_writev/readv, checked against
- *   the target's registrations; a tagged send, an atomic or a write's remote
+ * - Each process runs PERSEUS_MODEL_NIC_THREADS NIC threads (default 1), the
+ *   links shared out among them. A post only queues the operation; the NIC
+ *   thread puts it on its link (origin endpoint -> destination) as a NIC
+ *   queue would: it starts when the link is free, occupies it for len /
+ *   bandwidth, and arrives one latency later. Then the NIC thread performs
+ *   it: an RMA write or read straight into (out of) the target's memory,
+ *   checked against the target's registrations, with memcpy where that
+ *   memory is a shared /dev/shm mapping (mapped here too: pm_win.c), else
+ *   with process_vm_writev/readv; a tagged send, an atomic or a write's remote
  *   CQ data as a message into the target endpoint's inbox, where the target's
  *   NIC thread matches, pulls and applies it. Completions come one latency
  *   after arrival (an acknowledgement's trip), so waiting for them costs what
