@@ -33,26 +33,12 @@ static int check_first(ps_rma_comm_t *c, uint32_t src, uint32_t slot, const ps_s
   return 1;
 }
 
-/* Checks the record whose header is at `hoff` in receive slot `slot`
- * (`buf`) and whose payload starts at `doff` and must end by `dend`, and
- * enqueues its copy into the GPU window it names; 0 when refused (the comm
- * failed). `first`: the write's first record, NULL for that one itself. */
-static int take_record(ps_rma_comm_t *c, uint32_t src, uint32_t slot, const char *buf, size_t hoff,
-                       size_t doff, size_t dend, const ps_stage_hdr_t *first, ps_stage_hdr_t *h,
-                       uint64_t *ticket) {
+/* Record h of a staged write (its payload at byte doff of receive slot
+ * buf): checks the window it names and enqueues its copy into the GPU; 0
+ * when refused (the comm failed). */
+static int take_record(ps_rma_comm_t *c, uint32_t src, const char *buf, const ps_stage_hdr_t *h,
+                       size_t doff, uint64_t *ticket) {
   ps_stage_t *st = c->stage;
-  if (hoff > st->slot_bytes - sizeof *h || doff > dend ||
-      ps_stage_decode(buf + hoff, sizeof *h, src, dend - doff, h) != ncclSuccess) {
-    ps_rma_fail(c, ncclRemoteError, "malformed staged write from rank %u dropped (record at byte %zu, "
-                "payload at byte %zu)", src, hoff, doff);
-    return 0;
-  }
-  if (!first && !check_first(c, src, slot, h)) return 0;
-  if (first && h->stage_seq != first->stage_seq) {
-    ps_rma_fail(c, ncclRemoteError, "staged write %llu from rank %u holds a record of staged write %llu",
-                (unsigned long long)first->stage_seq, src, (unsigned long long)h->stage_seq);
-    return 0;
-  }
   if (h->sig_op) return 1; /* checked against its region when it is applied */
   ps_rma_region_t *r = h->region_id < c->nregions ? c->regions[h->region_id] : NULL;
   if (!r || !r->staged || h->offset > r->size || r->size - h->offset < h->len) {
@@ -92,32 +78,21 @@ int ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *se
     return 0;
   }
   const char *buf = st->rx_pool + ((size_t)src * st->per_peer + slot) * st->slot_bytes;
-  ps_stage_hdr_t first, h;
-  uint64_t ticket = 0;
-  const size_t H = sizeof h;
-  if (!take_record(c, src, slot, buf, 0, H, st->slot_bytes, NULL, &first, &ticket)) return 0;
-  /* the payloads lie between the first header and the other headers */
-  size_t hdrs = first.hdrs_off, doff = H + ((first.len + 63) & ~(uint64_t)63);
-  if (first.more && (hdrs < doff || hdrs > st->slot_bytes)) {
-    ps_rma_fail(c, ncclRemoteError, "staged write %llu from rank %u puts its headers at byte %zu, "
-                "inside its first payload or past the slot (%zu B)",
-                (unsigned long long)first.stage_seq, src, hdrs, st->slot_bytes);
+  ps_stage_hdr_t h[PS_STAGE_MAX_RECS];
+  size_t doff[PS_STAGE_MAX_RECS];
+  uint32_t n = ps_stage_layout(buf, st->slot_bytes, src, PS_STAGE_MAX_RECS, h, doff);
+  if (!n) {
+    ps_rma_fail(c, ncclRemoteError, "malformed staged write from rank %u in slot %u dropped", src, slot);
     return 0;
   }
-  sort_record(src, &first, seqs, nseq, sigs, nsig);
-  uint32_t n = 1;
-  for (h = first; h.more; n++) {
-    if (n == PS_STAGE_MAX_RECS) {
-      ps_rma_fail(c, ncclRemoteError, "staged write %llu from rank %u holds over %u records",
-                  (unsigned long long)first.stage_seq, src, PS_STAGE_MAX_RECS);
-      return 0;
-    }
-    if (!take_record(c, src, slot, buf, hdrs + (n - 1) * H, doff, hdrs, &first, &h, &ticket)) return 0;
-    doff += (h.len + 63) & ~(uint64_t)63;
-    sort_record(src, &h, seqs, nseq, sigs, nsig);
+  if (!check_first(c, src, slot, &h[0])) return 0;
+  uint64_t ticket = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (!take_record(c, src, buf, &h[i], doff[i], &ticket)) return 0;
+    sort_record(src, &h[i], seqs, nseq, sigs, nsig);
   }
   ps_stage_copy_t *k = &st->copies[(st->copy_head + st->ncopies) % ring_size(c)];
-  *k = (ps_stage_copy_t){.src = src, .stage_seq = first.stage_seq, .ticket = ticket};
+  *k = (ps_stage_copy_t){.src = src, .stage_seq = h[0].stage_seq, .ticket = ticket};
   st->ncopies++;
   st->changed = 1;
   return 1;

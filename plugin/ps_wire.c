@@ -150,3 +150,39 @@ ncclResult_t ps_stage_decode(const void *buf, size_t len, uint32_t src_rank, uin
   }
   return ncclSuccess;
 }
+
+static uint64_t padded64(uint64_t n) { return (n + 63) & ~(uint64_t)63; }
+
+uint32_t ps_stage_layout(const void *slot, size_t slot_bytes, uint32_t src_rank, uint32_t max,
+                         ps_stage_hdr_t *hdrs, size_t *doffs) {
+  const size_t H = sizeof *hdrs;
+  const char *b = slot;
+  if (!b || !hdrs || !doffs || !max || slot_bytes < 2 * H) return 0;
+  if (ps_stage_decode(b, H, src_rank, slot_bytes - H, &hdrs[0]) != ncclSuccess) return 0;
+  doffs[0] = H;
+  size_t doff = H + padded64(hdrs[0].len), hdrs_at = hdrs[0].hdrs_off;
+  if (hdrs[0].more && (hdrs_at < doff || hdrs_at > slot_bytes)) {
+    PS_WARN("staged write %llu from rank %u puts its headers at byte %zu, inside its first payload "
+            "or past the slot (%zu B)", (unsigned long long)hdrs[0].stage_seq, src_rank, hdrs_at,
+            slot_bytes);
+    return 0;
+  }
+  uint32_t n = 1;
+  for (; hdrs[n - 1].more; n++) {
+    size_t hoff = hdrs_at + (n - 1) * H;
+    if (n == max || hoff > slot_bytes - H || doff > hdrs_at) {
+      PS_WARN("staged write %llu from rank %u: record %u %s", (unsigned long long)hdrs[0].stage_seq,
+              src_rank, n, n == max ? "is one too many" : "lies outside the slot");
+      return 0;
+    }
+    if (ps_stage_decode(b + hoff, H, src_rank, hdrs_at - doff, &hdrs[n]) != ncclSuccess) return 0;
+    if (hdrs[n].stage_seq != hdrs[0].stage_seq) {
+      PS_WARN("staged write %llu from rank %u holds a record of staged write %llu",
+              (unsigned long long)hdrs[0].stage_seq, src_rank, (unsigned long long)hdrs[n].stage_seq);
+      return 0;
+    }
+    doffs[n] = doff;
+    doff += padded64(hdrs[n].len);
+  }
+  return n;
+}

@@ -145,5 +145,13 @@ ncclResult_t ps_reg_decode(const void *buf, size_t len, uint32_t nranks, uint32_
  * chunk or a signal (INC or ADD, no payload). */
 ncclResult_t ps_stage_decode(const void *buf, size_t len, uint32_t src_rank, uint64_t max_len,
                              ps_stage_hdr_t *out);
+/* The records of a staged write from `src_rank` in a receive slot of
+ * `slot_bytes` (at least two headers): at most `max` headers decoded into
+ * hdrs[], each record's payload at byte doffs[] of the slot. Every header
+ * lies in the slot and names the first one's staged write; the payloads lie
+ * back to back from byte 64, before the other headers. Returns how many
+ * records (>= 1), or 0 for a malformed write (logged). */
+uint32_t ps_stage_layout(const void *slot, size_t slot_bytes, uint32_t src_rank, uint32_t max,
+                         ps_stage_hdr_t *hdrs, size_t *doffs);
 
 #endif

@@ -148,6 +148,69 @@ static long long fuzz_onesided(long long iters, uint64_t (*rand64)(void)) {
   return accepted;
 }
 
+/* Staged writes as a whole (ps_stage_layout): a valid one, laid out as a
+ * sender does, must come back record for record; mutated ones may be
+ * refused, and what is accepted must keep every header and payload in the
+ * slot, the payloads back to back from byte 64 and before the headers. */
+#define LAY_SLOT 8192u
+#define LAY_MAX 8u
+static void check_layout(const unsigned char *slot, uint32_t n, const ps_stage_hdr_t *h, const size_t *doff) {
+  if (!n) return;
+  if (n > LAY_MAX) die("staged write: more records than allowed", slot, LAY_SLOT);
+  size_t want = sizeof *h, hdrs_end = n > 1 ? h[0].hdrs_off + (n - 1) * sizeof *h : LAY_SLOT;
+  for (uint32_t i = 0; i < n; i++) {
+    if (doff[i] != want || h[i].len > LAY_SLOT || doff[i] + h[i].len > (n > 1 ? h[0].hdrs_off : LAY_SLOT) ||
+        h[i].stage_seq != h[0].stage_seq || h[i].more != (i + 1 < n))
+      die("staged write accepted with a record out of place", slot, LAY_SLOT);
+    want += (h[i].len + 63) & ~(uint64_t)63;
+  }
+  if (hdrs_end > LAY_SLOT) die("staged write accepted with a header past the slot", slot, LAY_SLOT);
+}
+
+static long long fuzz_layout(long long iters, uint64_t (*rand64)(void)) {
+  unsigned char *slot = malloc(LAY_SLOT); /* heap: ASan sees a read past it */
+  if (!slot) abort();
+  long long accepted = 0;
+  for (long long it = 0; it < iters; it++) {
+    memset(slot, 0, LAY_SLOT);
+    uint32_t n = 1 + (uint32_t)(rand64() % LAY_MAX), lens[LAY_MAX];
+    size_t paid = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      lens[i] = (uint32_t)(rand64() % 5 == 0 ? 0 : rand64() % 700);
+      paid += (lens[i] + 63) & ~(size_t)63;
+    }
+    size_t hdrs = sizeof(ps_stage_hdr_t) + paid;
+    if (hdrs + (n - 1) * sizeof(ps_stage_hdr_t) > LAY_SLOT) continue;
+    for (uint32_t i = 0; i < n; i++) {
+      ps_stage_hdr_t h = {.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION, .more = (uint16_t)(i + 1 < n),
+                          .src_rank = OS_SRC, .region_id = 1, .len = lens[i], .seq = i + 1, .stage_seq = 7,
+                          .sig_op = lens[i] ? 0 : 2, .hdrs_off = i ? 0 : (uint32_t)hdrs};
+      memcpy(slot + (i ? hdrs + (i - 1) * sizeof h : 0), &h, sizeof h);
+    }
+    ps_stage_hdr_t out[LAY_MAX];
+    size_t doff[LAY_MAX];
+    uint32_t got = ps_stage_layout(slot, LAY_SLOT, OS_SRC, LAY_MAX, out, doff);
+    if (got != n) die("a valid staged write was refused or miscounted", slot, LAY_SLOT);
+    check_layout(slot, got, out, doff);
+    /* then flip bits in the headers (where the checks are) or set a field */
+    size_t where[LAY_MAX];
+    for (uint32_t i = 0; i < n; i++) where[i] = i ? hdrs + (i - 1) * sizeof(ps_stage_hdr_t) : 0;
+    for (int k = (int)(rand64() % 4); k >= 0; k--) {
+      size_t at = where[rand64() % n] + rand64() % sizeof(ps_stage_hdr_t);
+      slot[at] ^= (unsigned char)(1u << (rand64() % 8));
+    }
+    if (rand64() % 4 == 0) { /* hdrs_off anywhere, also past the slot */
+      uint32_t v = (uint32_t)(rand64() % (LAY_SLOT + 256));
+      memcpy(slot + offsetof(ps_stage_hdr_t, hdrs_off), &v, sizeof v);
+    }
+    got = ps_stage_layout(slot, LAY_SLOT, OS_SRC, rand64() % 2 ? LAY_MAX : n, out, doff);
+    check_layout(slot, got, out, doff);
+    accepted += got != 0;
+  }
+  free(slot);
+  return accepted;
+}
+
 #ifdef PS_LIBFUZZER
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -339,9 +402,11 @@ int main(int argc, char **argv) {
     iters++;
   }
   long long os_accepted = fuzz_onesided(iters / 4 + 1, rnd);
+  long long lay_accepted = fuzz_layout(iters / 64 + 1, rnd);
   printf("fuzz_wire: %lld iterations, %lld handles and %lld control messages accepted, "
-         "%lld NULL probes, %lld one-sided messages accepted of %lld: ok\n", iters, accepted[0],
-         accepted[1], null_calls, os_accepted, iters / 4 + 1);
+         "%lld NULL probes, %lld one-sided messages accepted of %lld, %lld mutated staged writes "
+         "of %lld: ok\n", iters, accepted[0], accepted[1], null_calls, os_accepted, iters / 4 + 1,
+         lay_accepted, iters / 64 + 1);
   return 0;
 }
 #endif
