@@ -74,14 +74,23 @@ ncclResult_t ps_comm_alloc(int kind, int dev, ps_comm_t **out) {
   return ncclSuccess;
 }
 
+/* Closes the comm's endpoints, at its end and, for a failed comm, before
+ * the failure reaches the caller: operations still posted (other parts of a striped message, other grouped
+ * receives) die with them, so no provider writes into or reads from a buffer
+ * the caller frees on the error. Not from a completion callback. */
+static void quiesce(ps_comm_t *c) {
+  ps_stripe_close(c->stripe); /* first: its threads complete into our requests */
+  c->stripe = NULL;
+  ps_ep_close(&c->ep);
+}
+
 void ps_comm_free(ps_comm_t *c) {
   if (!c) return;
   /* Handles of this comm and of its requests in flight go stale first:
    * nothing looks up a comm half torn down. */
   if (c->has_req_slots) ps_htab_release(&ps_req_tab, c->req_slots, (uint32_t)c->nreqs);
   if (c->has_slot) ps_htab_release(&ps_comm_tab, c->slot, 1);
-  ps_stripe_close(c->stripe); /* first: its threads complete into our requests */
-  ps_ep_close(&c->ep);
+  quiesce(c);
   ps_watch_detach(c->watch);
   if (c->ctrl_tx.mr) fi_close(&c->ctrl_tx.mr->fid);
   if (c->ctrl_rx.mr) fi_close(&c->ctrl_rx.mr->fid);
@@ -94,16 +103,6 @@ static void fail_comm(ps_comm_t *c, ncclResult_t rc, const char *why) {
   if (c->failed) return;
   c->failed = rc;
   PS_WARN("connection to %s failed: %s", c->peer_str[0] ? c->peer_str : "peer", why);
-}
-
-/* A failed comm's endpoints close before the failure reaches the caller:
- * operations still posted (other parts of a striped message, other grouped
- * receives) die with them, so no provider writes into or reads from a buffer
- * the caller frees on the error. Not from a completion callback. */
-static void quiesce(ps_comm_t *c) {
-  ps_stripe_close(c->stripe); /* first: its threads complete into our requests */
-  c->stripe = NULL;
-  ps_ep_close(&c->ep);
 }
 
 ncclResult_t ps_comm_fail(ps_comm_t *c, ncclResult_t rc, const char *why) {

@@ -167,6 +167,7 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
                      (c->calls || !ps_fabric_config()->stats))
                         ? ncclSuccess : ncclSystemError;
   if (rc == ncclSuccess) rc = ps_order_choose(c->ep.dev, &c->ordering);
+  if (rc == ncclSuccess) c->sig_atomic = ps_order_sig_atomic(c->ep.dev, c->ordering);
   if (rc == ncclSuccess) rc = choose_staging(c);
   if (rc == ncclSuccess) rc = ps_rma_model_open(c);
   int64_t inflight = ps_fabric_config()->rma_inflight; /* -1: unset, the provider's default */

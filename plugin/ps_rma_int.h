@@ -165,7 +165,6 @@ typedef struct ps_stage_slot {
   uint64_t pass;              /* the progress pass it was opened in */
   uint64_t opened_ns;
   size_t used;                /* bytes of records */
-  size_t paid;                /* of which payloads (after the first header) */
   uint32_t nrec;
   int bare;                   /* one chunk into a host window */
   int sealed;                 /* a put that is not staged came after it: nothing more joins */
@@ -354,6 +353,7 @@ struct ps_rma_comm {
   ps_rma_req_t *inbox_head, *inbox_tail; /* operations the engine has not taken, in call order */
   int rank, nranks;
   ps_ordering_t ordering;
+  int sig_atomic; /* signals go as atomic adds (ps_order_sig_atomic; ordered: until staging) */
   int gpu_direct; /* GPU windows registered with the provider (FI_HMEM), not staged */
   ps_ep_t ep;
   struct fid_ep **lanes; /* fence: one transmit endpoint per peer (see ps_ep_open_lane) */
@@ -489,8 +489,8 @@ int ps_order_sig_ready(const ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_
 ncclResult_t ps_order_post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted);
 /* 1 when a signal may go as a record of a staged write. */
 int ps_order_sig_may_ride(const ps_rma_comm_t *c);
-/* Whether a signal goes as an atomic add the NIC applies (ps_rma_order.c). */
-int ps_order_sig_atomic(const ps_rma_comm_t *c);
+/* Whether strategy s on d posts signals as atomic adds the NIC applies. */
+int ps_order_sig_atomic(const ps_device_t *d, ps_ordering_t s);
 /* Counts a queued signal's fence or the one it avoided; 1 when the caller
  * must block until the puts it covers are delivered (drain). */
 int ps_order_count_fence(ps_rma_comm_t *c, ps_rma_peer_t *p, uint64_t need);

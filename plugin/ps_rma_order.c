@@ -74,22 +74,22 @@ static void sig_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, c
 }
 
 
-/* Whether a signal goes as an atomic add rather than a message for the
- * target's proxy to apply. fence: always. ordered: where the provider keeps
- * atomics behind earlier writes (FI_ORDER_WAW covers RMA and atomic writes
- * alike) and applies them itself (what fence needs too), and no GPU window is
- * staged (a staged put reaches its window only when the target copies it out
- * of its staging slot, after the write the atomic follows). The NIC then
- * applies the signal: the target's proxy never handles it. */
-int ps_order_sig_atomic(const ps_rma_comm_t *c) {
-  if (c->ordering == PS_ORD_FENCE) return 1;
-  return c->ordering == PS_ORD_ORDERED && !c->stage && (c->ep.dev->rma_msg_order & FI_ORDER_WAW) &&
-         !missing_for(c->ep.dev, PS_ORD_FENCE);
+/* Whether strategy s on d posts signals as atomic adds rather than messages
+ * for the target's proxy to apply. fence: always. ordered: where the
+ * provider keeps atomics behind earlier writes (FI_ORDER_WAW covers RMA and
+ * atomic writes alike) and applies them itself (what fence needs too). The
+ * NIC then applies the signal: the target's proxy never handles it. */
+int ps_order_sig_atomic(const ps_device_t *d, ps_ordering_t s) {
+  if (s == PS_ORD_FENCE) return 1;
+  return s == PS_ORD_ORDERED && (d->rma_msg_order & FI_ORDER_WAW) && !missing_for(d, PS_ORD_FENCE);
 }
 
 ncclResult_t ps_order_post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted) {
   r->sig_op = (ps_op_t){.cb = sig_done, .owner = r};
-  if (!ps_order_sig_atomic(c))
+  /* ordered stops once a GPU window is staged: a staged put reaches its
+   * window only when the target copies it out of its staging slot, after
+   * the write the atomic follows (fence is refused with staging) */
+  if (!c->sig_atomic || (c->ordering == PS_ORD_ORDERED && c->stage))
     return ps_rma_post_sig_send(c, r->peer, &r->sig, sizeof r->sig, r->chunk_desc, PS_TAG_RMA_SIG,
                                 &r->sig_op, posted);
   r->operand = r->sig.op == NCCL_NET_SIGNAL_OP_INC ? 1 : r->sig.value;

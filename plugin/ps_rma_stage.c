@@ -216,6 +216,12 @@ static size_t rec_bytes(const ps_stage_t *st, const ps_rma_req_t *r, uint32_t i)
   return r->dst_staged ? PS_STAGE_HDR + ((n + 63) & ~(size_t)63) : n;
 }
 
+/* Payload bytes in slot s, after its first header (a bare chunk has no
+ * header of its own). */
+static size_t paid(const ps_stage_slot_t *s) {
+  return s->bare ? s->used : s->used - s->nrec * PS_STAGE_HDR;
+}
+
 /* Whether a record of `bytes` can join slot s (not posted yet: the last
  * prepared for the peer): a staged write with room left, opened in this pass
  * or still copying out of the GPU, for at most PERSEUS_STAGING_COALESCE_US.
@@ -260,8 +266,7 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
     if (!joins(c, s, r, i)) {
       if (taken == limit || !(s = st->free_slots)) break;
       st->free_slots = s->next;
-      s->ticket = 0, s->pass = c->passes, s->opened_ns = c->now_ns, s->used = 0, s->paid = 0;
-      s->nrec = 0;
+      s->ticket = 0, s->pass = c->passes, s->opened_ns = c->now_ns, s->used = 0, s->nrec = 0;
       s->sealed = 0;
       s->bare = !r->dst_staged;
       s->next = NULL;
@@ -271,7 +276,7 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
       taken++;
     }
     size_t n = i == r->nchunks ? 0 : chunk_len(st, r, i);
-    char *payload = (char *)(s->hdr + 1) + s->paid;
+    char *payload = (char *)(s->hdr + 1) + paid(s);
     const char *from = n ? r->src + (size_t)i * st->chunk : NULL;
     if (r->src_gpu && n) {
       if (!i && p->ops) r->ts.copy_start = ps_rma_stats_now();
@@ -284,7 +289,6 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
     }
     s->rec[s->nrec++] = (ps_stage_rec_t){.req = r, .chunk = i == r->nchunks ? PS_STAGE_SIG_REC : i};
     s->used += rec_bytes(st, r, i);
-    s->paid = s->bare ? s->used : s->used - s->nrec * PS_STAGE_HDR;
     r->prepared++;
   }
   return taken;
@@ -361,10 +365,10 @@ static ncclResult_t post_slot(ps_rma_comm_t *c, ps_stage_slot_t *s, uint64_t sse
     rma = (struct fi_rma_iov){.addr = r->rma.addr + off, .len = s->used, .key = r->rma.key};
     return ps_rma_post_put(c, r->peer, &m, r->seq + s->rec[0].chunk, posted);
   }
+  size_t hdrs_off = PS_STAGE_HDR + paid(s);
   for (uint32_t k = 0; k < s->nrec; k++) {
     ps_rma_req_t *q = s->rec[k].req;
     uint32_t i = s->rec[k].chunk;
-    size_t hdrs_off = PS_STAGE_HDR + s->paid;
     ps_stage_hdr_t *h = (ps_stage_hdr_t *)((char *)s->hdr + (k ? hdrs_off + (k - 1) * PS_STAGE_HDR : 0));
     *h = (ps_stage_hdr_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
                           .more = (uint16_t)(k + 1 < s->nrec), .src_rank = (uint32_t)c->rank,
