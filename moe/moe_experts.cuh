@@ -238,9 +238,11 @@ __device__ void ps_expert_return(const ps_moe_args &a, int j)
 
 /* Returns, in thread 0, when the CTA saw every CTA past its dispatch and
  * headers (0: it did not wait there: the tiled kernel, which passed a grid
- * barrier, or a CTA whose first task was not GEMM1). */
+ * barrier, or a CTA whose first task was not GEMM1). Always inlined: ptxas
+ * serializes every wgmma of a kernel that calls a function holding them, and
+ * nvcc's inliner outlines this one once the kernel grows past its budget. */
 template <int BM>
-__device__ unsigned long long ps_moe_experts(const ps_moe_args &a, char *smem)
+__device__ __forceinline__ unsigned long long ps_moe_experts(const ps_moe_args &a, char *smem)
 {
   /* task: the claimed index; then expert, column tile (GEMM2 from n1), row
    * tile and the expert's row tiles */

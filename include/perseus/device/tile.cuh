@@ -24,11 +24,30 @@
 #include <stdint.h>
 
 #if __CUDACC__
+/* Loads a thread keeps in flight before their stores. A tile's words are
+ * independent, but the compiler may not move a load above an earlier store
+ * to memory it cannot prove apart, so a plain loop pays one load latency per
+ * word; a warp copying a 4 KiB row would pay eight, four a round pays two
+ * (eight: more code than nvcc inlines into the MoE kernel). Narrow words
+ * (tails, unaligned tiles) keep the plain loop: less code in kernels. */
+#ifndef PERSEUS_COPY_UNROLL
+#define PERSEUS_COPY_UNROLL 4
+#endif
 template <typename Word, typename Coop>
 __device__ __forceinline__ void perseus_copy_words(Coop &coop, char *dst, const char *src, size_t n) {
+  constexpr int U = sizeof(Word) >= 8 ? PERSEUS_COPY_UNROLL : 1;
   Word *d = (Word *)dst;
   const Word *s = (const Word *)src;
-  for (size_t i = coop.thread_rank(); i < n; i += coop.size()) d[i] = s[i];
+  const size_t step = coop.size();
+  size_t i = coop.thread_rank();
+  for (; U > 1 && i + (U - 1) * step < n; i += U * step) {
+    Word v[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) v[u] = s[i + u * step];
+#pragma unroll
+    for (int u = 0; u < U; u++) d[i + u * step] = v[u];
+  }
+  for (; i < n; i += step) d[i] = s[i];
 }
 
 template <typename Coop>
