@@ -15,9 +15,13 @@
 #   PERSEUS_BUILD_DIR  the build (default build)
 #   PERSEUS_MODEL_NIC_THREADS  NIC threads per rank (default: what the cores
 #                   allow, 1..4: the ranks' cores left over, shared out)
-# First a calibration run measures c, the proxy's cost per operation: the
-# ordered strategy on links too fast to matter (0 us, 1000 GB/s), where
-# T = P (t + 1) c. Each rank needs a core for itself and one for its NIC
+# First a calibration run measures each strategy's fixed costs on links too
+# fast to matter (0 us, 1000 GB/s): c, the proxy's cost per operation, from
+# T = P (t + 1) c for ordered, fence and target (target's also pays the
+# remote completion of each write it receives), and drain's cost per peer
+# turn d0 from T = P d0 (posting, the NIC's copy and its completion notice);
+# the model then adds what latency and bandwidth cost each (docs/model.md).
+# Each rank needs a core for itself and one for its NIC
 # thread: a host with fewer than 2 (P + 1) cores measures its scheduler, and
 # the script says so.
 set -uo pipefail
@@ -59,23 +63,25 @@ for P in $PEERS; do
   [ -z "$USER_NIC" ] && [ "$nic" -gt 4 ] && nic=4
   export PERSEUS_MODEL_NIC_THREADS=$nic
   echo "# P = $P: $R ranks, $nic NIC thread(s) each (PERSEUS_MODEL_NIC_THREADS)"
-  cal=$(run "$LOGDIR/calibrate-p$P.log" "$R" 0 1000 ordered) || exit 1
-  tcal=$(echo "$cal" | awk '$1 == "ordered" {print $2}')
-  c=$(awk -v t="$tcal" -v P="$P" -v k="$T" 'BEGIN {printf "%.3f", t / (P * (k + 1))}')
-  echo "# P = $P: calibration (0 us, 1000 GB/s) ordered $tcal us per batch: c = $c us per operation"
+  cal=$(run "$LOGDIR/calibrate-p$P.log" "$R" 0 1000 ordered,fence,target,drain) || exit 1
+  consts=$(echo "$cal" | awk -v P="$P" -v k="$T" '
+    $1 == "drain" { printf "drain %.3f ", $2 / P; next }
+    { printf "%s %.3f ", $1, $2 / (P * (k + 1)) }')
+  echo "# P = $P: calibration (0 us, 1000 GB/s), us: $(echo "$cal" | tr '\n' ' ')"
+  echo "# P = $P: c per operation (ordered, fence, target) and d0 per drain turn, us: $consts"
   printf "# %4s %6s %9s %9s %11s %11s %8s %9s\n" P "L(us)" "B(GB/s)" strategy "meas(us)" "model(us)" "err" "vs drain"
   for L in $LATS; do
     for BW in $BWS; do
       rows=$(run "$LOGDIR/p$P-l$L-b$BW.log" "$R" "$L" "$BW" ordered,fence,target,drain) || exit 1
-      echo "$rows" | awk -v P="$P" -v L="$L" -v BW="$BW" -v c="$c" -v k="$T" -v s="$bytes" '
+      echo "$rows" | awk -v P="$P" -v L="$L" -v BW="$BW" -v consts="$consts" -v k="$T" -v s="$bytes" '
+        BEGIN { nf = split(consts, f, " "); for (i = 1; i < nf; i += 2) c[f[i]] = f[i + 1] }
         { meas[$1] = $2; order[n++] = $1 }
         END {
           wire = k * s / (BW * 1e3)            # t.s/B in us
-          post = P * (k + 1) * c
-          tord = post > wire ? post : wire
-          tdrain = P * ((k + 1) * c + wire + 2 * L)
           for (i = 0; i < n; i++) {
-            st = order[i]; m = meas[st]; pred = st == "drain" ? tdrain : tord
+            st = order[i]; m = meas[st]
+            if (st == "drain") pred = P * (c["drain"] + wire + 2 * L)
+            else { post = P * (k + 1) * c[st]; pred = post > wire ? post : wire }
             printf "  %4d %6s %9s %9s %11.1f %11.1f %+7.0f%% %8.2fx\n", P, L, BW, st, m, pred,
                    100 * (m - pred) / pred, meas["drain"] / m
           }

@@ -351,6 +351,9 @@ static int ep_pass(pm_ep_t *e, uint64_t now, int tid, int n) {
 static void *nic_main(void *arg) {
   int tid = (int)(intptr_t)arg, n = pm_params()->nic_threads;
   int idle = 0;
+  char name[16]; /* per-thread CPU time in /proc/<pid>/task/<tid>/stat names it */
+  snprintf(name, sizeof name, "model-nic%d", tid);
+  (void)pthread_setname_np(pthread_self(), name);
   while (!atomic_load(&nic_stop)) {
     uint64_t now = pm_now_ns();
     int work = 0;
