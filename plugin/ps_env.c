@@ -98,8 +98,9 @@ ncclResult_t ps_config_load(ps_config_t *cfg) {
   PS_CHECK(ps_env_int("PERSEUS_KEEPALIVE_MS", 1000, 10, 3600000, &cfg->keepalive_ms));
   PS_CHECK(ps_env_int("PERSEUS_PEER_TIMEOUT_MS", 5000, 10, 3600000, &cfg->peer_timeout_ms));
   PS_CHECK(ps_env_int("PERSEUS_EAGAIN_RETRIES", 64, 0, 1000000, &cfg->eagain_retries));
-  PS_CHECK(ps_env_int("PERSEUS_NSTREAMS", 1, 1, PS_MAX_STREAMS, &cfg->nstreams));
-  PS_CHECK(ps_env_int("PERSEUS_STRIPE_MIN", 256 << 10, 1024, 1LL << 30, &cfg->stripe_min));
+  /* unset: -1, the provider's default (ps_stripe_default) */
+  PS_CHECK(ps_env_int("PERSEUS_NSTREAMS", -1, 1, PS_MAX_STREAMS, &cfg->nstreams));
+  PS_CHECK(ps_env_int("PERSEUS_STRIPE_MIN", 128 << 10, 1024, 1LL << 30, &cfg->stripe_min));
   PS_CHECK(ps_env_bool("PERSEUS_TCP_PASSTHRU", 1, &cfg->tcp_passthru));
   PS_CHECK(ps_env_bool("PERSEUS_STATS", 0, &cfg->stats));
   PS_CHECK(ps_env_int("PERSEUS_STAGING_BYTES", 64 << 20, 64 << 10, 1LL << 36, &cfg->staging_bytes));

@@ -32,7 +32,7 @@ typedef struct {
   int64_t max_recvs;     /* PERSEUS_MAX_RECVS: grouped receives */
   int64_t keepalive_ms;  /* PERSEUS_KEEPALIVE_MS: idle time before probing a peer */
   int64_t peer_timeout_ms; /* PERSEUS_PEER_TIMEOUT_MS: unanswered probe => peer dead */
-  int64_t nstreams;        /* PERSEUS_NSTREAMS: endpoints (and threads) per two-sided comm */
+  int64_t nstreams;        /* PERSEUS_NSTREAMS: endpoints (and threads) per two-sided comm; -1 unset */
   int64_t stripe_min;      /* PERSEUS_STRIPE_MIN: smallest message split across them */
   int64_t eagain_retries;  /* PERSEUS_EAGAIN_RETRIES: progress+retry before backpressure */
   int tcp_passthru;        /* PERSEUS_TCP_PASSTHRU: rxm hands tagged calls straight to tcp */

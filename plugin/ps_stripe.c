@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ps_log.h"
 
@@ -41,7 +42,12 @@ struct ps_stripe {
 };
 
 int ps_stripe_wanted(const ps_device_t *d) {
-  int n = (int)ps_fabric_config()->nstreams - 1;
+  int64_t want = ps_fabric_config()->nstreams;
+  if (want < 1) {
+    const char *prov = d->info && d->info->fabric_attr ? d->info->fabric_attr->prov_name : NULL;
+    want = ps_stripe_default(prov, sysconf(_SC_NPROCESSORS_ONLN));
+  }
+  int n = (int)want - 1;
   static int told;
   const char *why = !n ? NULL
                     : d->mr_endpoint ? "its memory registrations are bound to one endpoint"
@@ -213,8 +219,10 @@ ncclResult_t ps_stripe_connect(ps_stripe_t *s, const ps_ctrl_msg_t *m, int n) {
     st->started = 1;
   }
   if (n)
-    PS_INFO(NCCL_INIT | NCCL_NET, "comm striped over %d endpoints (PERSEUS_NSTREAMS), messages of "
-            "PERSEUS_STRIPE_MIN=%lld bytes and up", n + 1, (long long)ps_fabric_config()->stripe_min);
+    PS_INFO(NCCL_INIT | NCCL_NET, "comm striped over %d endpoints (PERSEUS_NSTREAMS%s), messages of "
+            "PERSEUS_STRIPE_MIN=%lld bytes and up", n + 1,
+            ps_fabric_config()->nstreams < 1 ? " unset: this provider's default on this host" : "",
+            (long long)ps_fabric_config()->stripe_min);
   return ncclSuccess;
 }
 

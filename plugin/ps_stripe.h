@@ -15,6 +15,8 @@
 #ifndef PS_STRIPE_H
 #define PS_STRIPE_H
 
+#include <string.h>
+
 #include "ps_ep.h"
 
 typedef struct ps_stripe ps_stripe_t;
@@ -30,7 +32,16 @@ static inline void ps_stripe_part(uint64_t n, int parts, int i, uint64_t *off, u
   *len = (hi < n ? hi : n) - *off;
 }
 
-/* Extra endpoints a new comm on d should offer: PERSEUS_NSTREAMS - 1, or 0
+/* Endpoints per comm where PERSEUS_NSTREAMS is unset, for provider `prov`
+ * (libfabric's prov_name, e.g. "tcp;ofi_rxm") on a host with `cpus` CPUs
+ * online: 4 on tcp (alone or under a utility provider) with 16 CPUs or
+ * more, where one connection is bound by a core's socket copies and the
+ * extra threads have cores to run on; else 1. */
+static inline int ps_stripe_default(const char *prov, long cpus) {
+  return prov && !strncmp(prov, "tcp", 3) && (!prov[3] || prov[3] == ';') && cpus >= 16 ? 4 : 1;
+}
+/* Extra endpoints a new comm on d should offer: PERSEUS_NSTREAMS - 1 (unset:
+ * ps_stripe_default's count - 1), or 0
  * where the provider cannot stripe (memory registrations bound to one
  * endpoint, no 8 bytes of remote CQ data; said once at INFO). */
 int ps_stripe_wanted(const ps_device_t *d);

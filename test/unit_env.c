@@ -10,6 +10,7 @@
 
 #include "ps_env.h"
 #include "ps_log.h"
+#include "ps_stripe.h"
 
 #include "unit_check.h"
 
@@ -135,7 +136,7 @@ static void test_enum(void) {
 static const char *const config_vars[] = {
     "PERSEUS_PROVIDER", "FI_PROVIDER", "PERSEUS_IFACE", "PERSEUS_NET_REQUESTS", "PERSEUS_MAX_RECVS",
     "PERSEUS_KEEPALIVE_MS", "PERSEUS_PEER_TIMEOUT_MS", "PERSEUS_EAGAIN_RETRIES", "PERSEUS_RMA_INFLIGHT",
-    "NCCL_SOCKET_IFNAME", NULL};
+    "PERSEUS_NSTREAMS", "PERSEUS_STRIPE_MIN", "NCCL_SOCKET_IFNAME", NULL};
 
 static void clear_config_env(void) {
   for (int i = 0; config_vars[i]; i++) unsetenv(config_vars[i]);
@@ -154,6 +155,9 @@ static void test_config(void) {
   EXPECT(c.eagain_retries == 64, "default PERSEUS_EAGAIN_RETRIES %lld", (long long)c.eagain_retries);
   EXPECT(c.rma_inflight == -1, "PERSEUS_RMA_INFLIGHT unset must leave the bound to the provider, got %lld",
          (long long)c.rma_inflight);
+  EXPECT(c.nstreams == -1, "PERSEUS_NSTREAMS unset must leave the count to the provider, got %lld",
+         (long long)c.nstreams);
+  EXPECT(c.stripe_min == 128 << 10, "default PERSEUS_STRIPE_MIN %lld", (long long)c.stripe_min);
 
   setenv("FI_PROVIDER", "sockets", 1);
   EXPECT(ps_config_load(&c) == ncclSuccess && c.provider && !strcmp(c.provider, "sockets"),
@@ -196,6 +200,8 @@ static void test_config(void) {
       {"PERSEUS_EAGAIN_RETRIES", "-1"},   {"PERSEUS_EAGAIN_RETRIES", "1000001"},
       {"PERSEUS_EAGAIN_RETRIES", "1O"},    {"PERSEUS_RMA_INFLIGHT", "-1"},
       {"PERSEUS_RMA_INFLIGHT", "65537"},  {"PERSEUS_RMA_INFLIGHT", "8 ops"},
+      {"PERSEUS_NSTREAMS", "0"},          {"PERSEUS_NSTREAMS", "9"},
+      {"PERSEUS_NSTREAMS", "auto"},       {"PERSEUS_STRIPE_MIN", "1023"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     clear_config_env();
@@ -209,6 +215,24 @@ static void test_config(void) {
            bad[i].value, log);
   }
   clear_config_env();
+}
+
+/* --- PERSEUS_NSTREAMS unset: the provider's count (ps_stripe_default) --- */
+static void test_stripe_default(void) {
+  static const struct {
+    const char *prov;
+    long cpus;
+    int want;
+  } cases[] = {
+      {"tcp;ofi_rxm", 16, 4}, {"tcp", 64, 4},     {"tcp;ofi_rxm", 15, 1}, {"tcp", 2, 1},
+      {"sockets", 64, 1},     {"shm", 64, 1},     {"verbs;ofi_rxm", 64, 1}, {"tcpx", 64, 1},
+      {"udp;ofi_rxd", 64, 1}, {NULL, 64, 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int got = ps_stripe_default(cases[i].prov, cases[i].cpus);
+    EXPECT(got == cases[i].want, "provider %s on %ld CPUs: %d endpoints per comm, expected %d",
+           cases[i].prov ? cases[i].prov : "(none)", cases[i].cpus, got, cases[i].want);
+  }
 }
 
 /* --- interface rules (NCCL_SOCKET_IFNAME's syntax) --- */
@@ -252,6 +276,7 @@ int main(void) {
   test_bool();
   test_enum();
   test_config();
+  test_stripe_default();
   test_iface();
   return unit_report("unit_env");
 }
