@@ -202,6 +202,8 @@ static ncclResult_t ctx_push(ps_cuda_dev_t *d, const char *op) {
   return ncclUnhandledCudaError;
 }
 
+ncclResult_t ps_cuda_bind_thread(ps_cuda_dev_t *d) { return ctx_push(d, "binding a thread to its GPU"); }
+
 static void ctx_pop(const char *op) {
   CUcontext c;
   CUresult rc = cu.ctx_pop(&c);
