@@ -202,7 +202,15 @@ static ncclResult_t ctx_push(ps_cuda_dev_t *d, const char *op) {
   return ncclUnhandledCudaError;
 }
 
-ncclResult_t ps_cuda_bind_thread(ps_cuda_dev_t *d) { return ctx_push(d, "binding a thread to its GPU"); }
+ncclResult_t ps_cuda_bind_thread(ps_cuda_dev_t *d) {
+  static __thread const ps_cuda_dev_t *bound; /* checked already on this thread */
+  if (bound == d) return ncclSuccess;
+  CUdevice dev;
+  ncclResult_t rc = ncclSuccess;
+  if (cu.ctx_get_device(&dev) != CUDA_SUCCESS) rc = ctx_push(d, "binding a thread to its GPU");
+  if (rc == ncclSuccess) bound = d; /* a caller's own context stays */
+  return rc;
+}
 
 static void ctx_pop(const char *op) {
   CUcontext c;

@@ -37,11 +37,12 @@ int ps_cuda_available(void);
  * device memory. */
 ncclResult_t ps_cuda_open(const void *dev_ptr, ps_cuda_dev_t **out);
 void ps_cuda_close(ps_cuda_dev_t *d);
-/* Leaves d's context current on the calling thread for the rest of its life
- * (under its later push/pop pairs). For perseus' own threads: a provider
- * that copies GPU memory through the CUDA runtime (FI_HMEM) does so on the
- * calling thread's current context, and a thread with none would get GPU
- * 0's in every process, as NCCL's threads, which set their device, do not. */
+/* A thread with no current context gets d's, for the rest of its life
+ * (under its later push/pop pairs); one with a context keeps it. A provider
+ * that copies GPU memory through the CUDA runtime (FI_HMEM; shm does) does
+ * so on the calling thread's current context, and a thread with none would
+ * copy through GPU 0's in every process. Cheap after the first call on a
+ * thread. */
 ncclResult_t ps_cuda_bind_thread(ps_cuda_dev_t *d);
 /* The device ordinal of d (for FI_HMEM registration). */
 int ps_cuda_ordinal(const ps_cuda_dev_t *d);

@@ -77,6 +77,7 @@ static int post_ready_sigs(ps_rma_comm_t *c, ps_rma_peer_t *p) {
 static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   int posted, sigs;
   c->now_ns = ps_now_ns(); /* completions read while posting are stamped with it */
+  if (c->stage && c->stage->cu) (void)ps_cuda_bind_thread(c->stage->cu); /* a provider's GPU copies */
   if (c->stage && p->prep_req) ps_stage_prepare(c, p);
   while (p->dq_head && !c->error) {
     if ((sigs = post_ready_sigs(c, p)) < 0) return;
@@ -411,6 +412,7 @@ int ps_rma_progress_pass(ps_rma_comm_t *c) {
                        ? c->calls->pass_ns : NULL;
   uint64_t t = now;
   if (step) c->calls->passes++;
+  if (c->stage && c->stage->cu) (void)ps_cuda_bind_thread(c->stage->cu); /* a provider's GPU copies */
   ps_rma_release_held(c);
   if (ps_ep_progress(&c->ep, 256, &handled) != ncclSuccess)
     ps_rma_fail(c, ncclRemoteError, "%s", c->ep.fatal);

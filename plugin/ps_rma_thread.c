@@ -48,10 +48,8 @@ void ps_rma_inbox_push(ps_rma_comm_t *c, ps_rma_req_t *r) {
 static void *engine_main(void *arg) {
   ps_rma_comm_t *c = arg;
   unsigned idle = 0;
-  int bound = 0; /* to the GPU of our windows, once there is one (ps_cuda_bind_thread) */
   while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
     pthread_mutex_lock(&c->lock);
-    if (!bound && c->stage && c->stage->cu) bound = ps_cuda_bind_thread(c->stage->cu) == ncclSuccess ? 1 : -1;
     int work = c->error ? 0 : ps_rma_engine_pass(c);
     int failed = c->error != ncclSuccess;
     if (!work && !failed) work = waiting(c);
