@@ -1,0 +1,95 @@
+/* Flash-Decode's host side (ps_decode.h): shape checks, shards and the fp64
+ * reference. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ps_decode.h"
+
+static _Thread_local char ps_decode_err[256];
+
+const char *ps_decode_last_error(void) { return ps_decode_err; }
+
+static int fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(ps_decode_err, sizeof ps_decode_err, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+int ps_decode_check_config(const ps_decode_config_t *c, int nranks) {
+  ps_decode_err[0] = '\0';
+  if (!c) return fail("no config");
+  if (nranks < 1) return fail("%d ranks: expected at least 1", nranks);
+  if (c->batch < 1) return fail("batch %d: expected at least 1 sequence", c->batch);
+  if (c->kv_heads < 1) return fail("kv_heads %d: expected at least 1", c->kv_heads);
+  if (c->q_heads < 1 || c->q_heads % c->kv_heads)
+    return fail("q_heads %d: expected a positive multiple of kv_heads (%d)", c->q_heads, c->kv_heads);
+  if (c->head_dim < 8 || c->head_dim % 8 || c->head_dim > PS_DECODE_MAX_HEAD_DIM)
+    return fail("head_dim %d: expected a multiple of 8 from 8 to %d", c->head_dim,
+                PS_DECODE_MAX_HEAD_DIM);
+  if (c->max_context < 1) return fail("max_context %d: expected at least 1 token", c->max_context);
+  return 0;
+}
+
+int ps_decode_check_lengths(const ps_decode_config_t *c, const int *len) {
+  ps_decode_err[0] = '\0';
+  if (!len) return fail("no sequence lengths");
+  for (int b = 0; b < c->batch; b++)
+    if (len[b] < 1 || len[b] > c->max_context)
+      return fail("sequence %d has %d tokens: expected 1 to max_context (%d)", b, len[b],
+                  c->max_context);
+  return 0;
+}
+
+void ps_decode_shard(int len, int nranks, int rank, int *start, int *end) {
+  *start = (int)((long long)len * rank / nranks);
+  *end = (int)((long long)len * (rank + 1) / nranks);
+}
+
+void ps_decode_ref_partial(const ps_decode_config_t *c, double scale, const double *q,
+                           const double *k, const double *v, size_t stride, const int *n,
+                           double *o, double *lse) {
+  const size_t D = (size_t)c->head_dim, group = (size_t)(c->q_heads / c->kv_heads);
+  for (size_t b = 0; b < (size_t)c->batch; b++)
+    for (size_t h = 0; h < (size_t)c->q_heads; h++) {
+      const double *qv = q + (b * (size_t)c->q_heads + h) * D;
+      const size_t row = (b * (size_t)c->kv_heads + h / group) * stride * D;
+      double *out = o + (b * (size_t)c->q_heads + h) * D;
+      memset(out, 0, D * sizeof *out);
+      double m = -INFINITY, l = 0.0;
+      for (size_t j = 0; j < (size_t)n[b]; j++) { /* the running max keeps exp() below 1 */
+        double s = 0.0;
+        for (size_t d = 0; d < D; d++) s += qv[d] * k[row + j * D + d];
+        s *= scale;
+        double grow = s > m ? exp(m - s) : 1.0, w = s > m ? 1.0 : exp(s - m);
+        if (s > m) m = s;
+        l = l * grow + w;
+        for (size_t d = 0; d < D; d++) out[d] = out[d] * grow + w * v[row + j * D + d];
+      }
+      if (l > 0.0)
+        for (size_t d = 0; d < D; d++) out[d] /= l;
+      lse[b * (size_t)c->q_heads + h] = n[b] ? m + log(l) : -INFINITY;
+    }
+}
+
+void ps_decode_ref_combine(const ps_decode_config_t *c, int nranks, const double *const *o_parts,
+                           const double *const *lse_parts, double *out) {
+  const size_t D = (size_t)c->head_dim, rows = (size_t)c->batch * (size_t)c->q_heads;
+  for (size_t i = 0; i < rows; i++) {
+    double m = -INFINITY, sum = 0.0;
+    for (int r = 0; r < nranks; r++)
+      if (lse_parts[r][i] > m) m = lse_parts[r][i];
+    memset(out + i * D, 0, D * sizeof *out);
+    if (m == -INFINITY) continue; /* every shard empty: a length check refuses that */
+    for (int r = 0; r < nranks; r++) {
+      if (lse_parts[r][i] == -INFINITY) continue; /* an empty shard adds nothing */
+      double w = exp(lse_parts[r][i] - m);
+      sum += w;
+      for (size_t d = 0; d < D; d++) out[i * D + d] += w * o_parts[r][i * D + d];
+    }
+    for (size_t d = 0; d < D; d++) out[i * D + d] /= sum;
+  }
+}
