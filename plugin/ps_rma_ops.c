@@ -77,7 +77,6 @@ static int post_ready_sigs(ps_rma_comm_t *c, ps_rma_peer_t *p) {
 static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   int posted, sigs;
   c->now_ns = ps_now_ns(); /* completions read while posting are stamped with it */
-  if (c->stage && c->stage->cu) (void)ps_cuda_bind_thread(c->stage->cu); /* a provider's GPU copies */
   if (c->stage && p->prep_req) ps_stage_prepare(c, p);
   while (p->dq_head && !c->error) {
     if ((sigs = post_ready_sigs(c, p)) < 0) return;
@@ -333,10 +332,18 @@ static void take_sig(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r) {
   }
 }
 
+/* The calling thread, which posts and reads completions, gets the GPU of
+ * our windows if it has no context: a provider may copy GPU memory through
+ * the CUDA runtime on it (ps_cuda_bind_thread). */
+static void bind_gpu(ps_rma_comm_t *c) {
+  if (c->stage && c->stage->cu) (void)ps_cuda_bind_thread(c->stage->cu);
+}
+
 /* The engine takes r, in call order: its put and signal join the peer's
  * queues, and what the provider takes is posted. */
 static void take(ps_rma_comm_t *c, ps_rma_req_t *r) {
   ps_rma_peer_t *p = &c->peers[r->peer];
+  bind_gpu(c);
   int has_sig = r->has_sig, waits = has_sig && c->ordering == PS_ORD_DRAIN;
   if (r->has_data) take_data(p, r);
   if (has_sig) take_sig(c, p, r);
@@ -412,7 +419,7 @@ int ps_rma_progress_pass(ps_rma_comm_t *c) {
                        ? c->calls->pass_ns : NULL;
   uint64_t t = now;
   if (step) c->calls->passes++;
-  if (c->stage && c->stage->cu) (void)ps_cuda_bind_thread(c->stage->cu); /* a provider's GPU copies */
+  bind_gpu(c);
   ps_rma_release_held(c);
   if (ps_ep_progress(&c->ep, 256, &handled) != ncclSuccess)
     ps_rma_fail(c, ncclRemoteError, "%s", c->ep.fatal);

@@ -213,7 +213,7 @@ static uint32_t nrecs(const ps_rma_req_t *r) { return r->nchunks + r->sig_rides;
 static size_t rec_bytes(const ps_stage_t *st, const ps_rma_req_t *r, uint32_t i) {
   if (i == r->nchunks) return PS_STAGE_HDR;
   size_t n = chunk_len(st, r, i);
-  return r->dst_staged ? PS_STAGE_HDR + ((n + 63) & ~(size_t)63) : n;
+  return r->dst_staged ? PS_STAGE_HDR + ps_stage_padded(n) : n;
 }
 
 /* Payload bytes in slot s, after its first header (a bare chunk has no

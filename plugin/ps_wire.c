@@ -151,8 +151,6 @@ ncclResult_t ps_stage_decode(const void *buf, size_t len, uint32_t src_rank, uin
   return ncclSuccess;
 }
 
-static uint64_t padded64(uint64_t n) { return (n + 63) & ~(uint64_t)63; }
-
 uint32_t ps_stage_layout(const void *slot, size_t slot_bytes, uint32_t src_rank, uint32_t max,
                          ps_stage_hdr_t *hdrs, size_t *doffs) {
   const size_t H = sizeof *hdrs;
@@ -160,7 +158,7 @@ uint32_t ps_stage_layout(const void *slot, size_t slot_bytes, uint32_t src_rank,
   if (!b || !hdrs || !doffs || !max || slot_bytes < 2 * H) return 0;
   if (ps_stage_decode(b, H, src_rank, slot_bytes - H, &hdrs[0]) != ncclSuccess) return 0;
   doffs[0] = H;
-  size_t doff = H + padded64(hdrs[0].len), hdrs_at = hdrs[0].hdrs_off;
+  size_t doff = H + ps_stage_padded(hdrs[0].len), hdrs_at = hdrs[0].hdrs_off;
   if (hdrs[0].more && (hdrs_at < doff || hdrs_at > slot_bytes)) {
     PS_WARN("staged write %llu from rank %u puts its headers at byte %zu, inside its first payload "
             "or past the slot (%zu B)", (unsigned long long)hdrs[0].stage_seq, src_rank, hdrs_at,
@@ -182,7 +180,7 @@ uint32_t ps_stage_layout(const void *slot, size_t slot_bytes, uint32_t src_rank,
       return 0;
     }
     doffs[n] = doff;
-    doff += padded64(hdrs[n].len);
+    doff += ps_stage_padded(hdrs[n].len);
   }
   return n;
 }

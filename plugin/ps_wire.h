@@ -140,6 +140,9 @@ _Static_assert(sizeof(ps_stage_hdr_t) == 64, "staged write header is one cache l
 ncclResult_t ps_sig_decode(const void *buf, size_t len, uint32_t nranks, ps_sig_msg_t *out);
 ncclResult_t ps_reg_decode(const void *buf, size_t len, uint32_t nranks, uint32_t region_id,
                            ps_reg_msg_t *out);
+/* The bytes a staged record's payload takes in its slot: the next payload
+ * starts 64-byte aligned. Sender and target must agree. */
+static inline uint64_t ps_stage_padded(uint64_t len) { return (len + 63) & ~(uint64_t)63; }
 /* A staged header must also name `src_rank` (whom the slot belongs to),
  * carry at most `max_len` payload bytes, say 0 or 1 in `more`, and be a
  * chunk or a signal (INC or ADD, no payload). */
