@@ -76,7 +76,10 @@ static int post_ready_sigs(ps_rma_comm_t *c, ps_rma_peer_t *p) {
  * so that a bound on posted operations never holds it behind them. */
 static void pump(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   int posted, sigs;
-  c->now_ns = ps_now_ns(); /* completions read while posting are stamped with it */
+  /* staging's write coalescing times its slots with this clock; without
+   * staging the pass's clock will do (liveness counts in milliseconds), and
+   * a clock read per operation is a measurable share of a small put */
+  if (c->stage) c->now_ns = ps_now_ns();
   if (c->stage && p->prep_req) ps_stage_prepare(c, p);
   while (p->dq_head && !c->error) {
     if ((sigs = post_ready_sigs(c, p)) < 0) return;

@@ -11,7 +11,8 @@
 #   MODEL_LAT_US    link latencies in us, list (default "2 5")
 #   MODEL_GBPS      link bandwidths in GB/s, list (default "12.5 25")
 #   MODEL_SIZE      tile size (default 16K), MODEL_T tiles per signal (default 8)
-#   MODEL_ITERS     timed batches (default 200), warmup a tenth
+#   MODEL_ITERS     timed batches (default 2000: a run of a few hundred ms, so that
+#                   one descheduling on a busy host does not decide it), warmup a tenth
 #   PERSEUS_BUILD_DIR  the build (default build)
 #   PERSEUS_MODEL_NIC_THREADS  NIC threads per rank (default: what the cores
 #                   allow, 1..4: the ranks' cores left over, shared out)
@@ -33,7 +34,7 @@ LATS=${MODEL_LAT_US:-2 5}
 BWS=${MODEL_GBPS:-12.5 25}
 SIZE=${MODEL_SIZE:-16K}
 T=${MODEL_T:-8}
-ITERS=${MODEL_ITERS:-200}
+ITERS=${MODEL_ITERS:-2000}
 bench=$B/bench/perseus_put_signal_perf
 [ -x "$bench" ] || { echo "model-bench.sh: no $bench (build first)" >&2; exit 1; }
 [ -f "$B/test/model/libmodel-fi.so" ] || { echo "model-bench.sh: no model fabric in $B/test/model" >&2; exit 1; }

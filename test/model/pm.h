@@ -44,13 +44,14 @@
 #define PM_NAME_LEN 32 /* an endpoint's address: its segment's name, NUL-padded */
 #define PM_MAX_MR 4096
 #define PM_INBOX 1024 /* messages an endpoint's inbox holds */
+#define PM_RCQ 4096   /* remote CQ data entries an endpoint's notice ring holds */
 #define PM_MAGIC 0x504d4f44454c3031ULL
 /* Sends up to this size travel inside the message (eager, as NICs inline
  * them); larger ones are pulled from the sender once matched, and the sender
  * must keep them until they complete. */
 #define PM_INLINE 64
 
-enum { PM_MSG_TSEND = 1, PM_MSG_ACK, PM_MSG_RCQ, PM_MSG_ATOMIC };
+enum { PM_MSG_TSEND = 1, PM_MSG_ACK, PM_MSG_ATOMIC };
 
 typedef struct {
   _Atomic uint64_t seq; /* ring position protocol (bounded MPMC queue) */
@@ -86,6 +87,15 @@ typedef struct {
   char dom[PM_NAME_LEN]; /* the segment of its process's registrations */
   _Atomic uint64_t head, tail;
   pm_msg_t ring[PM_INBOX];
+  /* A write's remote CQ data, put here by the origin's NIC thread once the
+   * bytes are in and read by the target's fi_cq_read, as a NIC writes the
+   * completion entry into host memory: no thread of the target handles it
+   * on the way. Same ring protocol as the inbox. */
+  _Atomic uint64_t rcq_head, rcq_tail;
+  struct {
+    _Atomic uint64_t seq;
+    uint64_t data;
+  } rcq[PM_RCQ];
 } pm_ep_seg_t;
 
 /* Model parameters (PERSEUS_MODEL_*), read once. */
@@ -125,8 +135,16 @@ void pm_unlink(const char *name, void *seg, size_t size);
 int pm_inbox_put(pm_ep_seg_t *s, const pm_msg_t *m);
 int pm_inbox_get(pm_ep_seg_t *s, pm_msg_t *out);
 
+/* A write's remote CQ data into the target endpoint's notice ring;
+ * -FI_EAGAIN when full. */
+int pm_rcq_put(pm_ep_seg_t *s, uint64_t data);
+
 /* Completion queue (pm_prov.c). */
 typedef struct pm_cq pm_cq_t;
+/* The notice ring of an endpoint bound to the CQ: fi_cq_read returns its
+ * entries (attach when the endpoint is enabled, detach before it closes). */
+int pm_cq_attach(pm_cq_t *cq, pm_ep_seg_t *seg);
+void pm_cq_detach(pm_cq_t *cq, pm_ep_seg_t *seg);
 void pm_cq_push(pm_cq_t *cq, const struct fi_cq_tagged_entry *e);
 void pm_cq_push_err(pm_cq_t *cq, void *ctx, uint64_t flags, int err, size_t olen, const char *why);
 
@@ -138,19 +156,23 @@ typedef struct {
   pthread_mutex_t lock;
 } pm_domain_t;
 
-/* Address vector: fi_addr_t is an index. */
+/* Address vector: fi_addr_t is an index. Entries live in blocks that never
+ * move, so the NIC threads and posts look them up without a lock (a NIC's
+ * address table is read by its hardware, not under the driver's lock). */
 typedef struct {
   char name[PM_NAME_LEN];
-  pm_ep_seg_t *seg;
+  _Atomic(pm_ep_seg_t *) seg; /* NULL: removed */
   pm_dom_seg_t *dom;
   pid_t pid;
 } pm_peer_t;
 
+#define PM_AV_BLOCK 256
+#define PM_AV_BLOCKS 256 /* addresses an AV holds: PM_AV_BLOCK * PM_AV_BLOCKS */
 typedef struct {
   struct fid_av av;
-  pthread_mutex_t lock;
-  pm_peer_t *peers;
-  size_t n, cap;
+  pthread_mutex_t lock; /* inserts and removals */
+  pm_peer_t *block[PM_AV_BLOCKS];
+  _Atomic size_t n;     /* entries published */
 } pm_av_t;
 const pm_peer_t *pm_av_get(pm_av_t *av, fi_addr_t a);
 

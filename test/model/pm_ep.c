@@ -58,11 +58,22 @@ typedef struct pm_ep {
   _Atomic(pm_op_t *) sub_top;
   pm_link_t *links;
   size_t nlinks;
+  /* Operations on the links of NIC thread t (link i is thread i % n's):
+   * a thread with none skips the endpoint without taking its lock, so idle
+   * threads do not contend with the one that has work. */
+  _Atomic int queued[PM_MAX_NIC_THREADS];
   pm_op_t *waiting, *waiting_tail; /* performed, in that order: until done_ns */
   pm_op_t *acking;                  /* sent: until the target's ACK */
   pm_recv_t *recvs;
   pm_held_t *unexp, *held;
   unsigned rnd;
+  /* Operations are reused, not freed: the NIC threads push finished ones
+   * here (a compare-and-swap), and posting takes them back in bulk into
+   * `cache`, so a post and its completion cost no allocator call (and no
+   * allocator lock shared between the caller and the NIC threads). */
+  _Atomic(pm_op_t *) finished;
+  atomic_flag cache_busy; /* posts from several threads take turns at `cache` */
+  pm_op_t *cache;
 } pm_ep_t;
 
 /* Held for reading by the NIC threads through each pass, for writing (writers first) where
@@ -93,6 +104,13 @@ static void send_msg(pm_ep_t *e, pm_ep_seg_t *to, const pm_msg_t *m) {
     fprintf(stderr, "model fabric: out of memory, a message is lost\n");
 }
 
+static void op_release(pm_ep_t *e, pm_op_t *op) {
+  op->next = atomic_load_explicit(&e->finished, memory_order_relaxed);
+  while (!atomic_compare_exchange_weak_explicit(&e->finished, &op->next, op, memory_order_release,
+                                                memory_order_relaxed))
+    ;
+}
+
 static void complete(pm_ep_t *e, pm_op_t *op, int err, const char *why) {
   if (err) {
     pm_cq_push_err(e->cq, op->ctx, op->cflags, err, 0, why);
@@ -100,7 +118,7 @@ static void complete(pm_ep_t *e, pm_op_t *op, int err, const char *why) {
     struct fi_cq_tagged_entry c = {.op_context = op->ctx, .flags = op->cflags, .len = op->len};
     pm_cq_push(e->cq, &c);
   }
-  free(op);
+  op_release(e, op);
 }
 
 /* The registration `key` of `dom` covering [addr, addr + len) with `access`. */
@@ -162,10 +180,8 @@ static int perform(pm_ep_t *e, pm_op_t *op, uint64_t now) {
       complete(e, op, op->err, op->why);
       return 0;
     }
-    if (op->remote_cq) {
-      pm_msg_t m = {.type = PM_MSG_RCQ, .data = op->data};
-      if (pm_inbox_put(peer->seg, &m)) return -FI_EAGAIN; /* the data is there; its notice next time */
-    }
+    if (op->remote_cq && pm_rcq_put(peer->seg, op->data))
+      return -FI_EAGAIN; /* the data is there; its notice next time */
     op->done_ns = now + p->latency_ns + (op->type == OP_READ ? (uint64_t)(op->len * p->ns_per_byte) : 0);
     op->next = NULL;
     if (e->waiting_tail) e->waiting_tail->next = op;
@@ -266,6 +282,7 @@ static int take_posted(pm_ep_t *e);
  * the rest. Returns whether it found work. */
 static int ep_pass(pm_ep_t *e, uint64_t now, int tid, int n) {
   int work = 0;
+  if (tid && !atomic_load_explicit(&e->queued[tid], memory_order_acquire)) return 0;
   pthread_mutex_lock(&e->lock);
   if (!tid) work |= take_posted(e);
   for (size_t i = (size_t)tid; i < e->nlinks; i += (size_t)n) {
@@ -291,6 +308,7 @@ static int ep_pass(pm_ep_t *e, uint64_t now, int tid, int n) {
           if (!next) l->tail = op;
           break;
         }
+        atomic_fetch_sub_explicit(&e->queued[tid], 1, memory_order_relaxed);
         work = 1;
       }
       continue;
@@ -309,6 +327,7 @@ static int ep_pass(pm_ep_t *e, uint64_t now, int tid, int n) {
       if (perform(e, op, now)) break;
       l->head = next;
       if (!next) l->tail = NULL;
+      atomic_fetch_sub_explicit(&e->queued[tid], 1, memory_order_relaxed);
       work = 1;
     }
   }
@@ -320,9 +339,6 @@ static int ep_pass(pm_ep_t *e, uint64_t now, int tid, int n) {
   while (!pm_inbox_get(e->seg, &m)) {
     work = 1;
     if (m.type == PM_MSG_TSEND) hold(&e->unexp, &m, NULL);
-    else if (m.type == PM_MSG_RCQ)
-      pm_cq_push(e->cq, &(struct fi_cq_tagged_entry){.flags = FI_REMOTE_WRITE | FI_RMA | FI_REMOTE_CQ_DATA,
-                                                      .data = m.data});
     else if (m.type == PM_MSG_ATOMIC) on_atomic(e, &m);
     else if (m.type == PM_MSG_ACK) hold(&e->held, &m, NULL);
   }
@@ -415,6 +431,7 @@ static int to_link(pm_ep_t *e, pm_op_t *op) {
   if (l->tail) l->tail->next = op;
   else l->head = op;
   l->tail = op;
+  atomic_fetch_add_explicit(&e->queued[op->dest % (fi_addr_t)p->nic_threads], 1, memory_order_release);
   return 0;
 }
 
@@ -436,7 +453,7 @@ static int take_posted(pm_ep_t *e) {
 
 static ssize_t post(pm_ep_t *e, pm_op_t *op, uint64_t flags) {
   if (!pm_av_get(e->av, op->dest)) {
-    free(op);
+    op_release(e, op);
     return -FI_EINVAL;
   }
   op->fence = !!(flags & FI_FENCE);
@@ -448,16 +465,23 @@ static ssize_t post(pm_ep_t *e, pm_op_t *op, uint64_t flags) {
   return 0;
 }
 
-static pm_op_t *new_op(int type, void *ctx, uint64_t cflags, void *buf, size_t len, fi_addr_t dest) {
-  pm_op_t *op = calloc(1, sizeof *op);
-  if (op) op->type = type, op->ctx = ctx, op->cflags = cflags, op->buf = buf, op->len = len, op->dest = dest;
+static pm_op_t *new_op(pm_ep_t *e, int type, void *ctx, uint64_t cflags, void *buf, size_t len,
+                       fi_addr_t dest) {
+  while (atomic_flag_test_and_set_explicit(&e->cache_busy, memory_order_acquire))
+    ;
+  if (!e->cache) e->cache = atomic_exchange_explicit(&e->finished, NULL, memory_order_acquire);
+  pm_op_t *op = e->cache;
+  if (op) e->cache = op->next;
+  atomic_flag_clear_explicit(&e->cache_busy, memory_order_release);
+  if (!op && !(op = malloc(sizeof *op))) return NULL;
+  *op = (pm_op_t){.type = type, .ctx = ctx, .cflags = cflags, .buf = buf, .len = len, .dest = dest};
   return op;
 }
 
 /* A tagged send; with has_data, `data` reaches the receiver as remote CQ data. */
 static ssize_t send_tagged(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest,
                            uint64_t tag, int has_data, uint64_t data, void *ctx) {
-  pm_op_t *op = new_op(OP_TSEND, ctx, FI_SEND | FI_TAGGED | FI_MSG, (void *)buf, len, dest);
+  pm_op_t *op = new_op((pm_ep_t *)ep, OP_TSEND, ctx, FI_SEND | FI_TAGGED | FI_MSG, (void *)buf, len, dest);
   if (!op) return -FI_ENOMEM;
   op->tag = tag, op->data = data, op->remote_cq = has_data;
   return post((pm_ep_t *)ep, op, 0);
@@ -493,7 +517,7 @@ static ssize_t trecv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_ad
 static ssize_t rma_msg(struct fid_ep *ep, const struct fi_msg_rma *msg, uint64_t flags, int type) {
   if (msg->iov_count != 1 || msg->rma_iov_count != 1 || msg->msg_iov[0].iov_len != msg->rma_iov[0].len)
     return -FI_EINVAL;
-  pm_op_t *op = new_op(type, msg->context, FI_RMA | (type == OP_WRITE ? FI_WRITE : FI_READ),
+  pm_op_t *op = new_op((pm_ep_t *)ep, type, msg->context, FI_RMA | (type == OP_WRITE ? FI_WRITE : FI_READ),
                        msg->msg_iov[0].iov_base, msg->msg_iov[0].iov_len, msg->addr);
   if (!op) return -FI_ENOMEM;
   op->raddr = msg->rma_iov[0].addr, op->key = msg->rma_iov[0].key;
@@ -515,7 +539,7 @@ static ssize_t atomicmsg(struct fid_ep *ep, const struct fi_msg_atomic *msg, uin
       msg->msg_iov[0].count != 1 || msg->rma_iov[0].count != 1 || msg->datatype != FI_UINT64 ||
       msg->op != FI_SUM)
     return -FI_EOPNOTSUPP;
-  pm_op_t *op = new_op(OP_ATOMIC, msg->context, FI_ATOMIC | FI_WRITE, NULL, 8, msg->addr);
+  pm_op_t *op = new_op((pm_ep_t *)ep, OP_ATOMIC, msg->context, FI_ATOMIC | FI_WRITE, NULL, 8, msg->addr);
   if (!op) return -FI_ENOMEM;
   op->raddr = msg->rma_iov[0].addr, op->key = msg->rma_iov[0].key;
   op->data = *(const uint64_t *)msg->msg_iov[0].addr;
@@ -542,10 +566,11 @@ static int ep_close(struct fid *fid) {
   pthread_rwlock_unlock(&all_lock);
   for (size_t i = 0; i < e->nlinks; i++) free_ops(e->links[i].head);
   free_ops(e->waiting), free_ops(e->acking), free_ops(atomic_load(&e->sub_top));
+  free_ops(atomic_load(&e->finished)), free_ops(e->cache);
   for (pm_recv_t *r = e->recvs, *n; r; r = n) n = r->next, free(r);
   for (pm_held_t *h = e->unexp, *n; h; h = n) n = h->next, free(h);
   for (pm_held_t *h = e->held, *n; h; h = n) n = h->next, free(h);
-  if (e->seg) pm_unlink(e->name, e->seg, sizeof *e->seg);
+  if (e->seg) pm_cq_detach(e->cq, e->seg), pm_unlink(e->name, e->seg, sizeof *e->seg);
   free(e->links);
   pthread_mutex_destroy(&e->lock);
   free(e);
@@ -572,6 +597,13 @@ static int ep_control(struct fid *fid, int command, void *arg) {
   e->seg->magic = PM_MAGIC, e->seg->pid = getpid();
   memcpy(e->seg->dom, e->d->seg_name, PM_NAME_LEN);
   for (uint64_t i = 0; i < PM_INBOX; i++) atomic_store(&e->seg->ring[i].seq, i);
+  for (uint64_t i = 0; i < PM_RCQ; i++) atomic_store(&e->seg->rcq[i].seq, i);
+  int rc = pm_cq_attach(e->cq, e->seg);
+  if (rc) {
+    pm_unlink(e->name, e->seg, sizeof *e->seg);
+    e->seg = NULL;
+    return rc;
+  }
   pthread_rwlock_wrlock(&all_lock);
   e->next_all = all_eps;
   all_eps = e;
@@ -611,6 +643,7 @@ int pm_ep_open(struct fid_domain *domain, struct fi_info *info, struct fid_ep **
   if (!e) return -FI_ENOMEM;
   e->d = (pm_domain_t *)domain;
   e->rnd = (unsigned)pm_now_ns();
+  atomic_flag_clear(&e->cache_busy);
   pthread_mutex_init(&e->lock, NULL);
   e->ep = (struct fid_ep){.fid = {.fclass = FI_CLASS_EP, .context = ctx, .ops = &ep_fi_ops},
                           .ops = &ep_ops, .cm = &cm_ops, .msg = &msg_ops, .rma = &rma_ops,

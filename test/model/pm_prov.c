@@ -40,6 +40,7 @@ static double env_num(const char *name, double def, double lo, double hi) {
 }
 
 static pthread_once_t params_once = PTHREAD_ONCE_INIT;
+static _Atomic(const pm_params_t *) params_ready; /* set once loaded: the NIC threads' fast path */
 static void params_load(void) {
   params.latency_ns = (uint64_t)(env_num("PERSEUS_MODEL_LATENCY_US", 2, 0, 1e6) * 1000);
   params.ns_per_byte = 1.0 / env_num("PERSEUS_MODEL_GBPS", 12.5, 0.01, 1000);
@@ -59,7 +60,10 @@ static void params_load(void) {
   params.nic_threads = (int)nt;
 }
 const pm_params_t *pm_params(void) {
+  const pm_params_t *p = atomic_load_explicit(&params_ready, memory_order_acquire);
+  if (p) return p;
   pthread_once(&params_once, params_load);
+  atomic_store_explicit(&params_ready, &params, memory_order_release);
   return &params;
 }
 
@@ -187,7 +191,43 @@ int pm_inbox_get(pm_ep_seg_t *s, pm_msg_t *out) {
   return 0;
 }
 
-/* --- completion queue --- */
+int pm_rcq_put(pm_ep_seg_t *s, uint64_t data) {
+  uint64_t pos = atomic_load_explicit(&s->rcq_head, memory_order_relaxed);
+  for (;;) {
+    __typeof__(&s->rcq[0]) slot = &s->rcq[pos % PM_RCQ];
+    uint64_t seq = atomic_load_explicit(&slot->seq, memory_order_acquire);
+    if (seq == pos) {
+      if (atomic_compare_exchange_weak(&s->rcq_head, &pos, pos + 1)) {
+        slot->data = data;
+        atomic_store_explicit(&slot->seq, pos + 1, memory_order_release);
+        return 0;
+      }
+    } else if (seq < pos) {
+      return -FI_EAGAIN; /* full */
+    } else {
+      pos = atomic_load_explicit(&s->rcq_head, memory_order_relaxed);
+    }
+  }
+}
+
+/* The oldest notice of the ring (single consumer: the CQ's lock). */
+static int rcq_get(pm_ep_seg_t *s, uint64_t *data) {
+  uint64_t pos = atomic_load_explicit(&s->rcq_tail, memory_order_relaxed);
+  __typeof__(&s->rcq[0]) slot = &s->rcq[pos % PM_RCQ];
+  if (atomic_load_explicit(&slot->seq, memory_order_acquire) != pos + 1) return -FI_EAGAIN;
+  *data = slot->data;
+  atomic_store_explicit(&slot->seq, pos + PM_RCQ, memory_order_release);
+  atomic_store_explicit(&s->rcq_tail, pos + 1, memory_order_relaxed);
+  return 0;
+}
+
+/* --- completion queue: NIC threads add entries without a lock (a ring
+ * whose slots say whose turn it is, as the inbox), the way a NIC writes
+ * completions into host memory; only readers take the CQ's lock. A full
+ * ring spills into a list under its own lock, so that a NIC thread never
+ * waits for a reader. --- */
+#define PM_CQ_RING 4096
+
 typedef struct {
   struct fi_cq_tagged_entry e;
   int err; /* 0, or an fi errno: an error entry */
@@ -195,30 +235,78 @@ typedef struct {
   char why[96];
 } pm_cqe_t;
 
+typedef struct pm_cq_spill {
+  struct pm_cq_spill *next;
+  pm_cqe_t x;
+} pm_cq_spill_t;
+
 struct pm_cq {
   struct fid_cq cq;
-  pthread_mutex_t lock;
-  pm_cqe_t *q;
-  size_t head, n, cap;
+  pthread_mutex_t lock; /* readers: the ring's tail, the spill list's head, rseg */
+  struct {
+    _Atomic uint64_t seq;
+    pm_cqe_t x;
+  } *ring;
+  _Atomic uint64_t head;
+  uint64_t tail;
+  pthread_mutex_t spill_lock;
+  pm_cq_spill_t *spill, **spill_tail;
+  _Atomic int spilled;
   char last_err[96];
+  pm_ep_seg_t **rseg; /* notice rings of the endpoints bound to it */
+  int nrseg, rseg_cap;
 };
 
-static int cq_grow(pm_cq_t *c) {
-  if (c->n < c->cap) return 0;
-  size_t cap = c->cap ? 2 * c->cap : 256;
-  pm_cqe_t *q = malloc(cap * sizeof *q);
-  if (!q) return -1;
-  for (size_t i = 0; i < c->n; i++) q[i] = c->q[(c->head + i) % c->cap];
-  free(c->q);
-  c->q = q, c->cap = cap, c->head = 0;
+int pm_cq_attach(pm_cq_t *c, pm_ep_seg_t *seg) {
+  pthread_mutex_lock(&c->lock);
+  if (c->nrseg == c->rseg_cap) {
+    int cap = c->rseg_cap ? 2 * c->rseg_cap : 4;
+    pm_ep_seg_t **r = realloc(c->rseg, (size_t)cap * sizeof *r);
+    if (!r) {
+      pthread_mutex_unlock(&c->lock);
+      return -FI_ENOMEM;
+    }
+    c->rseg = r, c->rseg_cap = cap;
+  }
+  c->rseg[c->nrseg++] = seg;
+  pthread_mutex_unlock(&c->lock);
   return 0;
 }
 
-static void cq_add(pm_cq_t *c, const pm_cqe_t *x) {
+void pm_cq_detach(pm_cq_t *c, pm_ep_seg_t *seg) {
   pthread_mutex_lock(&c->lock);
-  if (!cq_grow(c)) c->q[(c->head + c->n++) % c->cap] = *x;
-  else fprintf(stderr, "model fabric: out of memory, a completion is lost\n");
+  for (int i = 0; i < c->nrseg; i++)
+    if (c->rseg[i] == seg) c->rseg[i] = c->rseg[--c->nrseg];
   pthread_mutex_unlock(&c->lock);
+}
+
+static void cq_add(pm_cq_t *c, const pm_cqe_t *x) {
+  uint64_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
+  for (;;) {
+    __typeof__(&c->ring[0]) slot = &c->ring[pos % PM_CQ_RING];
+    uint64_t seq = atomic_load_explicit(&slot->seq, memory_order_acquire);
+    if (seq == pos) {
+      if (atomic_compare_exchange_weak(&c->head, &pos, pos + 1)) {
+        slot->x = *x;
+        atomic_store_explicit(&slot->seq, pos + 1, memory_order_release);
+        return;
+      }
+    } else if (seq < pos) {
+      break; /* full */
+    } else {
+      pos = atomic_load_explicit(&c->head, memory_order_relaxed);
+    }
+  }
+  pm_cq_spill_t *s = malloc(sizeof *s);
+  if (!s) {
+    fprintf(stderr, "model fabric: out of memory, a completion is lost\n");
+    return;
+  }
+  s->x = *x, s->next = NULL;
+  pthread_mutex_lock(&c->spill_lock);
+  *c->spill_tail = s, c->spill_tail = &s->next;
+  atomic_store_explicit(&c->spilled, 1, memory_order_release);
+  pthread_mutex_unlock(&c->spill_lock);
 }
 
 void pm_cq_push(pm_cq_t *cq, const struct fi_cq_tagged_entry *e) {
@@ -232,16 +320,48 @@ void pm_cq_push_err(pm_cq_t *cq, void *ctx, uint64_t flags, int err, size_t olen
   cq_add(cq, &x);
 }
 
+/* The oldest entry (reader, c->lock held): the ring's, else the spill
+ * list's; NULL when there is none. cq_pop takes it. */
+static const pm_cqe_t *cq_peek(pm_cq_t *c) {
+  __typeof__(&c->ring[0]) slot = &c->ring[c->tail % PM_CQ_RING];
+  if (atomic_load_explicit(&slot->seq, memory_order_acquire) == c->tail + 1) return &slot->x;
+  if (!atomic_load_explicit(&c->spilled, memory_order_acquire)) return NULL;
+  pthread_mutex_lock(&c->spill_lock);
+  const pm_cqe_t *x = c->spill ? &c->spill->x : NULL; /* only readers unlink */
+  pthread_mutex_unlock(&c->spill_lock);
+  return x;
+}
+
+static void cq_pop(pm_cq_t *c, const pm_cqe_t *x) {
+  __typeof__(&c->ring[0]) slot = &c->ring[c->tail % PM_CQ_RING];
+  if (x == &slot->x) {
+    atomic_store_explicit(&slot->seq, c->tail + PM_CQ_RING, memory_order_release);
+    c->tail++;
+    return;
+  }
+  pthread_mutex_lock(&c->spill_lock);
+  pm_cq_spill_t *s = c->spill;
+  if (!(c->spill = s->next)) c->spill_tail = &c->spill, atomic_store(&c->spilled, 0);
+  pthread_mutex_unlock(&c->spill_lock);
+  free(s);
+}
+
 static ssize_t cq_read(struct fid_cq *fid, void *buf, size_t count) {
   pm_cq_t *c = (pm_cq_t *)fid;
   struct fi_cq_tagged_entry *out = buf;
   ssize_t n = 0;
   pthread_mutex_lock(&c->lock);
-  while ((size_t)n < count && c->n && !c->q[c->head].err) {
-    out[n++] = c->q[c->head].e;
-    c->head = (c->head + 1) % c->cap, c->n--;
+  uint64_t data;
+  for (int i = 0; i < c->nrseg; i++)
+    while ((size_t)n < count && !rcq_get(c->rseg[i], &data))
+      out[n++] = (struct fi_cq_tagged_entry){.flags = FI_REMOTE_WRITE | FI_RMA | FI_REMOTE_CQ_DATA,
+                                             .data = data};
+  const pm_cqe_t *x = NULL;
+  while ((size_t)n < count && (x = cq_peek(c)) && !x->err) {
+    out[n++] = x->e;
+    cq_pop(c, x);
   }
-  int err = !n && c->n;
+  int err = !n && x && x->err;
   pthread_mutex_unlock(&c->lock);
   return n ? n : err ? -FI_EAVAIL : -FI_EAGAIN;
 }
@@ -250,15 +370,15 @@ static ssize_t cq_readerr(struct fid_cq *fid, struct fi_cq_err_entry *buf, uint6
   pm_cq_t *c = (pm_cq_t *)fid;
   (void)flags;
   pthread_mutex_lock(&c->lock);
-  if (!c->n || !c->q[c->head].err) {
+  const pm_cqe_t *x = cq_peek(c);
+  if (!x || !x->err) {
     pthread_mutex_unlock(&c->lock);
     return -FI_EAGAIN;
   }
-  pm_cqe_t *x = &c->q[c->head];
   *buf = (struct fi_cq_err_entry){.op_context = x->e.op_context, .flags = x->e.flags,
                                   .err = x->err, .olen = x->olen, .prov_errno = x->err};
   snprintf(c->last_err, sizeof c->last_err, "%s", x->why);
-  c->head = (c->head + 1) % c->cap, c->n--;
+  cq_pop(c, x);
   pthread_mutex_unlock(&c->lock);
   return 1;
 }
@@ -274,7 +394,10 @@ static const char *cq_strerror(struct fid_cq *fid, int prov_errno, const void *e
 static int cq_close(struct fid *fid) {
   pm_cq_t *c = (pm_cq_t *)fid;
   pthread_mutex_destroy(&c->lock);
-  free(c->q);
+  pthread_mutex_destroy(&c->spill_lock);
+  for (pm_cq_spill_t *s = c->spill, *n; s; s = n) n = s->next, free(s);
+  free(c->ring);
+  free(c->rseg);
   free(c);
   return 0;
 }
@@ -287,9 +410,13 @@ static int cq_open(struct fid_domain *d, struct fi_cq_attr *attr, struct fid_cq 
   if (attr && attr->format != FI_CQ_FORMAT_TAGGED && attr->format != FI_CQ_FORMAT_UNSPEC)
     return -FI_ENOSYS;
   pm_cq_t *c = calloc(1, sizeof *c);
+  if (c && !(c->ring = calloc(PM_CQ_RING, sizeof *c->ring))) free(c), c = NULL;
   if (!c) return -FI_ENOMEM;
   (void)d;
+  for (uint64_t i = 0; i < PM_CQ_RING; i++) atomic_store(&c->ring[i].seq, i);
+  c->spill_tail = &c->spill;
   pthread_mutex_init(&c->lock, NULL);
+  pthread_mutex_init(&c->spill_lock, NULL);
   c->cq = (struct fid_cq){.fid = {.fclass = FI_CLASS_CQ, .context = ctx, .ops = &cq_fi_ops},
                           .ops = &cq_ops};
   *out = &c->cq;
@@ -298,10 +425,9 @@ static int cq_open(struct fid_domain *d, struct fi_cq_attr *attr, struct fid_cq 
 
 /* --- address vector --- */
 const pm_peer_t *pm_av_get(pm_av_t *av, fi_addr_t a) {
-  pthread_mutex_lock(&av->lock);
-  const pm_peer_t *p = a < av->n && av->peers[a].seg ? &av->peers[a] : NULL;
-  pthread_mutex_unlock(&av->lock);
-  return p;
+  if (a >= atomic_load_explicit(&av->n, memory_order_acquire)) return NULL;
+  const pm_peer_t *p = &av->block[a / PM_AV_BLOCK][a % PM_AV_BLOCK];
+  return atomic_load_explicit(&p->seg, memory_order_acquire) ? p : NULL;
 }
 
 static int av_insert(struct fid_av *fid, const void *addr, size_t count, fi_addr_t *out,
@@ -319,20 +445,17 @@ static int av_insert(struct fid_av *fid, const void *addr, size_t count, fi_addr
       continue;
     }
     pthread_mutex_lock(&av->lock);
-    if (av->n == av->cap) {
-      size_t cap = av->cap ? 2 * av->cap : 16;
-      pm_peer_t *p = realloc(av->peers, cap * sizeof *p);
-      if (!p) {
-        pthread_mutex_unlock(&av->lock);
-        return ok ? ok : -FI_ENOMEM;
-      }
-      av->peers = p, av->cap = cap;
+    size_t n = atomic_load_explicit(&av->n, memory_order_relaxed), b = n / PM_AV_BLOCK;
+    if (b == PM_AV_BLOCKS || (!av->block[b] && !(av->block[b] = calloc(PM_AV_BLOCK, sizeof(pm_peer_t))))) {
+      pthread_mutex_unlock(&av->lock);
+      return ok ? ok : -FI_ENOMEM;
     }
-    pm_peer_t *p = &av->peers[av->n];
+    pm_peer_t *p = &av->block[b][n % PM_AV_BLOCK];
     snprintf(p->name, sizeof p->name, "%s", name);
-    p->seg = seg, p->dom = dom, p->pid = seg->pid;
-    if (out) out[i] = av->n;
-    av->n++;
+    p->dom = dom, p->pid = seg->pid;
+    atomic_store_explicit(&p->seg, seg, memory_order_relaxed);
+    if (out) out[i] = n;
+    atomic_store_explicit(&av->n, n + 1, memory_order_release);
     pthread_mutex_unlock(&av->lock);
     ok++;
   }
@@ -344,7 +467,9 @@ static int av_remove(struct fid_av *fid, fi_addr_t *a, size_t count, uint64_t fl
   (void)flags;
   pthread_mutex_lock(&av->lock);
   for (size_t i = 0; i < count; i++)
-    if (a[i] < av->n) av->peers[a[i]].seg = NULL;
+    if (a[i] < atomic_load(&av->n))
+      atomic_store_explicit(&av->block[a[i] / PM_AV_BLOCK][a[i] % PM_AV_BLOCK].seg, NULL,
+                            memory_order_release);
   pthread_mutex_unlock(&av->lock);
   return 0;
 }
@@ -361,7 +486,7 @@ static const char *av_straddr(struct fid_av *fid, const void *addr, char *buf, s
 static int av_close(struct fid *fid) {
   pm_av_t *av = (pm_av_t *)fid;
   pthread_mutex_destroy(&av->lock);
-  free(av->peers);
+  for (int b = 0; b < PM_AV_BLOCKS; b++) free(av->block[b]);
   free(av);
   return 0;
 }
