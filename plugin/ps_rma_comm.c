@@ -225,6 +225,7 @@ static void close_comm(ps_rma_comm_t *c, int report) {
   ps_rma_thread_stop(c); /* first: nothing else runs passes over what is freed below */
   if (report && ps_fabric_config()->stats) print_stats(c);
   live_remove(c);
+  ps_rma_streams_close(c); /* their writes read the send slots freed below */
   for (int p = 0; c->lanes && p < c->nranks; p++) /* lanes first: they use ep's CQ and AV */
     if (c->lanes[p]) fi_close(&c->lanes[p]->fid);
   free(c->lanes);
@@ -317,6 +318,8 @@ static ncclResult_t stage_setup(ps_rma_comm_t *c, const void *gpu_ptr, size_t si
     ps_stage_free(c);
   else
     rc = ps_stage_attach_rx(c, rx); /* which frees the set-up if it fails */
+  /* collective too (every rank stages or none): the streams' addresses */
+  if (rc == ncclSuccess && !c->gpu_direct) rc = ps_rma_streams_open(c);
   if (rc != ncclSuccess && *direct_mr) {
     fi_close(&(*direct_mr)->fid);
     *direct_mr = NULL;

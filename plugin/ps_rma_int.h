@@ -15,6 +15,8 @@
  *                       and the refusal sent back), write arrivals counted
  *   6 ps_rma_stage.c    staging for GPU windows: setup and the origin side
  *     ps_rma_stage_rx.c staging's target side
+ *     ps_rma_stream.c   staging streams: extra endpoints, each with a thread
+ *                       that posts staged writes and reads its completions
  *   7 ps_rma_post.c     the one place writes, reads, atomics and messages are
  *                       handed to the endpoint (or to a test plugin's model
  *                       NIC, ps_model_nic.h)
@@ -54,9 +56,20 @@
 /* A target's refusal of one of our signals: the refused signal message
  * (ps_sig_msg_t) sent back, src_rank naming the target. */
 #define PS_TAG_RMA_NACK (PS_TAG_CTRL | 0x21)
+#define PS_TAG_RMA_STREAMS (PS_TAG_CTRL | 0x22) /* ps_streams_msg_t, once per comm */
 #define PS_TAG_RMA_REG(id) (PS_TAG_CTRL | 0x100000000ULL | (uint64_t)(id))
 
 typedef struct ps_rma_comm ps_rma_comm_t;
+typedef struct ps_rma_streams ps_rma_streams_t;
+
+/* A write handed to a staging stream: `wire` is what its endpoint completes
+ * (on the stream's thread), `target` the engine's operation whose callback
+ * the engine then runs. */
+typedef struct {
+  ps_op_t wire; /* first */
+  ps_op_t *target;
+  void *stream;
+} ps_rma_sop_t;
 
 /* What NCCL holds of a window, a request or a listenComm is a handle of
  * these tables (ps_handle.h), never a pointer: a stale (deregistered,
@@ -170,6 +183,7 @@ typedef struct ps_stage_slot {
   int sealed;                 /* a put that is not staged came after it: nothing more joins */
   ps_stage_rec_t rec[PS_STAGE_MAX_RECS];
   ps_op_t op;
+  ps_rma_sop_t sop;           /* its write on a staging stream */
   struct ps_stage_slot *next; /* free list, or the peer's list of prepared slots */
 } ps_stage_slot_t;
 
@@ -378,6 +392,7 @@ struct ps_rma_comm {
   void *notes_desc;
   int note_pending; /* a notice is queued: progress sends it */
   ps_stage_t *stage;    /* NULL until a GPU window is staged */
+  ps_rma_streams_t *streams; /* staged writes' extra endpoints; NULL: the comm's endpoint */
   ps_model_t *model;     /* a test plugin's model NIC; NULL in the shipped plugin */
   int backlog;          /* something is queued: progress must try to post it */
   uint64_t now_ns;      /* clock of the current progress pass */
@@ -551,6 +566,27 @@ int ps_stage_progress(ps_rma_comm_t *c);
 void ps_stage_send_credits(ps_rma_comm_t *c);
 void ps_stage_quiesce(ps_rma_comm_t *c); /* wait (bounded) until no copy or signal write is in flight */
 
+/* --- floor 6, ps_rma_stream.c: staging streams (PERSEUS_NSTREAMS) --- */
+/* Collective, where staging is set up: opens PERSEUS_NSTREAMS - 1 extra
+ * endpoints (none on a provider that cannot stripe; a test plugin's model
+ * NIC holds plain writes only, staged ones pass it on a stream), swaps their addresses with every rank, keeps as many
+ * as every rank has and starts their threads. Staged writes then go over
+ * them (target and ordering as ps_rma_stream.c says). */
+ncclResult_t ps_rma_streams_open(ps_rma_comm_t *c);
+/* Stops the threads and closes the endpoints (their writes die with them). */
+void ps_rma_streams_close(ps_rma_comm_t *c);
+/* A staged write on the next stream: *posted = 0 when every stream's queue
+ * is full (the caller retries in a later pass). */
+void ps_rma_stream_post(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_rma *m,
+                        uint64_t flags, ps_rma_sop_t *sop, int *posted);
+/* The engine's part of a pass: the completions and arrivals the streams'
+ * threads read since the last one, handled here (callbacks, remote writes).
+ * Returns how many; fails the comm when a stream failed. */
+int ps_rma_streams_poll(ps_rma_comm_t *c);
+/* ps_rma_reg.c: every rank's streams message (all[rank]), ours included. */
+ncclResult_t ps_rma_allgather_streams(ps_rma_comm_t *c, const ps_streams_msg_t *mine,
+                                      ps_streams_msg_t *all);
+
 /* --- floor 7, ps_rma_post.c: everything that reaches the provider's data path --- */
 /* A test plugin's model NIC for this comm (a bad test variable fails
  * connect); in progress, what it held that may go now. */
@@ -562,9 +598,11 @@ void ps_rma_release_held(ps_rma_comm_t *c);
  * rank << 32 | seq32 as remote CQ data (target). */
 ncclResult_t ps_rma_post_put(ps_rma_comm_t *c, uint32_t peer, struct fi_msg_rma *m, uint64_t seq,
                              int *posted);
-/* A staged chunk into the peer's receive slot, which its remote CQ data names. */
+/* A staged write into the peer's receive slot, which its remote CQ data
+ * names: on a staging stream where the comm has them (sop carries it), but
+ * for one with a signal riding under ordered (has_sig). */
 ncclResult_t ps_rma_post_staged(ps_rma_comm_t *c, uint32_t peer, struct fi_msg_rma *m, uint32_t slot,
-                                int *posted);
+                                ps_rma_sop_t *sop, int has_sig, int *posted);
 ncclResult_t ps_rma_post_read(ps_rma_comm_t *c, const struct fi_msg_rma *m, int *posted);
 ncclResult_t ps_rma_post_atomic(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_atomic *m,
                                 uint64_t flags, int *posted);

@@ -426,6 +426,7 @@ int ps_rma_progress_pass(ps_rma_comm_t *c) {
   ps_rma_release_held(c);
   if (ps_ep_progress(&c->ep, 256, &handled) != ncclSuccess)
     ps_rma_fail(c, ncclRemoteError, "%s", c->ep.fatal);
+  if (c->streams && !c->error) handled += ps_rma_streams_poll(c);
   if (step) ps_rma_note_step(step, PS_PASS_CQ, &t);
   if (c->stage && !c->error) ps_rma_target_progress(c);
   if (c->nack_pending && !c->error) ps_rma_send_nacks(c);

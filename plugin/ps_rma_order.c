@@ -114,7 +114,9 @@ int ps_order_sig_ready(const ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_
  * where the strategy posts it at once, and where the writes it covers that
  * did not go through staging land before that staged write: target counts
  * them at the target anyway; ordered needs the provider to keep writes in
- * order (FI_ORDER_WAW). deferred and drain keep their wait for delivery. */
+ * order (FI_ORDER_WAW), and the write it rides in on the comm's endpoint
+ * with them (ps_rma_post_staged). deferred and drain keep their wait for
+ * delivery. */
 int ps_order_sig_may_ride(const ps_rma_comm_t *c) {
   if (c->ordering == PS_ORD_TARGET) return 1;
   return c->ordering == PS_ORD_ORDERED && (c->ep.dev->rma_msg_order & FI_ORDER_WAW);

@@ -1,4 +1,5 @@
-/* The collective exchange behind every symmetric registration. */
+/* The collective exchanges of a one-sided comm: every symmetric
+ * registration's, and the staging streams' addresses (ps_rma_stream.c). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -6,10 +7,9 @@
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
-/* Blocking allgather of one region's {addr, size, key}: each rank sends its
- * part to every peer and receives theirs, progressing until done. */
+/* Blocking allgather of one fixed-size message: each rank sends `mine` to
+ * every peer and receives theirs, progressing until done. */
 typedef struct {
-  ps_reg_msg_t msg;
   ps_op_t op;
   int done;
   int seen; /* a part naming this slot's rank was taken */
@@ -25,27 +25,25 @@ static void ag_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, co
 
 #define PS_REG_HELD_NS 50000000ull /* a pass longer than this was the provider's, not ours */
 
-ncclResult_t ps_rma_allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
+/* `what` names the exchange in errors (e.g. "symmetric registration 3").
+ * parts: nranks messages of `len` bytes, ours left as is; lens[p]: the bytes
+ * rank p's part had (untrusted: the caller decodes each). */
+static ncclResult_t allgather(ps_rma_comm_t *c, uint64_t tag, const void *mine, size_t len,
+                              char *parts, size_t *lens, const char *what) {
   int P = c->nranks;
   ag_slot_t *rx = calloc((size_t)P, sizeof *rx), *tx = calloc((size_t)P, sizeof *tx);
   ncclResult_t rc = (rx && tx) ? ncclSuccess : ncclSystemError;
-  ps_reg_msg_t mine = {.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
-                       .flags = r->staged ? PS_REG_STAGED : 0, .rank = (uint32_t)c->rank,
-                       .region_id = r->id, .size = r->size, .key = r->mr ? fi_mr_key(r->mr) : 0,
-                       .addr = c->ep.dev->mr_virt_addr ? (uint64_t)(uintptr_t)r->base : 0};
   for (int p = 0; rc == ncclSuccess && p < P; p++) {
     if (p == c->rank) continue;
     int ok = 0;
     rx[p].op = (ps_op_t){.cb = ag_done, .owner = &rx[p]};
     tx[p].op = (ps_op_t){.cb = ag_done, .owner = &tx[p]};
-    tx[p].msg = mine;
-    rc = ps_ep_trecv(&c->ep, &rx[p].msg, sizeof rx[p].msg, NULL, PS_TAG_RMA_REG(r->id), &rx[p].op, &ok);
+    rc = ps_ep_trecv(&c->ep, parts + (size_t)p * len, len, NULL, tag, &rx[p].op, &ok);
     if (rc == ncclSuccess && !ok) rc = ncclSystemError;
     tx[p].done = 2; /* not posted yet: the loop below posts it */
   }
-  r->raddr[c->rank] = mine.addr, r->rsize[c->rank] = mine.size, r->rkey[c->rank] = mine.key;
-  /* registration is collective: a peer that has not sent its part within
-   * PERSEUS_PEER_TIMEOUT_MS is not registering (or is gone) */
+  /* the exchange is collective: a peer that has not sent its part within
+   * PERSEUS_PEER_TIMEOUT_MS is not taking part (or is gone) */
   uint64_t start = ps_now_ns(), deadline = start + c->timeout_ns, last = start, longest = 0;
   uint64_t extended = 0;
   unsigned passes = 0;
@@ -63,8 +61,7 @@ ncclResult_t ps_rma_allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
       if (p == c->rank) continue;
       if (tx[p].done == 2) { /* -FI_EAGAIN while the provider connects: retry here */
         int ok = 0;
-        rc = ps_ep_tsend(&c->ep, &tx[p].msg, sizeof tx[p].msg, NULL, c->addr[p],
-                         PS_TAG_RMA_REG(r->id), &tx[p].op, &ok);
+        rc = ps_ep_tsend(&c->ep, mine, len, NULL, c->addr[p], tag, &tx[p].op, &ok);
         if (ok) tx[p].done = 0;
       }
       if (rx[p].done < 0 || tx[p].done < 0) rc = ncclRemoteError;
@@ -87,20 +84,44 @@ ncclResult_t ps_rma_allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
         if (p != c->rank && !rx[p].done) missing = p;
       char who[64] = "our part was not taken";
       if (missing >= 0) snprintf(who, sizeof who, "rank %d (and maybe others) sent no part", missing);
-      PS_WARN("symmetric registration %u: %s within %llu ms (PERSEUS_PEER_TIMEOUT_MS); "
-              "registration is collective: every rank must register its window (this rank "
-              "made %u progress passes, at most %llu ms apart; %llu ms more for the provider's "
-              "own holds)", r->id, who, (unsigned long long)(c->timeout_ns / 1000000), passes,
+      PS_WARN("%s: %s within %llu ms (PERSEUS_PEER_TIMEOUT_MS); registration is collective: "
+              "every rank must register its window (this rank made %u progress passes, at most "
+              "%llu ms apart; %llu ms more for the provider's own holds)", what, who,
+              (unsigned long long)(c->timeout_ns / 1000000), passes,
               (unsigned long long)(longest / 1000000), (unsigned long long)(extended / 1000000));
       rc = ncclRemoteError;
     }
   }
+  for (int p = 0; rc == ncclSuccess && p < P; p++) lens[p] = rx[p].len;
+  if (rc != ncclSuccess) {
+    ps_rma_fail(c, rc, "%s failed", what);
+    ps_ep_close(&c->ep); /* operations still posted into parts or from `mine` die with it */
+  }
+  free(rx), free(tx);
+  return rc;
+}
+
+ncclResult_t ps_rma_allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
+  int P = c->nranks;
+  ps_reg_msg_t mine = {.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
+                       .flags = r->staged ? PS_REG_STAGED : 0, .rank = (uint32_t)c->rank,
+                       .region_id = r->id, .size = r->size, .key = r->mr ? fi_mr_key(r->mr) : 0,
+                       .addr = c->ep.dev->mr_virt_addr ? (uint64_t)(uintptr_t)r->base : 0};
+  r->raddr[c->rank] = mine.addr, r->rsize[c->rank] = mine.size, r->rkey[c->rank] = mine.key;
+  ps_reg_msg_t *parts = calloc((size_t)P, sizeof *parts);
+  size_t *lens = calloc((size_t)P, sizeof *lens);
+  char *seen = calloc((size_t)P, 1);
+  char what[48];
+  snprintf(what, sizeof what, "symmetric registration %u", r->id);
+  ncclResult_t rc = parts && lens && seen ? ncclSuccess : ncclSystemError;
+  if (rc == ncclSuccess)
+    rc = allgather(c, PS_TAG_RMA_REG(r->id), &mine, sizeof mine, (char *)parts, lens, what);
   /* Parts arrive from any peer: each must name a distinct rank. */
   for (int p = 0; rc == ncclSuccess && p < P; p++) {
     if (p == c->rank) continue;
     ps_reg_msg_t m;
-    rc = ps_reg_decode(&rx[p].msg, rx[p].len, (uint32_t)P, r->id, &m);
-    if (rc == ncclSuccess && (m.rank == (uint32_t)c->rank || rx[m.rank].seen++)) {
+    rc = ps_reg_decode(&parts[p], lens[p], (uint32_t)P, r->id, &m);
+    if (rc == ncclSuccess && (m.rank == (uint32_t)c->rank || seen[m.rank]++)) {
       PS_WARN("symmetric registration %u: duplicate part for rank %u", r->id, m.rank);
       rc = ncclRemoteError;
     }
@@ -111,10 +132,34 @@ ncclResult_t ps_rma_allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
     }
     if (rc == ncclSuccess) r->raddr[m.rank] = m.addr, r->rsize[m.rank] = m.size, r->rkey[m.rank] = m.key;
   }
-  if (rc != ncclSuccess) {
-    ps_rma_fail(c, rc, "symmetric registration %u failed", r->id);
-    ps_ep_close(&c->ep); /* operations still posted into rx/tx die with it */
+  if (rc != ncclSuccess && !c->error) ps_rma_fail(c, rc, "%s failed", what);
+  free(parts), free(lens), free(seen);
+  return rc;
+}
+
+ncclResult_t ps_rma_allgather_streams(ps_rma_comm_t *c, const ps_streams_msg_t *mine,
+                                      ps_streams_msg_t *all) {
+  int P = c->nranks;
+  size_t *lens = calloc((size_t)P, sizeof *lens);
+  ps_streams_msg_t *parts = calloc((size_t)P, sizeof *parts);
+  ncclResult_t rc = parts && lens ? ncclSuccess : ncclSystemError;
+  if (rc == ncclSuccess)
+    rc = allgather(c, PS_TAG_RMA_STREAMS, mine, sizeof *mine, (char *)parts, lens,
+                   "staging streams exchange");
+  char *seen = rc == ncclSuccess ? calloc((size_t)P, 1) : NULL;
+  if (rc == ncclSuccess && !seen) rc = ncclSystemError;
+  all[c->rank] = *mine;
+  for (int p = 0; rc == ncclSuccess && p < P; p++) {
+    if (p == c->rank) continue;
+    ps_streams_msg_t m;
+    rc = ps_streams_decode(&parts[p], lens[p], (uint32_t)P, &m);
+    if (rc == ncclSuccess && (m.rank == (uint32_t)c->rank || seen[m.rank]++)) {
+      PS_WARN("staging streams exchange: duplicate part for rank %u", m.rank);
+      rc = ncclRemoteError;
+    }
+    if (rc == ncclSuccess) all[m.rank] = m;
   }
-  free(rx), free(tx);
+  if (rc != ncclSuccess && !c->error) ps_rma_fail(c, rc, "staging streams exchange failed");
+  free(parts), free(lens), free(seen);
   return rc;
 }

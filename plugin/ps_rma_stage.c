@@ -366,6 +366,7 @@ static ncclResult_t post_slot(ps_rma_comm_t *c, ps_stage_slot_t *s, uint64_t sse
     return ps_rma_post_put(c, r->peer, &m, r->seq + s->rec[0].chunk, posted);
   }
   size_t hdrs_off = PS_STAGE_HDR + paid(s);
+  int has_sig = 0;
   for (uint32_t k = 0; k < s->nrec; k++) {
     ps_rma_req_t *q = s->rec[k].req;
     uint32_t i = s->rec[k].chunk;
@@ -374,6 +375,7 @@ static ncclResult_t post_slot(ps_rma_comm_t *c, ps_stage_slot_t *s, uint64_t sse
                           .more = (uint16_t)(k + 1 < s->nrec), .src_rank = (uint32_t)c->rank,
                           .stage_seq = sseq, .hdrs_off = k ? 0 : (uint32_t)hdrs_off};
     if (i == PS_STAGE_SIG_REC) {
+      has_sig = 1;
       h->region_id = q->sig.region_id, h->offset = q->sig.offset, h->seq = q->sig.covers;
       h->sig_op = q->sig.op, h->sig_value = q->sig.value;
     } else {
@@ -386,7 +388,7 @@ static ncclResult_t post_slot(ps_rma_comm_t *c, ps_stage_slot_t *s, uint64_t sse
   rma = (struct fi_rma_iov){
       .addr = st->rx->raddr[r->peer] + ((uint64_t)c->rank * st->per_peer + slot) * st->slot_bytes,
       .len = s->used, .key = st->rx->rkey[r->peer]};
-  return ps_rma_post_staged(c, r->peer, &m, slot, posted);
+  return ps_rma_post_staged(c, r->peer, &m, slot, &s->sop, has_sig, posted);
 }
 
 ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, int *all,

@@ -134,6 +134,19 @@ ncclResult_t ps_reg_decode(const void *buf, size_t len, uint32_t nranks, uint32_
   return ncclSuccess;
 }
 
+ncclResult_t ps_streams_decode(const void *buf, size_t len, uint32_t nranks, ps_streams_msg_t *out) {
+  PS_CHECK(take_exact("staging streams message", buf, len, out, sizeof *out));
+  PS_CHECK(check_ident("staging streams message", out->magic, out->version));
+  if (out->rank >= nranks || out->nstreams > PS_MAX_STREAMS - 1 ||
+      (out->nstreams && (!out->addrlen || out->addrlen > PS_STREAM_ADDR_MAX))) {
+    PS_WARN("staging streams message rejected: rank %u of %u, %u streams (at most %d), addresses "
+            "of %u bytes (1 to %d)", out->rank, nranks, out->nstreams, PS_MAX_STREAMS - 1,
+            out->addrlen, PS_STREAM_ADDR_MAX);
+    return ncclInvalidArgument;
+  }
+  return ncclSuccess;
+}
+
 ncclResult_t ps_stage_decode(const void *buf, size_t len, uint32_t src_rank, uint64_t max_len,
                              ps_stage_hdr_t *out) {
   PS_CHECK(take_exact("staged write header", buf, len, out, sizeof *out));

@@ -10,7 +10,7 @@
 #include "ps_nccl_abi.h"
 
 #define PS_WIRE_MAGIC 0x50535553u /* "PSUS" */
-#define PS_WIRE_VERSION 6
+#define PS_WIRE_VERSION 7
 #define PS_HANDLE_ADDR_MAX 96
 #define PS_CTRL_ADDR_MAX 224
 #define PS_MAX_STREAMS 8       /* endpoints of one two-sided comm (PERSEUS_NSTREAMS) */
@@ -109,6 +109,18 @@ typedef struct {
   uint64_t key;
 } ps_reg_msg_t;
 
+/* A one-sided rank's staging streams (PERSEUS_NSTREAMS - 1 extra endpoints
+ * for staged writes), sent to every peer once, when staging is set up:
+ * every rank uses the fewest any rank offers. */
+typedef struct {
+  uint32_t magic;
+  uint16_t version;
+  uint8_t nstreams, addrlen;
+  uint32_t rank;
+  uint32_t pad;
+  uint8_t addr[PS_MAX_STREAMS - 1][PS_STREAM_ADDR_MAX];
+} ps_streams_msg_t;
+
 /* A staged write is one or more records, each this header and its payload.
  * The first header is at byte 0; the payloads follow it back to back, each
  * padded to 64 bytes, so that chunks adjacent in a GPU window copy in and
@@ -140,6 +152,9 @@ _Static_assert(sizeof(ps_stage_hdr_t) == 64, "staged write header is one cache l
 ncclResult_t ps_sig_decode(const void *buf, size_t len, uint32_t nranks, ps_sig_msg_t *out);
 ncclResult_t ps_reg_decode(const void *buf, size_t len, uint32_t nranks, uint32_t region_id,
                            ps_reg_msg_t *out);
+/* Also: at most PS_MAX_STREAMS - 1 streams, addresses of 1..PS_STREAM_ADDR_MAX
+ * bytes where there are any. */
+ncclResult_t ps_streams_decode(const void *buf, size_t len, uint32_t nranks, ps_streams_msg_t *out);
 /* The bytes a staged record's payload takes in its slot: the next payload
  * starts 64-byte aligned. Sender and target must agree. */
 static inline uint64_t ps_stage_padded(uint64_t len) { return (len + 63) & ~(uint64_t)63; }

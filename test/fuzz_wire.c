@@ -101,6 +101,7 @@ static int run_onesided(const unsigned char *data, size_t len) {
   ps_sig_msg_t sm;
   ps_reg_msg_t rm;
   ps_stage_hdr_t hm;
+  ps_streams_msg_t tm;
   int ok = 0;
   if (ps_sig_decode(len ? b : NULL, len, OS_RANKS, &sm) == ncclSuccess) {
     if (len != sizeof sm || sm.magic != PS_WIRE_MAGIC || sm.src_rank >= OS_RANKS ||
@@ -111,6 +112,12 @@ static int run_onesided(const unsigned char *data, size_t len) {
   if (ps_reg_decode(len ? b : NULL, len, OS_RANKS, OS_REGION, &rm) == ncclSuccess) {
     if (len != sizeof rm || rm.magic != PS_WIRE_MAGIC || rm.rank >= OS_RANKS || rm.region_id != OS_REGION)
       die("registration message accepted with a field out of range", b, len);
+    ok++;
+  }
+  if (ps_streams_decode(len ? b : NULL, len, OS_RANKS, &tm) == ncclSuccess) {
+    if (len != sizeof tm || tm.magic != PS_WIRE_MAGIC || tm.rank >= OS_RANKS ||
+        tm.nstreams > PS_MAX_STREAMS - 1 || (tm.nstreams && (!tm.addrlen || tm.addrlen > PS_STREAM_ADDR_MAX)))
+      die("staging streams message accepted with a field out of range", b, len);
     ok++;
   }
   if (ps_stage_decode(len ? b : NULL, len, OS_SRC, OS_MAXLEN, &hm) == ncclSuccess) {
@@ -131,14 +138,16 @@ static long long fuzz_onesided(long long iters, uint64_t (*rand64)(void)) {
                       .region_id = OS_REGION, .addr = 0x1000, .size = 4096, .key = 7};
   ps_stage_hdr_t hdr = {.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION, .src_rank = OS_SRC,
                         .region_id = 2, .offset = 64, .len = 100, .seq = 9, .stage_seq = 3};
-  const void *valid[] = {&sig, &reg, &hdr};
-  const size_t sizes[] = {sizeof sig, sizeof reg, sizeof hdr};
-  for (int k = 0; k < 3; k++)
+  ps_streams_msg_t streams = {.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION, .rank = 1,
+                             .nstreams = 3, .addrlen = 16};
+  const void *valid[] = {&sig, &reg, &hdr, &streams};
+  const size_t sizes[] = {sizeof sig, sizeof reg, sizeof hdr, sizeof streams};
+  for (int k = 0; k < 4; k++)
     if (run_onesided(valid[k], sizes[k]) != 1) die("a valid one-sided message was refused", valid[k], sizes[k]);
   long long accepted = 0;
   for (long long i = 0; i < iters; i++) {
-    unsigned char buf[64];
-    int k = (int)(rand64() % 3);
+    unsigned char buf[sizeof(ps_streams_msg_t)];
+    int k = (int)(rand64() % 4);
     size_t len = sizes[k];
     memcpy(buf, valid[k], len);
     for (int k = (int)(rand64() % 4); k >= 0; k--) buf[rand64() % len] ^= (unsigned char)(1u << (rand64() % 8));
