@@ -159,26 +159,34 @@ void *pm_map(const char *name, size_t size) {
   return p;
 }
 
-/* --- inbox: a bounded multi-producer queue (each slot's seq says whose turn it is) --- */
-int pm_inbox_put(pm_ep_seg_t *s, const pm_msg_t *m) {
-  uint64_t pos = atomic_load_explicit(&s->head, memory_order_relaxed);
+/* --- rings: bounded multi-producer queues whose slots each begin with a
+ * sequence word saying whose turn it is (the inbox, the notice ring, the
+ * completion queue) --- */
+/* Claims the next slot of the ring of n slots `stride` bytes apart at base,
+ * whose producers share *head: 1 with *pos (the caller fills slot pos % n,
+ * then stores pos + 1 into its sequence word, releasing it), 0 when full. */
+static int ring_claim(_Atomic uint64_t *head, void *base, size_t stride, uint64_t n, uint64_t *pos) {
+  uint64_t p = atomic_load_explicit(head, memory_order_relaxed);
   for (;;) {
-    pm_msg_t *slot = &s->ring[pos % PM_INBOX];
-    uint64_t seq = atomic_load_explicit(&slot->seq, memory_order_acquire);
-    if (seq == pos) {
-      if (atomic_compare_exchange_weak(&s->head, &pos, pos + 1)) {
-        uint64_t keep = pos + 1;
-        memcpy((char *)slot + sizeof slot->seq, (const char *)m + sizeof m->seq,
-               sizeof *m - sizeof m->seq);
-        atomic_store_explicit(&slot->seq, keep, memory_order_release);
-        return 0;
-      }
-    } else if (seq < pos) {
-      return -FI_EAGAIN; /* full */
+    _Atomic uint64_t *seq = (_Atomic uint64_t *)((char *)base + (p % n) * stride);
+    uint64_t have = atomic_load_explicit(seq, memory_order_acquire);
+    if (have == p) {
+      if (atomic_compare_exchange_weak(head, &p, p + 1)) return *pos = p, 1;
+    } else if (have < p) {
+      return 0;
     } else {
-      pos = atomic_load_explicit(&s->head, memory_order_relaxed);
+      p = atomic_load_explicit(head, memory_order_relaxed);
     }
   }
+}
+
+int pm_inbox_put(pm_ep_seg_t *s, const pm_msg_t *m) {
+  uint64_t pos;
+  if (!ring_claim(&s->head, s->ring, sizeof s->ring[0], PM_INBOX, &pos)) return -FI_EAGAIN;
+  pm_msg_t *slot = &s->ring[pos % PM_INBOX];
+  memcpy((char *)slot + sizeof slot->seq, (const char *)m + sizeof m->seq, sizeof *m - sizeof m->seq);
+  atomic_store_explicit(&slot->seq, pos + 1, memory_order_release);
+  return 0;
 }
 
 int pm_inbox_get(pm_ep_seg_t *s, pm_msg_t *out) {
@@ -192,22 +200,11 @@ int pm_inbox_get(pm_ep_seg_t *s, pm_msg_t *out) {
 }
 
 int pm_rcq_put(pm_ep_seg_t *s, uint64_t data) {
-  uint64_t pos = atomic_load_explicit(&s->rcq_head, memory_order_relaxed);
-  for (;;) {
-    __typeof__(&s->rcq[0]) slot = &s->rcq[pos % PM_RCQ];
-    uint64_t seq = atomic_load_explicit(&slot->seq, memory_order_acquire);
-    if (seq == pos) {
-      if (atomic_compare_exchange_weak(&s->rcq_head, &pos, pos + 1)) {
-        slot->data = data;
-        atomic_store_explicit(&slot->seq, pos + 1, memory_order_release);
-        return 0;
-      }
-    } else if (seq < pos) {
-      return -FI_EAGAIN; /* full */
-    } else {
-      pos = atomic_load_explicit(&s->rcq_head, memory_order_relaxed);
-    }
-  }
+  uint64_t pos;
+  if (!ring_claim(&s->rcq_head, s->rcq, sizeof s->rcq[0], PM_RCQ, &pos)) return -FI_EAGAIN;
+  s->rcq[pos % PM_RCQ].data = data;
+  atomic_store_explicit(&s->rcq[pos % PM_RCQ].seq, pos + 1, memory_order_release);
+  return 0;
 }
 
 /* The oldest notice of the ring (single consumer: the CQ's lock). */
@@ -281,21 +278,11 @@ void pm_cq_detach(pm_cq_t *c, pm_ep_seg_t *seg) {
 }
 
 static void cq_add(pm_cq_t *c, const pm_cqe_t *x) {
-  uint64_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
-  for (;;) {
-    __typeof__(&c->ring[0]) slot = &c->ring[pos % PM_CQ_RING];
-    uint64_t seq = atomic_load_explicit(&slot->seq, memory_order_acquire);
-    if (seq == pos) {
-      if (atomic_compare_exchange_weak(&c->head, &pos, pos + 1)) {
-        slot->x = *x;
-        atomic_store_explicit(&slot->seq, pos + 1, memory_order_release);
-        return;
-      }
-    } else if (seq < pos) {
-      break; /* full */
-    } else {
-      pos = atomic_load_explicit(&c->head, memory_order_relaxed);
-    }
+  uint64_t pos;
+  if (ring_claim(&c->head, c->ring, sizeof c->ring[0], PM_CQ_RING, &pos)) {
+    c->ring[pos % PM_CQ_RING].x = *x;
+    atomic_store_explicit(&c->ring[pos % PM_CQ_RING].seq, pos + 1, memory_order_release);
+    return;
   }
   pm_cq_spill_t *s = malloc(sizeof *s);
   if (!s) {
