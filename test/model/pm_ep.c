@@ -64,7 +64,8 @@ typedef struct pm_ep {
   _Atomic int queued[PM_MAX_NIC_THREADS];
   pm_op_t *waiting, *waiting_tail; /* performed, in that order: until done_ns */
   pm_op_t *acking;                  /* sent: until the target's ACK */
-  pm_recv_t *recvs;
+  pm_recv_t *recvs;               /* posted receives the NIC thread matches, in order */
+  _Atomic(pm_recv_t *) recv_top;  /* posted since its last pass, newest first (as sub_top) */
   pm_held_t *unexp, *held;
   unsigned rnd;
   /* Operations are reused, not freed: the NIC threads push finished ones
@@ -226,9 +227,23 @@ static void on_atomic(pm_ep_t *e, const pm_msg_t *m) {
   ack(e, m, bad ? FI_EACCES : 0);
 }
 
+/* The receives posted since the last pass join the list, in posting order. */
+static void take_recvs(pm_ep_t *e) {
+  if (!atomic_load_explicit(&e->recv_top, memory_order_relaxed)) return;
+  pm_recv_t *top = atomic_exchange_explicit(&e->recv_top, NULL, memory_order_acquire), *in = NULL;
+  while (top) {
+    pm_recv_t *next = top->next;
+    top->next = in, in = top, top = next;
+  }
+  pm_recv_t **tail = &e->recvs;
+  while (*tail) tail = &(*tail)->next;
+  *tail = in;
+}
+
 /* Matches arrived messages with posted receives, both in order, and pulls the data. */
 static int match(pm_ep_t *e) {
   int work = 0;
+  take_recvs(e);
   for (pm_held_t **u = &e->unexp; *u;) {
     pm_msg_t *m = &(*u)->m;
     pm_recv_t **r = &e->recvs;
@@ -506,11 +521,12 @@ static ssize_t trecv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_ad
   pm_recv_t *r = calloc(1, sizeof *r);
   if (!r) return -FI_ENOMEM;
   *r = (pm_recv_t){.buf = buf, .len = len, .tag = tag, .ignore = ignore, .ctx = ctx};
-  pthread_mutex_lock(&e->lock);
-  pm_recv_t **p = &e->recvs;
-  while (*p) p = &(*p)->next;
-  *p = r;
-  pthread_mutex_unlock(&e->lock);
+  /* a compare-and-swap, not the endpoint's lock, which a NIC thread holds
+   * through its pass: re-posting a receive must not wait for one */
+  r->next = atomic_load_explicit(&e->recv_top, memory_order_relaxed);
+  while (!atomic_compare_exchange_weak_explicit(&e->recv_top, &r->next, r, memory_order_release,
+                                                memory_order_relaxed))
+    ;
   return 0;
 }
 
@@ -568,6 +584,7 @@ static int ep_close(struct fid *fid) {
   free_ops(e->waiting), free_ops(e->acking), free_ops(atomic_load(&e->sub_top));
   free_ops(atomic_load(&e->finished)), free_ops(e->cache);
   for (pm_recv_t *r = e->recvs, *n; r; r = n) n = r->next, free(r);
+  for (pm_recv_t *r = atomic_load(&e->recv_top), *n; r; r = n) n = r->next, free(r);
   for (pm_held_t *h = e->unexp, *n; h; h = n) n = h->next, free(h);
   for (pm_held_t *h = e->held, *n; h; h = n) n = h->next, free(h);
   if (e->seg) pm_cq_detach(e->cq, e->seg), pm_unlink(e->name, e->seg, sizeof *e->seg);
