@@ -13,7 +13,7 @@
 #define PS_WIRE_VERSION 7
 #define PS_HANDLE_ADDR_MAX 96
 #define PS_CTRL_ADDR_MAX 224
-#define PS_MAX_STREAMS 8       /* endpoints of one two-sided comm (PERSEUS_NSTREAMS) */
+#define PS_MAX_STREAMS 8       /* endpoints of one comm (PERSEUS_NSTREAMS) */
 #define PS_STREAM_ADDR_MAX 64  /* a provider with longer addresses does not stripe */
 
 /* Tags: NCCL's tag in the low 32 bits; bit 63 marks our control traffic. */
