@@ -151,7 +151,6 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   pthread_mutexattr_destroy(&attr);
   pthread_rwlock_init(&c->win_lock, NULL);
   pthread_mutex_init(&c->reqs_lock, NULL);
-  pthread_mutex_init(&c->inbox_lock, NULL);
   c->rank = rank, c->nranks = nranks;
   c->ep = *lep;            /* the endpoint listen opened becomes the comm's */
   memset(lep, 0, sizeof *lep);
@@ -249,7 +248,7 @@ static void close_comm(ps_rma_comm_t *c, int report) {
   free(c->regions), free(c->addr), free(c->peers), free(c->opstats), free(c->calls);
   pthread_mutex_destroy(&c->lock);
   pthread_rwlock_destroy(&c->win_lock);
-  pthread_mutex_destroy(&c->reqs_lock), pthread_mutex_destroy(&c->inbox_lock);
+  pthread_mutex_destroy(&c->reqs_lock);
   free(c);
 }
 

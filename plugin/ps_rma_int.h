@@ -363,8 +363,9 @@ struct ps_rma_comm {
   int lock_waiters;          /* atomic: callers waiting for `lock`; the thread yields to them */
   pthread_rwlock_t win_lock; /* written by regMrSym/deregMrSym, read by NCCL's data calls */
   pthread_mutex_t reqs_lock; /* free_reqs, chunks, nreqs */
-  pthread_mutex_t inbox_lock;
-  ps_rma_req_t *inbox_head, *inbox_tail; /* operations the engine has not taken, in call order */
+  /* atomic: operations the engine has not taken, newest first. NCCL's call
+   * pushes with a compare-and-swap; the engine takes the whole list. */
+  ps_rma_req_t *inbox_top;
   int rank, nranks;
   ps_ordering_t ordering;
   int sig_atomic; /* signals go as atomic adds (ps_order_sig_atomic; ordered: until staging) */

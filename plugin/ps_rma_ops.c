@@ -466,10 +466,13 @@ static ncclResult_t progress_body(void *coll) {
 }
 
 int ps_rma_engine_pass(ps_rma_comm_t *c) {
-  pthread_mutex_lock(&c->inbox_lock);
-  ps_rma_req_t *r = c->inbox_head;
-  c->inbox_head = c->inbox_tail = NULL;
-  pthread_mutex_unlock(&c->inbox_lock);
+  ps_rma_req_t *top = __atomic_load_n(&c->inbox_top, __ATOMIC_RELAXED)
+                          ? __atomic_exchange_n(&c->inbox_top, NULL, __ATOMIC_ACQUIRE) : NULL;
+  ps_rma_req_t *r = NULL;
+  while (top) { /* newest first: reversed into call order */
+    ps_rma_req_t *next = top->next_in;
+    top->next_in = r, r = top, top = next;
+  }
   int work = r != NULL;
   for (ps_rma_req_t *next; r; r = next) {
     next = r->next_in;

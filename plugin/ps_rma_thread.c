@@ -37,12 +37,10 @@ static int waiting(ps_rma_comm_t *c) {
 }
 
 void ps_rma_inbox_push(ps_rma_comm_t *c, ps_rma_req_t *r) {
-  r->next_in = NULL;
-  pthread_mutex_lock(&c->inbox_lock);
-  if (c->inbox_tail) c->inbox_tail->next_in = r;
-  else c->inbox_head = r;
-  c->inbox_tail = r;
-  pthread_mutex_unlock(&c->inbox_lock);
+  r->next_in = __atomic_load_n(&c->inbox_top, __ATOMIC_RELAXED);
+  while (!__atomic_compare_exchange_n(&c->inbox_top, &r->next_in, r, 1, __ATOMIC_RELEASE,
+                                      __ATOMIC_RELAXED))
+    ;
 }
 
 static void *engine_main(void *arg) {
