@@ -253,8 +253,9 @@ ncclResult_t ps_rma_streams_open(ps_rma_comm_t *c) {
     ps_rma_fail(c, rc, "staging streams could not be connected");
     return rc;
   }
-  PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: staged writes over %d extra endpoints (PERSEUS_NSTREAMS%s)",
-          n, ps_fabric_config()->nstreams < 1 ? " unset: this provider's default on this host" : "");
+  PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: staged writes over %d extra endpoint%s (PERSEUS_NSTREAMS%s; "
+          "the fewest any rank offers)", n, n > 1 ? "s" : "",
+          ps_fabric_config()->nstreams < 1 ? " unset: this provider's default on this host" : "");
   return ncclSuccess;
 }
 

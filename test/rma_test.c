@@ -61,6 +61,9 @@ typedef struct {
   const char *gpu; /* -G: which windows are registered as GPU memory */
   int batches;
   int expect_refusal; /* -R */
+  int nenv;           /* -e RANK:NAME=VALUE: that rank's own setting (ranks that disagree) */
+  int env_rank[8];
+  const char *env[8];
 } args_t;
 
 /* Batch layout, computable on both sides: tile count and sizes. */
@@ -328,6 +331,8 @@ static int rank_fn(drv_rank_t *r, void *arg) {
   const args_t *a = arg;
   drv_gin_t g;
   void *cc = NULL;
+  for (int i = 0; i < a->nenv; i++) /* before the plugin reads its settings */
+    if (a->env_rank[i] == r->rank) CHECK(!putenv((char *)a->env[i]), "putenv %s", a->env[i]);
   CHECK(!drv_gin_load(a->plugin, a->abi, &g), "loading %s", a->abi);
   ncclResult_t crc = drv_gin_connect(r, &g, &cc);
   if (a->expect_refusal && a->gpu) { /* the strategy works, but not for staged GPU windows */
@@ -381,14 +386,21 @@ int main(int argc, char **argv) {
    * rank starved by a loaded machine (an ASan pass on 2 cores) dead. Liveness
    * has its own tests (rma_fault_test, hostile_rma); a value set outside wins. */
   setenv("PERSEUS_PEER_TIMEOUT_MS", "60000", 0);
-  while ((c = getopt(argc, argv, "a:p:s:r:b:G:Rh")) != -1) {
+  while ((c = getopt(argc, argv, "a:p:s:r:b:G:e:Rh")) != -1) {
     if (drv_gin_opt(c, optarg, &a.abi, &a.plugin, &a.scenario, &o.nranks)) continue;
-    if (c == 'R') a.expect_refusal = 1;
+    char *colon = c == 'e' ? strchr(optarg, ':') : NULL;
+    if (c == 'e' && (a.nenv == 8 || !colon || !strchr(colon, '=') || colon == optarg)) {
+      fprintf(stderr, "-e %s: expected RANK:NAME=VALUE (at most 8)\n", optarg);
+      return 2;
+    }
+    if (c == 'e') a.env_rank[a.nenv] = atoi(optarg), a.env[a.nenv++] = colon + 1;
+    else if (c == 'R') a.expect_refusal = 1;
     else if (c == 'b') a.batches = atoi(optarg);
     else if (c == 'G') a.gpu = optarg;
     else {
       fprintf(stderr, "usage: %s [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-s invariant|props|api|cycles] "
-              "[-r RANKS 2..16] [-b BATCHES 1..%d] [-G dsgm: GPU windows] [-R: expect the ordering to be refused]\n",
+              "[-r RANKS 2..16] [-b BATCHES 1..%d] [-G dsgm: GPU windows] [-e RANK:NAME=VALUE: one rank's "
+              "setting] [-R: expect the ordering to be refused]\n",
               argv[0], MAX_BATCHES);
       return c == 'h' ? 0 : 2;
     }
