@@ -22,6 +22,7 @@
 #include "ps_log.h"
 #include "ps_model_nic.h"
 #include "ps_rma.h"
+#include "ps_rma_int.h" /* PS_STAGED_DATA */
 
 #if !defined(PS_MODEL_NIC) || PS_MODEL_NIC < 1 || PS_MODEL_NIC > 3
 #error "ps_model_nic.c is for test plugins: compile it with -DPS_MODEL_NIC=1 (unordered), 2 (distant) or 3 (probe fault)"
@@ -41,6 +42,7 @@ struct ps_model {
   held_op_t *held; /* not handed to the provider yet */
   int nheld, cap_held, held_head;
   uint64_t rng;        /* unordered NIC */
+  int lies;            /* unordered NIC: PERSEUS_TEST_NIC_CLAIMS_ORDER */
   uint64_t latency_ns; /* distant NIC: PERSEUS_TEST_LATENCY_US */
 };
 
@@ -96,6 +98,7 @@ static held_op_t held_write(const struct fi_msg_rma *m, uint64_t flags) {
 static ncclResult_t unordered_open(int rank, ps_model_t **out) {
   PS_CHECK(model_alloc(out));
   (*out)->rng = 0x9e3779b97f4a7c15ULL ^ (uint64_t)rank;
+  if (ps_env_bool("PERSEUS_TEST_NIC_CLAIMS_ORDER", 0, &(*out)->lies) != ncclSuccess) (*out)->lies = 0;
   return ncclSuccess;
 }
 
@@ -120,6 +123,12 @@ static ncclResult_t unordered_write(ps_model_t *m, const struct fi_msg_rma *msg,
                                     int *posted) {
   held_op_t op = held_write(msg, flags);
   op.release_ns = ps_now_ns() + next_rand(m) % 2000000;
+  /* Claiming order, it lies for certain: a plain write falls 10 ms behind
+   * the staged writes posted after it, so that a signal riding in one of
+   * them (which ordered sends there trusting the claimed order) is applied
+   * before the write lands, however late the target's copies run. */
+  if (m->lies && !((flags & FI_REMOTE_CQ_DATA) && (msg->data & PS_STAGED_DATA)))
+    op.release_ns += 10000000;
   return hold(m, &op, posted);
 }
 
