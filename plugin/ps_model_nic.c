@@ -5,7 +5,8 @@
  *      does not really wait for its data overtakes it. Signal messages are
  *      not held. It keeps no order and has no fence, unless
  *      PERSEUS_TEST_NIC_CLAIMS_ORDER=1 makes it claim order (a lie), so
- *      `ordered` is accepted and the invariant test must catch it;
+ *      `ordered` is accepted and the invariant test must catch it (plain
+ *      writes are then held 10 ms longer than staged ones, so it does);
  *   2  a "distant NIC" (latency plugin): hands every write and signal message
  *      to the provider PERSEUS_TEST_LATENCY_US (default 50) after it was
  *      posted, in order: fabric latency on loopback, where a drain must wait
