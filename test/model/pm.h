@@ -141,6 +141,7 @@ int pm_rcq_put(pm_ep_seg_t *s, uint64_t data);
 
 /* Completion queue (pm_prov.c). */
 typedef struct pm_cq pm_cq_t;
+int pm_cq_open(struct fid_domain *d, struct fi_cq_attr *attr, struct fid_cq **out, void *ctx);
 /* The notice ring of an endpoint bound to the CQ: fi_cq_read returns its
  * entries (attach when the endpoint is enabled, detach before it closes). */
 int pm_cq_attach(pm_cq_t *cq, pm_ep_seg_t *seg);

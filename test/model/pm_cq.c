@@ -1,0 +1,259 @@
+/* The model fabric's queues (pm.h says what it is): the endpoints' inbox
+ * and notice ring in shared memory, and the completion queue. Producers
+ * (NIC threads, peers' NIC threads) never take a lock; readers do. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pm.h"
+
+/* --- rings: bounded multi-producer queues whose slots each begin with a
+ * sequence word saying whose turn it is (the inbox, the notice ring, the
+ * completion queue) --- */
+/* Claims the next slot of the ring of n slots `stride` bytes apart at base,
+ * whose producers share *head: 1 with *pos (the caller fills slot pos % n,
+ * then stores pos + 1 into its sequence word, releasing it), 0 when full. */
+static int ring_claim(_Atomic uint64_t *head, void *base, size_t stride, uint64_t n, uint64_t *pos) {
+  uint64_t p = atomic_load_explicit(head, memory_order_relaxed);
+  for (;;) {
+    _Atomic uint64_t *seq = (_Atomic uint64_t *)((char *)base + (p % n) * stride);
+    uint64_t have = atomic_load_explicit(seq, memory_order_acquire);
+    if (have == p) {
+      if (atomic_compare_exchange_weak(head, &p, p + 1)) return *pos = p, 1;
+    } else if (have < p) {
+      return 0;
+    } else {
+      p = atomic_load_explicit(head, memory_order_relaxed);
+    }
+  }
+}
+
+int pm_inbox_put(pm_ep_seg_t *s, const pm_msg_t *m) {
+  uint64_t pos;
+  if (!ring_claim(&s->head, s->ring, sizeof s->ring[0], PM_INBOX, &pos)) return -FI_EAGAIN;
+  pm_msg_t *slot = &s->ring[pos % PM_INBOX];
+  memcpy((char *)slot + sizeof slot->seq, (const char *)m + sizeof m->seq, sizeof *m - sizeof m->seq);
+  atomic_store_explicit(&slot->seq, pos + 1, memory_order_release);
+  return 0;
+}
+
+int pm_inbox_get(pm_ep_seg_t *s, pm_msg_t *out) {
+  uint64_t pos = atomic_load_explicit(&s->tail, memory_order_relaxed);
+  pm_msg_t *slot = &s->ring[pos % PM_INBOX];
+  if (atomic_load_explicit(&slot->seq, memory_order_acquire) != pos + 1) return -FI_EAGAIN;
+  memcpy((char *)out + sizeof out->seq, (char *)slot + sizeof slot->seq, sizeof *out - sizeof out->seq);
+  atomic_store_explicit(&slot->seq, pos + PM_INBOX, memory_order_release);
+  atomic_store_explicit(&s->tail, pos + 1, memory_order_relaxed);
+  return 0;
+}
+
+int pm_rcq_put(pm_ep_seg_t *s, uint64_t data) {
+  uint64_t pos;
+  if (!ring_claim(&s->rcq_head, s->rcq, sizeof s->rcq[0], PM_RCQ, &pos)) return -FI_EAGAIN;
+  s->rcq[pos % PM_RCQ].data = data;
+  atomic_store_explicit(&s->rcq[pos % PM_RCQ].seq, pos + 1, memory_order_release);
+  return 0;
+}
+
+/* The oldest notice of the ring (single consumer: the CQ's lock). */
+static int rcq_get(pm_ep_seg_t *s, uint64_t *data) {
+  uint64_t pos = atomic_load_explicit(&s->rcq_tail, memory_order_relaxed);
+  __typeof__(&s->rcq[0]) slot = &s->rcq[pos % PM_RCQ];
+  if (atomic_load_explicit(&slot->seq, memory_order_acquire) != pos + 1) return -FI_EAGAIN;
+  *data = slot->data;
+  atomic_store_explicit(&slot->seq, pos + PM_RCQ, memory_order_release);
+  atomic_store_explicit(&s->rcq_tail, pos + 1, memory_order_relaxed);
+  return 0;
+}
+
+/* --- completion queue: NIC threads add entries without a lock (a ring
+ * whose slots say whose turn it is, as the inbox), the way a NIC writes
+ * completions into host memory; only readers take the CQ's lock. A full
+ * ring spills into a list under its own lock, so that a NIC thread never
+ * waits for a reader. --- */
+#define PM_CQ_RING 4096
+
+typedef struct {
+  struct fi_cq_tagged_entry e;
+  int err; /* 0, or an fi errno: an error entry */
+  size_t olen;
+  char why[96];
+} pm_cqe_t;
+
+typedef struct pm_cq_spill {
+  struct pm_cq_spill *next;
+  pm_cqe_t x;
+} pm_cq_spill_t;
+
+struct pm_cq {
+  struct fid_cq cq;
+  pthread_mutex_t lock; /* readers: the ring's tail, the spill list's head, rseg */
+  struct {
+    _Atomic uint64_t seq;
+    pm_cqe_t x;
+  } *ring;
+  _Atomic uint64_t head;
+  uint64_t tail;
+  pthread_mutex_t spill_lock;
+  pm_cq_spill_t *spill, **spill_tail;
+  _Atomic int spilled;
+  char last_err[96];
+  pm_ep_seg_t **rseg; /* notice rings of the endpoints bound to it */
+  int nrseg, rseg_cap;
+};
+
+int pm_cq_attach(pm_cq_t *c, pm_ep_seg_t *seg) {
+  pthread_mutex_lock(&c->lock);
+  if (c->nrseg == c->rseg_cap) {
+    int cap = c->rseg_cap ? 2 * c->rseg_cap : 4;
+    pm_ep_seg_t **r = realloc(c->rseg, (size_t)cap * sizeof *r);
+    if (!r) {
+      pthread_mutex_unlock(&c->lock);
+      return -FI_ENOMEM;
+    }
+    c->rseg = r, c->rseg_cap = cap;
+  }
+  c->rseg[c->nrseg++] = seg;
+  pthread_mutex_unlock(&c->lock);
+  return 0;
+}
+
+void pm_cq_detach(pm_cq_t *c, pm_ep_seg_t *seg) {
+  pthread_mutex_lock(&c->lock);
+  for (int i = 0; i < c->nrseg; i++)
+    if (c->rseg[i] == seg) c->rseg[i] = c->rseg[--c->nrseg];
+  pthread_mutex_unlock(&c->lock);
+}
+
+static void cq_add(pm_cq_t *c, const pm_cqe_t *x) {
+  uint64_t pos;
+  if (ring_claim(&c->head, c->ring, sizeof c->ring[0], PM_CQ_RING, &pos)) {
+    c->ring[pos % PM_CQ_RING].x = *x;
+    atomic_store_explicit(&c->ring[pos % PM_CQ_RING].seq, pos + 1, memory_order_release);
+    return;
+  }
+  pm_cq_spill_t *s = malloc(sizeof *s);
+  if (!s) {
+    fprintf(stderr, "model fabric: out of memory, a completion is lost\n");
+    return;
+  }
+  s->x = *x, s->next = NULL;
+  pthread_mutex_lock(&c->spill_lock);
+  *c->spill_tail = s, c->spill_tail = &s->next;
+  atomic_store_explicit(&c->spilled, 1, memory_order_release);
+  pthread_mutex_unlock(&c->spill_lock);
+}
+
+void pm_cq_push(pm_cq_t *cq, const struct fi_cq_tagged_entry *e) {
+  pm_cqe_t x = {.e = *e};
+  cq_add(cq, &x);
+}
+
+void pm_cq_push_err(pm_cq_t *cq, void *ctx, uint64_t flags, int err, size_t olen, const char *why) {
+  pm_cqe_t x = {.e = {.op_context = ctx, .flags = flags}, .err = err, .olen = olen};
+  snprintf(x.why, sizeof x.why, "%s", why);
+  cq_add(cq, &x);
+}
+
+/* The oldest entry (reader, c->lock held): the ring's, else the spill
+ * list's; NULL when there is none. cq_pop takes it. */
+static const pm_cqe_t *cq_peek(pm_cq_t *c) {
+  __typeof__(&c->ring[0]) slot = &c->ring[c->tail % PM_CQ_RING];
+  if (atomic_load_explicit(&slot->seq, memory_order_acquire) == c->tail + 1) return &slot->x;
+  if (!atomic_load_explicit(&c->spilled, memory_order_acquire)) return NULL;
+  pthread_mutex_lock(&c->spill_lock);
+  const pm_cqe_t *x = c->spill ? &c->spill->x : NULL; /* only readers unlink */
+  pthread_mutex_unlock(&c->spill_lock);
+  return x;
+}
+
+static void cq_pop(pm_cq_t *c, const pm_cqe_t *x) {
+  __typeof__(&c->ring[0]) slot = &c->ring[c->tail % PM_CQ_RING];
+  if (x == &slot->x) {
+    atomic_store_explicit(&slot->seq, c->tail + PM_CQ_RING, memory_order_release);
+    c->tail++;
+    return;
+  }
+  pthread_mutex_lock(&c->spill_lock);
+  pm_cq_spill_t *s = c->spill;
+  if (!(c->spill = s->next)) c->spill_tail = &c->spill, atomic_store(&c->spilled, 0);
+  pthread_mutex_unlock(&c->spill_lock);
+  free(s);
+}
+
+static ssize_t cq_read(struct fid_cq *fid, void *buf, size_t count) {
+  pm_cq_t *c = (pm_cq_t *)fid;
+  struct fi_cq_tagged_entry *out = buf;
+  ssize_t n = 0;
+  pthread_mutex_lock(&c->lock);
+  uint64_t data;
+  for (int i = 0; i < c->nrseg; i++)
+    while ((size_t)n < count && !rcq_get(c->rseg[i], &data))
+      out[n++] = (struct fi_cq_tagged_entry){.flags = FI_REMOTE_WRITE | FI_RMA | FI_REMOTE_CQ_DATA,
+                                             .data = data};
+  const pm_cqe_t *x = NULL;
+  while ((size_t)n < count && (x = cq_peek(c)) && !x->err) {
+    out[n++] = x->e;
+    cq_pop(c, x);
+  }
+  int err = !n && x && x->err;
+  pthread_mutex_unlock(&c->lock);
+  return n ? n : err ? -FI_EAVAIL : -FI_EAGAIN;
+}
+
+static ssize_t cq_readerr(struct fid_cq *fid, struct fi_cq_err_entry *buf, uint64_t flags) {
+  pm_cq_t *c = (pm_cq_t *)fid;
+  (void)flags;
+  pthread_mutex_lock(&c->lock);
+  const pm_cqe_t *x = cq_peek(c);
+  if (!x || !x->err) {
+    pthread_mutex_unlock(&c->lock);
+    return -FI_EAGAIN;
+  }
+  *buf = (struct fi_cq_err_entry){.op_context = x->e.op_context, .flags = x->e.flags,
+                                  .err = x->err, .olen = x->olen, .prov_errno = x->err};
+  snprintf(c->last_err, sizeof c->last_err, "%s", x->why);
+  cq_pop(c, x);
+  pthread_mutex_unlock(&c->lock);
+  return 1;
+}
+
+static const char *cq_strerror(struct fid_cq *fid, int prov_errno, const void *err_data, char *buf,
+                               size_t len) {
+  pm_cq_t *c = (pm_cq_t *)fid;
+  (void)prov_errno, (void)err_data;
+  if (buf && len) snprintf(buf, len, "%s", c->last_err);
+  return buf ? buf : c->last_err;
+}
+
+static int cq_close(struct fid *fid) {
+  pm_cq_t *c = (pm_cq_t *)fid;
+  pthread_mutex_destroy(&c->lock);
+  pthread_mutex_destroy(&c->spill_lock);
+  for (pm_cq_spill_t *s = c->spill, *n; s; s = n) n = s->next, free(s);
+  free(c->ring);
+  free(c->rseg);
+  free(c);
+  return 0;
+}
+
+static struct fi_ops cq_fi_ops = {.size = sizeof(struct fi_ops), .close = cq_close};
+static struct fi_ops_cq cq_ops = {.size = sizeof(struct fi_ops_cq), .read = cq_read,
+                                  .readerr = cq_readerr, .strerror = cq_strerror};
+
+int pm_cq_open(struct fid_domain *d, struct fi_cq_attr *attr, struct fid_cq **out, void *ctx) {
+  if (attr && attr->format != FI_CQ_FORMAT_TAGGED && attr->format != FI_CQ_FORMAT_UNSPEC)
+    return -FI_ENOSYS;
+  pm_cq_t *c = calloc(1, sizeof *c);
+  if (c && !(c->ring = calloc(PM_CQ_RING, sizeof *c->ring))) free(c), c = NULL;
+  if (!c) return -FI_ENOMEM;
+  (void)d;
+  for (uint64_t i = 0; i < PM_CQ_RING; i++) atomic_store(&c->ring[i].seq, i);
+  c->spill_tail = &c->spill;
+  pthread_mutex_init(&c->lock, NULL);
+  pthread_mutex_init(&c->spill_lock, NULL);
+  c->cq = (struct fid_cq){.fid = {.fclass = FI_CLASS_CQ, .context = ctx, .ops = &cq_fi_ops},
+                          .ops = &cq_ops};
+  *out = &c->cq;
+  return 0;
+}

@@ -1,0 +1,85 @@
+/* The model fabric's endpoint, shared by its two halves: pm_ep.c (the
+ * libfabric endpoint a caller posts to) and pm_nic.c (the NIC threads that
+ * perform what was posted). Private to test/model. */
+#ifndef PM_EP_H
+#define PM_EP_H
+
+#include "pm.h"
+
+enum { OP_WRITE = 1, OP_READ, OP_TSEND, OP_ATOMIC };
+
+typedef struct pm_op {
+  struct pm_op *next;
+  int type, written, fence;
+  int err;       /* move_data failed: the completion's error, and why */
+  char why[96];
+  void *ctx, *buf;
+  uint64_t cflags; /* the completion's flags */
+  size_t len;
+  uint64_t raddr, key, tag, data;
+  int remote_cq;
+  fi_addr_t dest;
+  uint64_t posted_ns, arrive_ns, done_ns;
+} pm_op_t;
+
+typedef struct {
+  pm_op_t *head, *tail;
+  uint64_t free_ns, last_done_ns;
+} pm_link_t;
+
+typedef struct pm_recv {
+  struct pm_recv *next;
+  void *buf, *ctx;
+  size_t len;
+  uint64_t tag, ignore;
+} pm_recv_t;
+
+typedef struct pm_held { /* a message waiting: an ACK until its time, or one for a full inbox */
+  struct pm_held *next;
+  pm_msg_t m;
+  pm_ep_seg_t *to; /* NULL: an ACK of ours to act on */
+} pm_held_t;
+
+typedef struct pm_ep {
+  struct fid_ep ep;
+  struct pm_ep *next_all;
+  pm_domain_t *d;
+  pm_cq_t *cq;
+  pm_av_t *av;
+  char name[PM_NAME_LEN];
+  pm_ep_seg_t *seg;
+  pthread_mutex_t lock;
+  /* Posted and not yet on a link, newest first: a caller's post is one
+   * compare-and-swap (a NIC's doorbell), never a lock the NIC thread takes
+   * on every pass; the NIC thread takes the whole list at once. */
+  _Atomic(pm_op_t *) sub_top;
+  pm_link_t *links;
+  size_t nlinks;
+  /* Operations on the links of NIC thread t (link i is thread i % n's):
+   * a thread with none skips the endpoint without taking its lock, so idle
+   * threads do not contend with the one that has work. */
+  _Atomic int queued[PM_MAX_NIC_THREADS];
+  pm_op_t *waiting, *waiting_tail; /* performed, in that order: until done_ns */
+  pm_op_t *acking;                  /* sent: until the target's ACK */
+  pm_recv_t *recvs;               /* posted receives the NIC thread matches, in order */
+  _Atomic(pm_recv_t *) recv_top;  /* posted since its last pass, newest first (as sub_top) */
+  pm_held_t *unexp, *held;
+  unsigned rnd;
+  /* Operations are reused, not freed: the NIC threads push finished ones
+   * here (a compare-and-swap), and posting takes them back in bulk into
+   * `cache`, so a post and its completion cost no allocator call (and no
+   * allocator lock shared between the caller and the NIC threads). */
+  _Atomic(pm_op_t *) finished;
+  atomic_flag cache_busy; /* posts from several threads take turns at `cache` */
+  pm_op_t *cache;
+} pm_ep_t;
+
+/* pm_nic.c: an enabled endpoint joins the NIC threads' passes (started as
+ * PERSEUS_MODEL_NIC_THREADS says); a closing one leaves them (its memory is
+ * freed only after no pass uses it). */
+int pm_nic_add(pm_ep_t *e);
+void pm_nic_remove(pm_ep_t *e);
+/* A finished operation goes back to its endpoint's posting side. */
+void pm_op_release(pm_ep_t *e, pm_op_t *op);
+
+#endif

@@ -1,0 +1,424 @@
+/* The model fabric's NIC threads (pm.h says what they do): each pass
+ * takes what was posted onto its links, performs what arrived (writes and
+ * reads straight into the peer's memory, sends, atomics and their
+ * acknowledgements as inbox messages) and completes it one latency later. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pm_ep.h"
+
+/* Held for reading by the NIC threads through each pass, for writing (writers first) where
+ * an endpoint comes or goes (its memory is freed only when no pass uses it). */
+static pthread_rwlock_t all_lock = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+static pm_ep_t *all_eps;
+static pthread_t nic[PM_MAX_NIC_THREADS];
+static int nic_running; /* threads started */
+static _Atomic int nic_stop;
+
+static void push_back(pm_held_t **list, pm_held_t *h) {
+  h->next = NULL;
+  while (*list) list = &(*list)->next;
+  *list = h;
+}
+
+static int hold(pm_held_t **list, const pm_msg_t *m, pm_ep_seg_t *to) {
+  pm_held_t *h = calloc(1, sizeof *h);
+  if (!h) return -FI_ENOMEM;
+  h->m = *m, h->to = to;
+  push_back(list, h);
+  return 0;
+}
+
+/* A message to another endpoint: into its inbox now, or held until there is room. */
+static void send_msg(pm_ep_t *e, pm_ep_seg_t *to, const pm_msg_t *m) {
+  if (pm_inbox_put(to, m) && hold(&e->held, m, to))
+    fprintf(stderr, "model fabric: out of memory, a message is lost\n");
+}
+
+void pm_op_release(pm_ep_t *e, pm_op_t *op) {
+  op->next = atomic_load_explicit(&e->finished, memory_order_relaxed);
+  while (!atomic_compare_exchange_weak_explicit(&e->finished, &op->next, op, memory_order_release,
+                                                memory_order_relaxed))
+    ;
+}
+
+static void complete(pm_ep_t *e, pm_op_t *op, int err, const char *why) {
+  if (err) {
+    pm_cq_push_err(e->cq, op->ctx, op->cflags, err, 0, why);
+  } else {
+    struct fi_cq_tagged_entry c = {.op_context = op->ctx, .flags = op->cflags, .len = op->len};
+    pm_cq_push(e->cq, &c);
+  }
+  pm_op_release(e, op);
+}
+
+/* The registration `key` of `dom` covering [addr, addr + len) with `access`. */
+static const char *check_mr(pm_dom_seg_t *dom, uint64_t key, uint64_t addr, size_t len, uint64_t access) {
+  uint64_t slot = key >> 48;
+  if (slot >= PM_MAX_MR) return "no such key";
+  pm_mr_slot_t *s = &dom->mr[slot];
+  if (atomic_load(&s->key) != key) return "key not registered there";
+  if (addr < s->addr || addr + len < addr || addr + len > s->addr + s->len)
+    return "outside the registration";
+  if (!(s->access & access)) return "registration does not allow that access";
+  return NULL;
+}
+
+static int my_pid(void) {
+  static _Atomic int pid;
+  int p = atomic_load_explicit(&pid, memory_order_relaxed);
+  if (!p) atomic_store_explicit(&pid, p = (int)getpid(), memory_order_relaxed);
+  return p;
+}
+
+/* Moves a write's or read's bytes (op->written = 1), or says why it failed
+ * (op->err, op->why). Touches no endpoint state: the NIC thread runs it
+ * without the endpoint's lock, so that the caller's posts do not wait for
+ * the copies of the operations ahead of theirs. */
+static void move_data(pm_ep_t *e, pm_op_t *op) {
+  const pm_peer_t *peer = pm_av_get(e->av, op->dest);
+  if (!peer) {
+    op->err = FI_EINVAL, snprintf(op->why, sizeof op->why, "destination not in the address vector");
+    return;
+  }
+  const char *bad = check_mr(peer->dom, op->key, op->raddr, op->len,
+                             op->type == OP_WRITE ? FI_REMOTE_WRITE : FI_REMOTE_READ);
+  if (bad) {
+    op->err = FI_EACCES, snprintf(op->why, sizeof op->why, "%s", bad);
+    return;
+  }
+  if (pm_move(&peer->dom->mr[op->key >> 48], peer->pid, op->type == OP_READ, op->buf, op->raddr,
+              op->len, op->why, sizeof op->why)) {
+    op->err = FI_EIO;
+    return;
+  }
+  op->written = 1;
+}
+
+static int is_rma(const pm_op_t *op) { return op->type == OP_WRITE || op->type == OP_READ; }
+
+/* Performs an operation whose time came; -FI_EAGAIN when the target's inbox is full. */
+static int perform(pm_ep_t *e, pm_op_t *op, uint64_t now) {
+  const pm_params_t *p = pm_params();
+  const pm_peer_t *peer = pm_av_get(e->av, op->dest);
+  if (!peer) {
+    complete(e, op, FI_EINVAL, "destination not in the address vector");
+    return 0;
+  }
+  if (is_rma(op)) {
+    if (!op->written && !op->err) move_data(e, op);
+    if (op->err) {
+      complete(e, op, op->err, op->why);
+      return 0;
+    }
+    if (op->remote_cq && pm_rcq_put(peer->seg, op->data))
+      return -FI_EAGAIN; /* the data is there; its notice next time */
+    op->done_ns = now + p->latency_ns + (op->type == OP_READ ? (uint64_t)(op->len * p->ns_per_byte) : 0);
+    op->next = NULL;
+    if (e->waiting_tail) e->waiting_tail->next = op;
+    else e->waiting = op;
+    e->waiting_tail = op;
+    return 0;
+  }
+  pm_msg_t m = {.type = op->type == OP_TSEND ? PM_MSG_TSEND : PM_MSG_ATOMIC, .src_pid = my_pid(),
+                .tag = op->tag, .len = op->len, .addr = op->type == OP_TSEND ? (uint64_t)(uintptr_t)op->buf : op->raddr,
+                .key = op->key, .data = op->data, .ctx = (uint64_t)(uintptr_t)op,
+                .has_data = op->type == OP_TSEND && op->remote_cq};
+  memcpy(m.src, e->name, PM_NAME_LEN);
+  if (op->type == OP_TSEND && op->len <= PM_INLINE && op->len) memcpy(m.inl, op->buf, op->len);
+  if (pm_inbox_put(peer->seg, &m)) return -FI_EAGAIN;
+  op->next = e->acking;
+  e->acking = op;
+  return 0;
+}
+
+static void ack(pm_ep_t *e, const pm_msg_t *to_whom, uint32_t status) {
+  pm_ep_seg_t *seg = pm_map(to_whom->src, sizeof(pm_ep_seg_t));
+  if (!seg) return; /* the origin closed its endpoint */
+  pm_msg_t m = {.type = PM_MSG_ACK, .ctx = to_whom->ctx, .status = status,
+                .not_before_ns = pm_now_ns() + pm_params()->latency_ns};
+  send_msg(e, seg, &m);
+}
+
+static void on_ack(pm_ep_t *e, const pm_msg_t *m) {
+  for (pm_op_t **p = &e->acking; *p; p = &(*p)->next)
+    if ((uint64_t)(uintptr_t)*p == m->ctx) {
+      pm_op_t *op = *p;
+      *p = op->next;
+      complete(e, op, (int)m->status, m->status ? "the target refused the operation" : NULL);
+      return;
+    }
+}
+
+static void on_atomic(pm_ep_t *e, const pm_msg_t *m) {
+  const char *bad = check_mr(e->d->seg, m->key, m->addr, 8, FI_REMOTE_WRITE);
+  if (!bad && m->addr % 8) bad = "misaligned";
+  if (!bad) __atomic_fetch_add((uint64_t *)(uintptr_t)m->addr, m->data, __ATOMIC_SEQ_CST);
+  ack(e, m, bad ? FI_EACCES : 0);
+}
+
+/* The receives posted since the last pass join the list, in posting order. */
+static void take_recvs(pm_ep_t *e) {
+  if (!atomic_load_explicit(&e->recv_top, memory_order_relaxed)) return;
+  pm_recv_t *top = atomic_exchange_explicit(&e->recv_top, NULL, memory_order_acquire), *in = NULL;
+  while (top) {
+    pm_recv_t *next = top->next;
+    top->next = in, in = top, top = next;
+  }
+  pm_recv_t **tail = &e->recvs;
+  while (*tail) tail = &(*tail)->next;
+  *tail = in;
+}
+
+/* Matches arrived messages with posted receives, both in order, and pulls the data. */
+static int match(pm_ep_t *e) {
+  int work = 0;
+  take_recvs(e);
+  for (pm_held_t **u = &e->unexp; *u;) {
+    pm_msg_t *m = &(*u)->m;
+    pm_recv_t **r = &e->recvs;
+    while (*r && ((m->tag | (*r)->ignore) != ((*r)->tag | (*r)->ignore))) r = &(*r)->next;
+    if (!*r) {
+      u = &(*u)->next;
+      continue;
+    }
+    pm_recv_t *rv = *r;
+    *r = rv->next;
+    size_t n = m->len < rv->len ? m->len : rv->len;
+    struct iovec l = {rv->buf, n}, rem = {(void *)(uintptr_t)m->addr, n};
+    ssize_t got = !n ? 0 : m->len <= PM_INLINE ? (memcpy(rv->buf, m->inl, n), (ssize_t)n)
+                                               : process_vm_readv(m->src_pid, &l, 1, &rem, 1, 0);
+    if (got != (ssize_t)n)
+      pm_cq_push_err(e->cq, rv->ctx, FI_RECV | FI_TAGGED, FI_EIO, 0, "the sender's data is gone");
+    else if (m->len > rv->len)
+      pm_cq_push_err(e->cq, rv->ctx, FI_RECV | FI_TAGGED, FI_ETRUNC, m->len - rv->len,
+                     "message larger than the receive");
+    else
+      pm_cq_push(e->cq, &(struct fi_cq_tagged_entry){
+                            .op_context = rv->ctx, .len = m->len, .buf = rv->buf, .tag = m->tag,
+                            .flags = FI_RECV | FI_TAGGED | FI_MSG | (m->has_data ? FI_REMOTE_CQ_DATA : 0),
+                            .data = m->has_data ? m->data : 0});
+    ack(e, m, 0);
+    pm_held_t *done = *u;
+    *u = done->next;
+    free(done), free(rv);
+    work = 1;
+  }
+  return work;
+}
+
+/* FI_FENCE: an operation goes only once everything before it on its link
+ * completed (none queued ahead of it, none performed and not completed). */
+static int fence_holds(const pm_ep_t *e, const pm_op_t *op, int ahead) {
+  if (!op->fence) return 0;
+  if (ahead) return 1;
+  for (const pm_op_t *w = e->waiting; w; w = w->next)
+    if (w->dest == op->dest) return 1;
+  for (const pm_op_t *w = e->acking; w; w = w->next)
+    if (w->dest == op->dest) return 1;
+  return 0;
+}
+
+static int take_posted(pm_ep_t *e);
+
+/* One pass of NIC thread `tid` of `n` over an endpoint: the links i with
+ * i % n == tid (so a link's operations stay in order, and copies to
+ * different peers run in parallel); thread 0 also takes new posts and does
+ * the rest. Returns whether it found work. */
+static int ep_pass(pm_ep_t *e, uint64_t now, int tid, int n) {
+  int work = 0;
+  if (tid && !atomic_load_explicit(&e->queued[tid], memory_order_acquire)) return 0;
+  pthread_mutex_lock(&e->lock);
+  if (!tid) work |= take_posted(e);
+  for (size_t i = (size_t)tid; i < e->nlinks; i += (size_t)n) {
+    pm_link_t *l = &e->links[i];
+    if (pm_params()->reorder) { /* any operation whose time came, in no particular order */
+      pm_op_t *prev = NULL;
+      for (pm_op_t *op = l->head, *next; op; op = next) {
+        next = op->next;
+        /* arrived, and half of those each pass: a late NIC thread reorders too */
+        if (op->arrive_ns > now || fence_holds(e, op, prev != NULL) ||
+            ((e->rnd = e->rnd * 1103515245 + 12345) >> 16 & 1)) {
+          prev = op;
+          work |= op->arrive_ns <= now;
+          continue;
+        }
+        if (prev) prev->next = next;
+        else l->head = next;
+        if (l->tail == op) l->tail = prev;
+        if (perform(e, op, now)) { /* back where it was */
+          op->next = next;
+          if (prev) prev->next = op;
+          else l->head = op;
+          if (!next) l->tail = op;
+          break;
+        }
+        atomic_fetch_sub_explicit(&e->queued[tid], 1, memory_order_relaxed);
+        work = 1;
+      }
+      continue;
+    }
+    while (l->head && l->head->arrive_ns <= now && !fence_holds(e, l->head, 0)) {
+      pm_op_t *op = l->head;
+      if (is_rma(op) && !op->written && !op->err) {
+        /* it stays at the head (only this thread takes from there); posts
+         * append behind it meanwhile */
+        pthread_mutex_unlock(&e->lock);
+        move_data(e, op);
+        pthread_mutex_lock(&e->lock);
+        l = &e->links[i]; /* a post to a new destination may have grown the array */
+      }
+      pm_op_t *next = op->next;
+      if (perform(e, op, now)) break;
+      l->head = next;
+      if (!next) l->tail = NULL;
+      atomic_fetch_sub_explicit(&e->queued[tid], 1, memory_order_relaxed);
+      work = 1;
+    }
+  }
+  if (tid) {
+    pthread_mutex_unlock(&e->lock);
+    return work;
+  }
+  pm_msg_t m;
+  while (!pm_inbox_get(e->seg, &m)) {
+    work = 1;
+    if (m.type == PM_MSG_TSEND) hold(&e->unexp, &m, NULL);
+    else if (m.type == PM_MSG_ATOMIC) on_atomic(e, &m);
+    else if (m.type == PM_MSG_ACK) hold(&e->held, &m, NULL);
+  }
+  for (pm_held_t **h = &e->held; *h;) {
+    pm_held_t *x = *h;
+    if (x->to ? pm_inbox_put(x->to, &x->m) != 0 : x->m.not_before_ns > now) {
+      h = &x->next;
+      continue;
+    }
+    if (!x->to) on_ack(e, &x->m);
+    *h = x->next;
+    free(x);
+    work = 1;
+  }
+  while (e->waiting && e->waiting->done_ns <= now) {
+    pm_op_t *op = e->waiting;
+    if (!(e->waiting = op->next)) e->waiting_tail = NULL;
+    complete(e, op, 0, NULL);
+    work = 1;
+  }
+  work |= match(e);
+  pthread_mutex_unlock(&e->lock);
+  return work;
+}
+
+static void *nic_main(void *arg) {
+  int tid = (int)(intptr_t)arg, n = pm_params()->nic_threads;
+  int idle = 0;
+  char name[16]; /* per-thread CPU time in /proc/<pid>/task/<tid>/stat names it */
+  snprintf(name, sizeof name, "model-nic%d", tid);
+  (void)pthread_setname_np(pthread_self(), name);
+  while (!atomic_load(&nic_stop)) {
+    uint64_t now = pm_now_ns();
+    int work = 0;
+    pthread_rwlock_rdlock(&all_lock);
+    for (pm_ep_t *e = all_eps; e; e = e->next_all) work |= ep_pass(e, now, tid, n);
+    pthread_rwlock_unlock(&all_lock);
+    idle = work ? 0 : idle + 1;
+    if (idle > 2000) nanosleep(&(struct timespec){0, 20000}, NULL); /* nothing for a while */
+    else if (idle > 50) sched_yield();
+  }
+  return NULL;
+}
+
+void pm_nic_stop(void) {
+  pthread_rwlock_wrlock(&all_lock);
+  int running = nic_running;
+  nic_running = 0;
+  pthread_rwlock_unlock(&all_lock);
+  if (!running) return;
+  atomic_store(&nic_stop, 1);
+  for (int i = 0; i < running; i++) pthread_join(nic[i], NULL);
+  atomic_store(&nic_stop, 0);
+}
+
+static pm_link_t *link_of(pm_ep_t *e, fi_addr_t dest) {
+  if (dest >= e->nlinks) {
+    size_t n = dest + 16;
+    pm_link_t *l = realloc(e->links, n * sizeof *l);
+    if (!l) return NULL;
+    memset(l + e->nlinks, 0, (n - e->nlinks) * sizeof *l);
+    e->links = l, e->nlinks = n;
+  }
+  return &e->links[dest];
+}
+
+/* Puts op on its link as a NIC would (NIC thread, e->lock held): it starts
+ * when the link is free and it was posted (a fenced one also once
+ * everything before it completed), holds the link for len / bandwidth and
+ * arrives one latency later. */
+static int to_link(pm_ep_t *e, pm_op_t *op) {
+  const pm_params_t *p = pm_params();
+  pm_link_t *l = link_of(e, op->dest);
+  if (!l) return -FI_ENOMEM;
+  uint64_t start = op->posted_ns > l->free_ns ? op->posted_ns : l->free_ns;
+  if (op->fence && l->last_done_ns > start) start = l->last_done_ns;
+  l->free_ns = start + (uint64_t)(op->len * p->ns_per_byte);
+  op->arrive_ns = l->free_ns + p->latency_ns;
+  /* A NIC that claims order and lies: every RMA operation falls 10 ms behind
+   * what follows it, long enough for a target descheduled on a busy host to
+   * see the overtaking signal. One that says nothing: each operation its own
+   * path through the fabric, up to a latency and 200 us more. */
+  if (p->reorder && p->ordered)
+    op->arrive_ns += is_rma(op) ? p->latency_ns + 10000000 : 0;
+  else if (p->reorder)
+    op->arrive_ns += (e->rnd = e->rnd * 1103515245 + 12345) % (p->latency_ns + 200000);
+  if (op->arrive_ns + p->latency_ns > l->last_done_ns) l->last_done_ns = op->arrive_ns + p->latency_ns;
+  op->next = NULL;
+  if (l->tail) l->tail->next = op;
+  else l->head = op;
+  l->tail = op;
+  atomic_fetch_add_explicit(&e->queued[op->dest % (fi_addr_t)p->nic_threads], 1, memory_order_release);
+  return 0;
+}
+
+/* The operations posted since the last pass go onto their links, in order. */
+static int take_posted(pm_ep_t *e) {
+  if (!atomic_load_explicit(&e->sub_top, memory_order_relaxed)) return 0;
+  pm_op_t *top = atomic_exchange_explicit(&e->sub_top, NULL, memory_order_acquire), *op = NULL;
+  while (top) { /* newest first: reversed into posting order */
+    pm_op_t *next = top->next;
+    top->next = op, op = top, top = next;
+  }
+  int any = op != NULL;
+  for (pm_op_t *next; op; op = next) {
+    next = op->next;
+    if (to_link(e, op)) complete(e, op, FI_ENOMEM, "out of memory for a link");
+  }
+  return any;
+}
+
+int pm_nic_add(pm_ep_t *e) {
+  pthread_rwlock_wrlock(&all_lock);
+  e->next_all = all_eps;
+  all_eps = e;
+  int want = pm_params()->nic_threads;
+  while (nic_running < want &&
+         !pthread_create(&nic[nic_running], NULL, nic_main, (void *)(intptr_t)nic_running))
+    nic_running++;
+  int ok = nic_running == want;
+  pthread_rwlock_unlock(&all_lock);
+  return ok ? 0 : -FI_EOTHER;
+}
+
+void pm_nic_remove(pm_ep_t *e) {
+  pthread_rwlock_wrlock(&all_lock);
+  for (pm_ep_t **p = &all_eps; *p; p = &(*p)->next_all)
+    if (*p == e) {
+      *p = e->next_all;
+      break;
+    }
+  pthread_rwlock_unlock(&all_lock);
+}
