@@ -139,7 +139,7 @@ int pm_inbox_get(pm_ep_seg_t *s, pm_msg_t *out);
  * -FI_EAGAIN when full. */
 int pm_rcq_put(pm_ep_seg_t *s, uint64_t data);
 
-/* Completion queue (pm_prov.c). */
+/* Completion queue (pm_cq.c, with the inbox and the notice ring above). */
 typedef struct pm_cq pm_cq_t;
 int pm_cq_open(struct fid_domain *d, struct fi_cq_attr *attr, struct fid_cq **out, void *ctx);
 /* The notice ring of an endpoint bound to the CQ: fi_cq_read returns its
