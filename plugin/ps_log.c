@@ -43,3 +43,17 @@ void ps_log(ncclDebugLogLevel lvl, unsigned long flags, const char *file, int li
   const char *tag = lvl == NCCL_LOG_WARN ? "WARN" : lvl == NCCL_LOG_TRACE ? "TRACE" : "INFO";
   fprintf(stderr, "[%d] perseus %s %s\n", (int)getpid(), tag, msg);
 }
+
+void ps_first_error(ps_first_error_t *e, const char *fmt, ...) {
+  int no = 0;
+  if (!__atomic_compare_exchange_n(&e->claimed, &no, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+  va_end(ap);
+  __atomic_store_n(&e->set, 1, __ATOMIC_RELEASE);
+}
+
+const char *ps_first_error_get(ps_first_error_t *e) {
+  return __atomic_load_n(&e->set, __ATOMIC_ACQUIRE) ? e->msg : NULL;
+}

@@ -75,19 +75,9 @@ typedef struct {
 struct ps_rma_streams {
   int n, stop;      /* stop: atomic */
   unsigned next;    /* the stream the next write goes on */
-  int has_failed;   /* atomic: failed[] is written */
-  int claimed;      /* atomic: a thread is writing failed[] */
-  char failed[600];
+  ps_first_error_t failed; /* a stream thread's, for the engine */
   stream_t *s;
 };
-
-static void fail(ps_rma_streams_t *ss, int index, const char *why) {
-  int no = 0;
-  if (!__atomic_compare_exchange_n(&ss->claimed, &no, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-    return;
-  snprintf(ss->failed, sizeof ss->failed, "staging stream %d: %s", index, why);
-  __atomic_store_n(&ss->has_failed, 1, __ATOMIC_RELEASE);
-}
 
 /* The thread's side: an event for the engine. A full queue waits for the
  * engine's next pass (it drains every queue each pass). */
@@ -127,7 +117,7 @@ static int post_queued(stream_t *st) {
                            .context = &j->sop->wire, .data = j->data};
     int posted = 0;
     if (ps_ep_writemsg(&st->ep, st->ep.ep, &m, j->flags, &posted) != ncclSuccess) {
-      fail(st->owner, st->index, "posting a staged write failed");
+      ps_first_error(&st->owner->failed, "staging stream %d: posting a staged write failed", st->index);
       wire_done(&j->sop->wire, NULL, -FI_EIO, "posting a staged write failed");
       posted = 1;
     }
@@ -145,7 +135,7 @@ static void *stream_main(void *arg) {
   while (!__atomic_load_n(&ss->stop, __ATOMIC_ACQUIRE)) {
     int work = post_queued(st), handled = 0;
     if (ps_ep_progress(&st->ep, 64, &handled) != ncclSuccess) {
-      fail(ss, st->index, st->ep.fatal);
+      ps_first_error(&ss->failed, "staging stream %d: %s", st->index, st->ep.fatal);
       break;
     }
     work += handled;
@@ -255,7 +245,7 @@ ncclResult_t ps_rma_streams_open(ps_rma_comm_t *c) {
   }
   PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: staged writes over %d extra endpoint%s (PERSEUS_NSTREAMS%s; "
           "the fewest any rank offers)", n, n > 1 ? "s" : "",
-          ps_fabric_config()->nstreams < 1 ? " unset: this provider's default on this host" : "");
+          ps_stripe_unset_note());
   return ncclSuccess;
 }
 
@@ -294,7 +284,7 @@ int ps_rma_streams_poll(ps_rma_comm_t *c) {
       __atomic_store_n(&st->ev_tail, tail + 1, __ATOMIC_RELEASE);
     }
   }
-  if (__atomic_load_n(&ss->has_failed, __ATOMIC_ACQUIRE) && !c->error)
-    ps_rma_fail(c, ncclRemoteError, "%s", ss->failed);
+  const char *failed = ps_first_error_get(&ss->failed);
+  if (failed && !c->error) ps_rma_fail(c, ncclRemoteError, "%s", failed);
   return n;
 }

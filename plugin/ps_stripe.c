@@ -36,10 +36,13 @@ typedef struct {
 struct ps_stripe {
   int n;
   int stop; /* atomic */
-  char failed[600];
-  int claimed, has_failed; /* atomic: a thread writes failed[], then it is readable */
+  ps_first_error_t failed; /* a thread's, for the comm's caller */
   stream_t s[PS_MAX_STREAMS - 1];
 };
+
+const char *ps_stripe_unset_note(void) {
+  return ps_fabric_config()->nstreams < 1 ? " unset: this provider's default on this host" : "";
+}
 
 int ps_stripe_wanted(const ps_device_t *d) {
   int64_t want = ps_fabric_config()->nstreams;
@@ -60,14 +63,6 @@ int ps_stripe_wanted(const ps_device_t *d) {
   return 0;
 }
 
-static void fail(ps_stripe_t *s, const char *why) {
-  int no = 0;
-  if (!__atomic_compare_exchange_n(&s->claimed, &no, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-    return;
-  snprintf(s->failed, sizeof s->failed, "%s", why);
-  __atomic_store_n(&s->has_failed, 1, __ATOMIC_RELEASE);
-}
-
 /* Posts a job; 1 posted, 0 refused for now (-FI_EAGAIN), -1 failed (the
  * op's callback has run). */
 static int post(stream_t *st, const job_t *j) {
@@ -76,7 +71,7 @@ static int post(stream_t *st, const job_t *j) {
                                              j->op, &posted)
                                : ps_ep_trecv(&st->ep, j->buf, j->len, j->desc, j->tag, j->op, &posted);
   if (rc == ncclSuccess) return posted;
-  fail(st->owner, "posting a part of a striped message failed");
+  ps_first_error(&st->owner->failed, "posting a part of a striped message failed");
   j->op->cb(j->op, NULL, -FI_EIO, "posting a part of a striped message failed");
   return -1;
 }
@@ -117,7 +112,7 @@ static void *stream_main(void *arg) {
     posted += queued;
     int handled = 0;
     if (ps_ep_progress(&st->ep, 64, &handled) != ncclSuccess) {
-      fail(s, st->ep.fatal);
+      ps_first_error(&s->failed, "%s", st->ep.fatal);
       break;
     }
     done += (uint64_t)handled;
@@ -221,7 +216,7 @@ ncclResult_t ps_stripe_connect(ps_stripe_t *s, const ps_ctrl_msg_t *m, int n) {
   if (n)
     PS_INFO(NCCL_INIT | NCCL_NET, "comm striped over %d endpoints (PERSEUS_NSTREAMS%s), messages of "
             "PERSEUS_STRIPE_MIN=%lld bytes and up", n + 1,
-            ps_fabric_config()->nstreams < 1 ? " unset: this provider's default on this host" : "",
+            ps_stripe_unset_note(),
             (long long)ps_fabric_config()->stripe_min);
   return ncclSuccess;
 }
@@ -249,5 +244,5 @@ ncclResult_t ps_stripe_post(ps_stripe_t *s, int stream, int is_send, void *buf, 
 }
 
 const char *ps_stripe_failed(ps_stripe_t *s) {
-  return s && __atomic_load_n(&s->has_failed, __ATOMIC_ACQUIRE) ? s->failed : NULL;
+  return s ? ps_first_error_get(&s->failed) : NULL;
 }

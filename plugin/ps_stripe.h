@@ -45,6 +45,9 @@ static inline int ps_stripe_default(const char *prov, long cpus) {
  * where the provider cannot stripe (memory registrations bound to one
  * endpoint, no 8 bytes of remote CQ data; said once at INFO). */
 int ps_stripe_wanted(const ps_device_t *d);
+/* For the INFO line that reports the count: where it came from when
+ * PERSEUS_NSTREAMS is unset, else "". */
+const char *ps_stripe_unset_note(void);
 /* Opens n extra endpoints on d; `jobs` bounds the parts queued on one at a
  * time (every live sub-request has at most one part per endpoint). *out is
  * NULL when none could be opened with an address that fits a control
