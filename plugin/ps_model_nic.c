@@ -23,7 +23,7 @@
 #include "ps_log.h"
 #include "ps_model_nic.h"
 #include "ps_rma.h"
-#include "ps_rma_int.h" /* PS_STAGED_DATA */
+#include "ps_wire.h"
 
 #if !defined(PS_MODEL_NIC) || PS_MODEL_NIC < 1 || PS_MODEL_NIC > 3
 #error "ps_model_nic.c is for test plugins: compile it with -DPS_MODEL_NIC=1 (unordered), 2 (distant) or 3 (probe fault)"

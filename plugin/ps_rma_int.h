@@ -46,11 +46,6 @@
 #define PS_RMA_MAX_REQS (1u << 20)   /* more outstanding than this is a caller bug */
 #define PS_RMA_MAX_WINDOW (1u << 22) /* a peer's writes can be this far ahead of its oldest missing one */
 
-/* Remote CQ data of a staged write: this bit, the source rank in bits
- * 62..32 and the receive slot in the low 32 (a plain write under the target
- * strategy carries rank << 32 | seq32). */
-#define PS_STAGED_DATA (1ULL << 63)
-
 /* Tags of the engine's own messages (bit 63: control, as in ps_wire.h). */
 #define PS_TAG_RMA_SIG (PS_TAG_CTRL | 0x20)
 /* A target's refusal of one of our signals: the refused signal message
@@ -505,6 +500,8 @@ int ps_order_sig_ready(const ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_
 ncclResult_t ps_order_post_sig(ps_rma_comm_t *c, ps_rma_req_t *r, int *posted);
 /* 1 when a signal may go as a record of a staged write. */
 int ps_order_sig_may_ride(const ps_rma_comm_t *c);
+/* 1 when a staged write with a riding signal must go on the comm's endpoint. */
+int ps_order_rider_on_comm_ep(const ps_rma_comm_t *c);
 /* Whether strategy s on d posts signals as atomic adds the NIC applies. */
 int ps_order_sig_atomic(const ps_device_t *d, ps_ordering_t s);
 /* Counts a queued signal's fence or the one it avoided; 1 when the caller

@@ -115,12 +115,19 @@ int ps_order_sig_ready(const ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_
  * did not go through staging land before that staged write: target counts
  * them at the target anyway; ordered needs the provider to keep writes in
  * order (FI_ORDER_WAW), and the write it rides in on the comm's endpoint
- * with them (ps_rma_post_staged). deferred and drain keep their wait for
+ * with them (ps_order_rider_on_comm_ep). deferred and drain keep their wait for
  * delivery. */
 int ps_order_sig_may_ride(const ps_rma_comm_t *c) {
   if (c->ordering == PS_ORD_TARGET) return 1;
   return c->ordering == PS_ORD_ORDERED && (c->ep.dev->rma_msg_order & FI_ORDER_WAW);
 }
+
+/* Whether a staged write carrying a riding signal must take the comm's
+ * endpoint, not a staging stream: under ordered the signal covers the plain
+ * writes before it only through the provider's order on one endpoint (the
+ * staged writes it covers may take any path: the target holds it for
+ * those). */
+int ps_order_rider_on_comm_ep(const ps_rma_comm_t *c) { return c->ordering == PS_ORD_ORDERED; }
 
 /* A fence: a wait for delivery (deferred parks, drain blocks) or an
  * FI_FENCE flag. ordered and target get their ordering for nothing. */

@@ -56,11 +56,7 @@ ncclResult_t ps_rma_post_staged(ps_rma_comm_t *c, uint32_t peer, struct fi_msg_r
                                 ps_rma_sop_t *sop, int has_sig, int *posted) {
   m->data = PS_STAGED_DATA | (uint64_t)c->rank << 32 | slot;
   uint64_t flags = write_flags(c) | FI_REMOTE_CQ_DATA;
-  /* A signal riding under ordered covers the plain writes before it because
-   * the provider keeps them ahead on the comm's endpoint: its write goes
-   * there (the staged writes it covers may take any path: the target holds
-   * it for those). */
-  if (c->streams && !(has_sig && c->ordering == PS_ORD_ORDERED)) {
+  if (c->streams && !(has_sig && ps_order_rider_on_comm_ep(c))) {
     ps_rma_stream_post(c, peer, m, flags, sop, posted);
     return ncclSuccess;
   }

@@ -101,6 +101,14 @@ static ncclResult_t allgather(ps_rma_comm_t *c, uint64_t tag, const void *mine, 
   return rc;
 }
 
+/* A decoded part names `rank`: another rank's, and the first part for it
+ * (parts arrive from any peer). seen: one byte per rank. */
+static ncclResult_t take_part(const ps_rma_comm_t *c, char *seen, uint32_t rank, const char *what) {
+  if (rank != (uint32_t)c->rank && !seen[rank]++) return ncclSuccess;
+  PS_WARN("%s: duplicate part for rank %u", what, rank);
+  return ncclRemoteError;
+}
+
 ncclResult_t ps_rma_allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
   int P = c->nranks;
   ps_reg_msg_t mine = {.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
@@ -116,15 +124,11 @@ ncclResult_t ps_rma_allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
   ncclResult_t rc = parts && lens && seen ? ncclSuccess : ncclSystemError;
   if (rc == ncclSuccess)
     rc = allgather(c, PS_TAG_RMA_REG(r->id), &mine, sizeof mine, (char *)parts, lens, what);
-  /* Parts arrive from any peer: each must name a distinct rank. */
   for (int p = 0; rc == ncclSuccess && p < P; p++) {
     if (p == c->rank) continue;
     ps_reg_msg_t m;
     rc = ps_reg_decode(&parts[p], lens[p], (uint32_t)P, r->id, &m);
-    if (rc == ncclSuccess && (m.rank == (uint32_t)c->rank || seen[m.rank]++)) {
-      PS_WARN("symmetric registration %u: duplicate part for rank %u", r->id, m.rank);
-      rc = ncclRemoteError;
-    }
+    if (rc == ncclSuccess) rc = take_part(c, seen, m.rank, what);
     if (rc == ncclSuccess && !(m.flags & PS_REG_STAGED) != !r->staged) {
       PS_WARN("symmetric registration %u: rank %u registered %s memory, this rank %s memory",
               r->id, m.rank, (m.flags & PS_REG_STAGED) ? "GPU" : "host", r->staged ? "GPU" : "host");
@@ -140,26 +144,22 @@ ncclResult_t ps_rma_allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
 ncclResult_t ps_rma_allgather_streams(ps_rma_comm_t *c, const ps_streams_msg_t *mine,
                                       ps_streams_msg_t *all) {
   int P = c->nranks;
-  size_t *lens = calloc((size_t)P, sizeof *lens);
+  const char *what = "staging streams exchange";
   ps_streams_msg_t *parts = calloc((size_t)P, sizeof *parts);
-  ncclResult_t rc = parts && lens ? ncclSuccess : ncclSystemError;
+  size_t *lens = calloc((size_t)P, sizeof *lens);
+  char *seen = calloc((size_t)P, 1);
+  ncclResult_t rc = parts && lens && seen ? ncclSuccess : ncclSystemError;
   if (rc == ncclSuccess)
-    rc = allgather(c, PS_TAG_RMA_STREAMS, mine, sizeof *mine, (char *)parts, lens,
-                   "staging streams exchange");
-  char *seen = rc == ncclSuccess ? calloc((size_t)P, 1) : NULL;
-  if (rc == ncclSuccess && !seen) rc = ncclSystemError;
+    rc = allgather(c, PS_TAG_RMA_STREAMS, mine, sizeof *mine, (char *)parts, lens, what);
   all[c->rank] = *mine;
   for (int p = 0; rc == ncclSuccess && p < P; p++) {
     if (p == c->rank) continue;
     ps_streams_msg_t m;
     rc = ps_streams_decode(&parts[p], lens[p], (uint32_t)P, &m);
-    if (rc == ncclSuccess && (m.rank == (uint32_t)c->rank || seen[m.rank]++)) {
-      PS_WARN("staging streams exchange: duplicate part for rank %u", m.rank);
-      rc = ncclRemoteError;
-    }
+    if (rc == ncclSuccess) rc = take_part(c, seen, m.rank, what);
     if (rc == ncclSuccess) all[m.rank] = m;
   }
-  if (rc != ncclSuccess && !c->error) ps_rma_fail(c, rc, "staging streams exchange failed");
+  if (rc != ncclSuccess && !c->error) ps_rma_fail(c, rc, "%s failed", what);
   free(parts), free(lens), free(seen);
   return rc;
 }

@@ -20,7 +20,7 @@
  * until every one of them is copied in (ps_rma_target.c). The one thing a
  * second endpoint breaks is ordered's riding signal, which relies on the
  * provider keeping the comm's plain writes ahead of it: the staged write it
- * rides in goes on the comm's endpoint (ps_rma_post_staged). Plain writes,
+ * rides in goes on the comm's endpoint (ps_order_rider_on_comm_ep). Plain writes,
  * signals, credits and refusals stay there too. */
 #include <sched.h>
 #include <stdio.h>

@@ -109,6 +109,11 @@ typedef struct {
   uint64_t key;
 } ps_reg_msg_t;
 
+/* Remote CQ data of a staged write: this bit, the source rank in bits
+ * 62..32 and the receive slot in the low 32 (a plain write under the target
+ * strategy carries rank << 32 | seq32). */
+#define PS_STAGED_DATA (1ULL << 63)
+
 /* A one-sided rank's staging streams (PERSEUS_NSTREAMS - 1 extra endpoints
  * for staged writes), sent to every peer once, when staging is set up:
  * every rank uses the fewest any rank offers. */
