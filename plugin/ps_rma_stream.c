@@ -220,6 +220,9 @@ ncclResult_t ps_rma_streams_open(ps_rma_comm_t *c) {
   }
   ps_rma_streams_t *ss = c->streams;
   if (!n) {
+    if (rc == ncclSuccess && mine.nstreams)
+      PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: staged writes on the comm's endpoint (a rank "
+              "offers no staging streams)");
     ps_rma_streams_close(c);
     free(all);
     return rc;
