@@ -28,6 +28,18 @@ static int ring_claim(_Atomic uint64_t *head, void *base, size_t stride, uint64_
   }
 }
 
+/* The consumer's side (one consumer): the slot at position pos once its
+ * producer released it, else NULL; ring_free hands it to the producers'
+ * next lap. */
+static void *ring_ready(void *base, size_t stride, uint64_t n, uint64_t pos) {
+  _Atomic uint64_t *seq = (_Atomic uint64_t *)((char *)base + (pos % n) * stride);
+  return atomic_load_explicit(seq, memory_order_acquire) == pos + 1 ? (void *)seq : NULL;
+}
+
+static void ring_free(void *slot, uint64_t n, uint64_t pos) {
+  atomic_store_explicit((_Atomic uint64_t *)slot, pos + n, memory_order_release);
+}
+
 int pm_inbox_put(pm_ep_seg_t *s, const pm_msg_t *m) {
   uint64_t pos;
   if (!ring_claim(&s->head, s->ring, sizeof s->ring[0], PM_INBOX, &pos)) return -FI_EAGAIN;
@@ -39,10 +51,10 @@ int pm_inbox_put(pm_ep_seg_t *s, const pm_msg_t *m) {
 
 int pm_inbox_get(pm_ep_seg_t *s, pm_msg_t *out) {
   uint64_t pos = atomic_load_explicit(&s->tail, memory_order_relaxed);
-  pm_msg_t *slot = &s->ring[pos % PM_INBOX];
-  if (atomic_load_explicit(&slot->seq, memory_order_acquire) != pos + 1) return -FI_EAGAIN;
+  pm_msg_t *slot = ring_ready(s->ring, sizeof s->ring[0], PM_INBOX, pos);
+  if (!slot) return -FI_EAGAIN;
   memcpy((char *)out + sizeof out->seq, (char *)slot + sizeof slot->seq, sizeof *out - sizeof out->seq);
-  atomic_store_explicit(&slot->seq, pos + PM_INBOX, memory_order_release);
+  ring_free(slot, PM_INBOX, pos);
   atomic_store_explicit(&s->tail, pos + 1, memory_order_relaxed);
   return 0;
 }
@@ -58,10 +70,10 @@ int pm_rcq_put(pm_ep_seg_t *s, uint64_t data) {
 /* The oldest notice of the ring (single consumer: the CQ's lock). */
 static int rcq_get(pm_ep_seg_t *s, uint64_t *data) {
   uint64_t pos = atomic_load_explicit(&s->rcq_tail, memory_order_relaxed);
-  __typeof__(&s->rcq[0]) slot = &s->rcq[pos % PM_RCQ];
-  if (atomic_load_explicit(&slot->seq, memory_order_acquire) != pos + 1) return -FI_EAGAIN;
+  __typeof__(&s->rcq[0]) slot = ring_ready(s->rcq, sizeof s->rcq[0], PM_RCQ, pos);
+  if (!slot) return -FI_EAGAIN;
   *data = slot->data;
-  atomic_store_explicit(&slot->seq, pos + PM_RCQ, memory_order_release);
+  ring_free(slot, PM_RCQ, pos);
   atomic_store_explicit(&s->rcq_tail, pos + 1, memory_order_relaxed);
   return 0;
 }
@@ -158,8 +170,8 @@ void pm_cq_push_err(pm_cq_t *cq, void *ctx, uint64_t flags, int err, size_t olen
 /* The oldest entry (reader, c->lock held): the ring's, else the spill
  * list's; NULL when there is none. cq_pop takes it. */
 static const pm_cqe_t *cq_peek(pm_cq_t *c) {
-  __typeof__(&c->ring[0]) slot = &c->ring[c->tail % PM_CQ_RING];
-  if (atomic_load_explicit(&slot->seq, memory_order_acquire) == c->tail + 1) return &slot->x;
+  __typeof__(&c->ring[0]) slot = ring_ready(c->ring, sizeof c->ring[0], PM_CQ_RING, c->tail);
+  if (slot) return &slot->x;
   if (!atomic_load_explicit(&c->spilled, memory_order_acquire)) return NULL;
   pthread_mutex_lock(&c->spill_lock);
   const pm_cqe_t *x = c->spill ? &c->spill->x : NULL; /* only readers unlink */
@@ -170,8 +182,7 @@ static const pm_cqe_t *cq_peek(pm_cq_t *c) {
 static void cq_pop(pm_cq_t *c, const pm_cqe_t *x) {
   __typeof__(&c->ring[0]) slot = &c->ring[c->tail % PM_CQ_RING];
   if (x == &slot->x) {
-    atomic_store_explicit(&slot->seq, c->tail + PM_CQ_RING, memory_order_release);
-    c->tail++;
+    ring_free(slot, PM_CQ_RING, c->tail++);
     return;
   }
   pthread_mutex_lock(&c->spill_lock);
