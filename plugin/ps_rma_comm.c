@@ -384,9 +384,10 @@ static ncclResult_t dereg_sym_body(void *coll, void *mh) {
   /* Operations still moving bytes through it would write freed memory or
    * be dropped unseen: the window stays until they completed (test() them
    * first). A failed comm completes nothing more, so then it goes. */
-  if (r->busy && !c->error) {
+  uint32_t busy = ps_rma_region_busy(r);
+  if (busy && !c->error) {
     PS_WARN("deregMrSym: window %u is named by %u operations not yet completed; it stays "
-            "registered (deregister it once test() reported them done)", r->id, r->busy);
+            "registered (deregister it once test() reported them done)", r->id, busy);
     return ncclInvalidUsage;
   }
   if (r->gpu) ps_stage_quiesce(c); /* the GPU memory may be unmapped right after */
@@ -437,7 +438,7 @@ static int print_interval(char *out, size_t n, const char *name, const ps_hist_t
  * and why posting to it stopped. */
 static void print_opstats(ps_rma_comm_t *c, int p) {
   static const char *const iv_name[PS_IV_N] = {"queued", "copy", "post call", "wire",
-                                                "signal wait", "report lag", "total"};
+                                                "signal wait", "report lag", "total", "settled"};
   static const char *const held_name[PS_HELD_N] = {"provider", "inflight bound", "send slot",
                                                     "unfilled", "copy", "credit"};
   const ps_rma_opstats_t *o = &c->opstats[p];

@@ -85,13 +85,29 @@ typedef struct {
   int staged; /* GPU memory the provider cannot reach: staged (same on every rank) */
   int gpu;    /* GPU memory (staged, or registered with the provider): signals into it
                * go through the copy stream (ps_stage_signal) */
-  uint32_t busy; /* operations naming it (either side, or its signal) not yet completed */
   /* per rank: it deregistered its part and told us (PS_SIG_OP_CLOSED); calls
    * into that part are refused. Set by the engine, read by NCCL's calls. */
   uint8_t *rclosed;
+  /* Operations naming it (either side, or its signal) and not yet let go
+   * (ps_rma_local_done): busy_named - busy_freed. NCCL's calls count the
+   * first, the engine the second, a cache line apart, so that neither
+   * thread's count takes the other's line (or the fields above) away. */
+  uint32_t busy_named;
+  char apart[64];
+  uint32_t busy_freed;
 } ps_rma_region_t;
 
+static inline uint32_t ps_rma_region_busy(const ps_rma_region_t *g) {
+  return __atomic_load_n(&g->busy_named, __ATOMIC_RELAXED) -
+         __atomic_load_n(&g->busy_freed, __ATOMIC_RELAXED);
+}
+
 enum { PS_STAGE_NONE = 0, PS_STAGE_QUEUED, PS_STAGE_POSTED, PS_STAGE_DONE };
+
+/* A request's two owners: NCCL until test() reported it, the engine until
+ * its data and signal completed (settled). A staged put is reported once its
+ * bytes left the source, which may be long before its write completes. */
+enum { PS_REQ_REPORTED = 1, PS_REQ_SETTLED = 2 };
 
 /* PERSEUS_STATS: when a request reached each step (ps_now_ns), 0 where it
  * did not. Stats off: never written, cleared or read. */
@@ -102,6 +118,7 @@ typedef struct {
   uint64_t posted;     /* its data (first chunk) taken: the provider's post call returned */
   uint64_t data_done;  /* its data (last chunk) completed */
   uint64_t sig_posted, sig_done;
+  uint64_t local_done; /* test() may report it (ps_rma_local_done) */
 } ps_rma_stamps_t;
 
 typedef struct ps_rma_req {
@@ -126,6 +143,7 @@ typedef struct ps_rma_req {
   uint8_t staged, src_gpu, dst_staged;
   uint8_t sig_rides;        /* its signal goes as a record in its last chunk's staged write */
   uint32_t nchunks, prepared, posted_chunks, done_chunks;
+  uint32_t copied;          /* staged: records whose bytes left the source (their slot's copies done) */
   const char *src;          /* source bytes (device or host address) */
   uint32_t dst_region;      /* destination window id, and offset in it */
   uint64_t dst_off;
@@ -133,7 +151,8 @@ typedef struct ps_rma_req {
   uint32_t uses[3];         /* ids of the windows it counts in (busy) until it completes */
   uint8_t nuses, settled;
   uint8_t has_data, has_sig; /* what the engine queues when it takes the request */
-  int done;                 /* atomic: data and signal completed (settled) */
+  int done;                 /* atomic: locally complete, test() may report it (ps_rma_local_done) */
+  int life;                 /* atomic: PS_REQ_REPORTED | PS_REQ_SETTLED; back to the pool at both */
   int taken;                /* atomic: the engine queued it (drain waits for that) */
   struct ps_rma_req *next_in; /* the inbox */
   ps_op_t data_op, sig_op;
@@ -174,6 +193,7 @@ typedef struct ps_stage_slot {
   uint64_t opened_ns;
   size_t used;                /* bytes of records */
   uint32_t nrec;
+  uint32_t ncopied;           /* records counted as out of their source (ps_stage_copied) */
   int bare;                   /* one chunk into a host window */
   int sealed;                 /* a put that is not staged came after it: nothing more joins */
   ps_stage_rec_t rec[PS_STAGE_MAX_RECS];
@@ -231,15 +251,17 @@ typedef struct {
 } ps_stage_t;
 
 /* PERSEUS_STATS, per peer: where its operations' time went (from the
- * stamps, when test() reports each done) and why posting to it stopped. */
+ * stamps: the engine's steps once it let go of each, NCCL's when test()
+ * reported it) and why posting to it stopped. */
 enum {
   PS_IV_QUEUED,  /* call -> its data handed over (the provider's post call returned) */
   PS_IV_COPY,    /* staged, GPU source: first chunk's copy issued -> last chunk's seen done */
   PS_IV_POST,    /* per post call (data, chunk or signal, taken or refused): inside the provider */
   PS_IV_WIRE,    /* data handed over -> its (last chunk's) completion */
   PS_IV_SIGWAIT, /* call -> its signal handed over */
-  PS_IV_LAG,     /* its last completion -> test() reported it done */
+  PS_IV_LAG,     /* locally complete (staged: copied out; else its last completion) -> reported */
   PS_IV_TOTAL,   /* call -> test() reported it done */
+  PS_IV_SETTLED, /* call -> its data and signal completed (a staged put's write may outlive its report) */
   PS_IV_N
 };
 /* Why a pass over the peer's queues stopped with something still queued.
@@ -470,8 +492,11 @@ void ps_rma_inbox_push(ps_rma_comm_t *c, ps_rma_req_t *r);
 void ps_rma_free_reqs(ps_rma_comm_t *c);
 /* A request to rank `peer`, its handle bound (NCCL's thread). */
 ncclResult_t ps_rma_req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out);
-/* r goes back to the free list; its handle goes stale. */
+/* A refused call's r goes back to the free list; its handle goes stale. */
 void ps_rma_req_put(ps_rma_comm_t *c, ps_rma_req_t *r);
+/* test() reported r done: its handle goes stale, and r goes back once the
+ * engine settled it too. */
+void ps_rma_req_reported(ps_rma_comm_t *c, ps_rma_req_t *r);
 /* Logs why test() refused `request`, never reading what a stale one named. */
 void ps_rma_req_refused(ps_rma_comm_t *c, const void *request) PS_COLD;
 
@@ -615,14 +640,22 @@ void ps_rma_fail(ps_rma_comm_t *c, ncclResult_t rc, const char *fmt, ...)
 void ps_rma_op_started(ps_rma_comm_t *c, ps_rma_peer_t *p);
 void ps_rma_op_finished(ps_rma_comm_t *c, ps_rma_peer_t *p);
 void ps_rma_wake(ps_rma_peer_t *p);
-/* 1 (and the comm failed) when err says the operation failed. */
-/* r's windows stop counting it (it completed, or its call was refused). */
+/* The engine lets go of r: its windows stop counting it. */
 void ps_rma_unuse_windows(ps_rma_comm_t *c, ps_rma_req_t *r);
-/* r names window g: g counts it as busy until r completes. */
+/* r names window g (NCCL's call): g counts it as busy until the engine lets
+ * go of r, or the call is refused (ps_rma_unuse_refused). */
 static inline void ps_rma_use_window(ps_rma_req_t *r, ps_rma_region_t *g) {
-  __atomic_add_fetch(&g->busy, 1, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&g->busy_named, 1, __ATOMIC_RELAXED);
   r->uses[r->nuses++] = g->id;
 }
+void ps_rma_unuse_refused(ps_rma_comm_t *c, ps_rma_req_t *r);
+/* r goes back to the pool (its handle already stale). */
+void ps_rma_req_recycle(ps_rma_comm_t *c, ps_rma_req_t *r);
+/* r is locally complete: test() may report it (and NCCL reuse its source). */
+void ps_rma_local_done(ps_rma_comm_t *c, ps_rma_req_t *r);
+/* A record of staged request r is out of its source: once all are (and its
+ * signal rides or was handed over), r is locally complete. */
+void ps_rma_staged_copied(ps_rma_comm_t *c, ps_rma_req_t *r);
 void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr);
 /* r's signal completed (a message, an atomic or a staged write). */
 void ps_rma_sig_done(ps_rma_req_t *r, int err, const char *errstr);
@@ -647,8 +680,10 @@ void ps_rma_note_stop(ps_rma_peer_t *p, int why) PS_COLD;
 static inline void ps_rma_note_held(ps_rma_peer_t *p, int why) {
   if (p->ops) ps_rma_note_stop(p, why);
 }
-/* test() reported r done: its intervals go into its peer's histograms (the
- * caller checks c->opstats). */
+/* r's intervals go into its peer's histograms: the engine's once it settled,
+ * NCCL's (report lag, total) when test() reported it (the caller checks
+ * that stats are on). */
+void ps_rma_note_settled(ps_rma_comm_t *c, const ps_rma_req_t *r) PS_COLD;
 void ps_rma_note_reported(ps_rma_comm_t *c, const ps_rma_req_t *r) PS_COLD;
 /* An entry point timed for c->calls begins (returns its clock, never 0) and
  * ends. */

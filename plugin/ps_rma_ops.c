@@ -63,6 +63,8 @@ static int post_ready_sigs(ps_rma_comm_t *c, ps_rma_peer_t *p) {
     if (p->ops) ps_rma_note_post(p, t0, posted, &r->ts.sig_posted);
     if (!posted) return 1;
     r->sig_stage = PS_STAGE_POSTED;
+    /* a staged put's data may be out of its source already */
+    if (r->staged && r->copied == r->nchunks) ps_rma_local_done(c, r);
     ps_rma_op_started(c, p);
     p->st.signals++;
     p->sq_head = r->next_sig;
@@ -206,7 +208,7 @@ static void take_data(ps_rma_peer_t *p, ps_rma_req_t *r) {
 /* A call refused after start(): the windows it was counted in forget it
  * (they are live: the caller holds win_lock), and r goes back. */
 static void refuse(ps_rma_comm_t *c, ps_rma_req_t *r) {
-  ps_rma_unuse_windows(c, r);
+  ps_rma_unuse_refused(c, r);
   ps_rma_req_put(c, r);
 }
 
@@ -481,10 +483,9 @@ int ps_rma_engine_pass(ps_rma_comm_t *c) {
   return ps_rma_progress_pass(c) + work;
 }
 
-static int req_done(const ps_rma_req_t *r) {
-  return (!r->data_stage || r->data_stage == PS_STAGE_DONE) &&
-         (!r->sig_stage || r->sig_stage == PS_STAGE_DONE);
-}
+/* Locally complete (ps_rma_local_done): for a staged put, once its bytes
+ * are out of the source, though its write may still be in flight. */
+static int req_done(const ps_rma_req_t *r) { return __atomic_load_n(&r->done, __ATOMIC_ACQUIRE); }
 
 static ncclResult_t test_body(void *coll, void *request, int *done) {
   ps_rma_comm_t *c = rma_comm(coll);
@@ -496,9 +497,8 @@ static ncclResult_t test_body(void *coll, void *request, int *done) {
   }
   *done = 0;
   if (c->threaded) {
-    /* the engine thread sets done once data and signal completed, after
-     * their status */
-    if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) return ps_rma_error(c);
+    /* the engine thread sets done after the status */
+    if (!req_done(r)) return ps_rma_error(c);
     if (r->status) return r->status;
   } else if (r->status) {
     return r->status;
@@ -519,7 +519,7 @@ static ncclResult_t test_body(void *coll, void *request, int *done) {
   }
   *done = 1;
   if (c->opstats) ps_rma_note_reported(c, r);
-  ps_rma_req_put(c, r);
+  ps_rma_req_reported(c, r);
   return ncclSuccess;
 }
 

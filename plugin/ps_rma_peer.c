@@ -59,22 +59,54 @@ static int op_failed(ps_rma_req_t *r, int err, int sig, const char *errstr) {
   return 1;
 }
 
-void ps_rma_unuse_windows(ps_rma_comm_t *c, ps_rma_req_t *r) {
+static void unuse(ps_rma_comm_t *c, ps_rma_req_t *r, int refused) {
   for (int i = 0; i < r->nuses; i++) {
     ps_rma_region_t *g = r->uses[i] < c->nregions ? c->regions[r->uses[i]] : NULL;
-    if (g) __atomic_sub_fetch(&g->busy, 1, __ATOMIC_RELAXED); /* NULL: gone with a failed comm */
+    if (!g) continue; /* gone with a failed comm */
+    if (refused) __atomic_sub_fetch(&g->busy_named, 1, __ATOMIC_RELAXED);
+    else __atomic_add_fetch(&g->busy_freed, 1, __ATOMIC_RELAXED);
   }
   r->nuses = 0;
 }
+void ps_rma_unuse_windows(ps_rma_comm_t *c, ps_rma_req_t *r) { unuse(c, r, 0); }
+void ps_rma_unuse_refused(ps_rma_comm_t *c, ps_rma_req_t *r) { unuse(c, r, 1); }
 
-/* Once r's data and signal both completed, its windows stop counting it. */
+/* r's pool: reqs_lock, as NCCL's calls take requests from it. */
+void ps_rma_req_recycle(ps_rma_comm_t *c, ps_rma_req_t *r) {
+  pthread_mutex_lock(&c->reqs_lock);
+  r->next = c->free_reqs;
+  c->free_reqs = r;
+  pthread_mutex_unlock(&c->reqs_lock);
+}
+
+/* test() may report r from here: its source may be reused, and its windows
+ * stop counting it (what is still in flight reads only staging memory). */
+void ps_rma_local_done(ps_rma_comm_t *c, ps_rma_req_t *r) {
+  if (r->done) return; /* only the engine sets it */
+  ps_rma_unuse_windows(c, r);
+  if (c->peers[r->peer].ops) r->ts.local_done = ps_rma_stats_now();
+  __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+}
+
+void ps_rma_staged_copied(ps_rma_comm_t *c, ps_rma_req_t *r) {
+  /* a signal that neither rides nor was handed over still needs r */
+  if (++r->copied == r->nchunks + r->sig_rides &&
+      (!r->has_sig || r->sig_rides || r->sig_stage >= PS_STAGE_POSTED))
+    ps_rma_local_done(c, r);
+}
+
+/* Once r's data and signal both completed, the engine is done with it; it
+ * goes back to the pool here if test() already reported it, else there. */
 static void settle(ps_rma_comm_t *c, ps_rma_req_t *r) {
   if (r->settled || (r->data_stage && r->data_stage != PS_STAGE_DONE) ||
       (r->sig_stage && r->sig_stage != PS_STAGE_DONE))
     return;
   r->settled = 1;
-  ps_rma_unuse_windows(c, r);
-  __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE); /* last: test() may hand r back at once */
+  if (c->peers[r->peer].ops) ps_rma_note_settled(c, r);
+  ps_rma_local_done(c, r);
+  /* last: once both bits are set r may be reused at once */
+  if (__atomic_fetch_or(&r->life, PS_REQ_SETTLED, __ATOMIC_ACQ_REL) & PS_REQ_REPORTED)
+    ps_rma_req_recycle(c, r);
 }
 
 /* A put's chunk (seq) completed; the whole put once every chunk has. */
@@ -127,16 +159,23 @@ static void add_span(ps_hist_t *h, uint64_t a, uint64_t b) {
   if (a && b) ps_hist_add(h, b > a ? b - a : 0);
 }
 
-void ps_rma_note_reported(ps_rma_comm_t *c, const ps_rma_req_t *r) {
+/* The engine's steps, once r settled (the engine's thread). */
+void ps_rma_note_settled(ps_rma_comm_t *c, const ps_rma_req_t *r) {
   ps_rma_opstats_t *o = c->peers[r->peer].ops;
   const ps_rma_stamps_t *t = &r->ts;
-  uint64_t now = ps_now_ns(), last = t->data_done > t->sig_done ? t->data_done : t->sig_done;
   add_span(&o->iv[PS_IV_QUEUED], t->call, t->posted);
   add_span(&o->iv[PS_IV_COPY], t->copy_start, t->copy_done);
   add_span(&o->iv[PS_IV_WIRE], t->posted, t->data_done);
   add_span(&o->iv[PS_IV_SIGWAIT], t->call, t->sig_posted);
-  add_span(&o->iv[PS_IV_LAG], last, now);
-  add_span(&o->iv[PS_IV_TOTAL], t->call, now);
+  add_span(&o->iv[PS_IV_SETTLED], t->call, ps_now_ns());
+}
+
+/* test() reported r (NCCL's thread): what NCCL saw. */
+void ps_rma_note_reported(ps_rma_comm_t *c, const ps_rma_req_t *r) {
+  ps_rma_opstats_t *o = c->peers[r->peer].ops;
+  uint64_t now = ps_now_ns();
+  add_span(&o->iv[PS_IV_LAG], r->ts.local_done, now);
+  add_span(&o->iv[PS_IV_TOTAL], r->ts.call, now);
 }
 
 /* c->calls: wall time counts as busy from a call that found or left a

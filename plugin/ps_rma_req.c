@@ -1,8 +1,9 @@
 /* One-sided engine: requests and the handle tables of requests and
  * windows. Requests come in registered chunks (a signal message lives in
  * its request) and go back to a free list; what NCCL holds is a handle,
- * refused once the request was reported done. NCCL's thread takes and
- * returns requests (reqs_lock: the engine thread never does). */
+ * refused once the request was reported done. NCCL's thread takes them;
+ * a request goes back (reqs_lock) from whichever of test() and the engine
+ * is done with it last. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,10 +101,15 @@ ncclResult_t ps_rma_req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out)
 void ps_rma_req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
   ps_htab_unbind(&ps_rma_req_tab, r->slot);
   __atomic_sub_fetch(&c->live_reqs, 1, __ATOMIC_RELAXED);
-  pthread_mutex_lock(&c->reqs_lock);
-  r->next = c->free_reqs;
-  c->free_reqs = r;
-  pthread_mutex_unlock(&c->reqs_lock);
+  ps_rma_req_recycle(c, r);
+}
+
+void ps_rma_req_reported(ps_rma_comm_t *c, ps_rma_req_t *r) {
+  ps_htab_unbind(&ps_rma_req_tab, r->slot);
+  __atomic_sub_fetch(&c->live_reqs, 1, __ATOMIC_RELAXED);
+  /* last: once both bits are set r may be reused at once */
+  if (__atomic_fetch_or(&r->life, PS_REQ_REPORTED, __ATOMIC_ACQ_REL) & PS_REQ_SETTLED)
+    ps_rma_req_recycle(c, r);
 }
 
 /* Why test() refused `request`: never reads what a stale handle once named. */

@@ -267,7 +267,7 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
       if (taken == limit || !(s = st->free_slots)) break;
       st->free_slots = s->next;
       s->ticket = 0, s->pass = c->passes, s->opened_ns = c->now_ns, s->used = 0, s->nrec = 0;
-      s->sealed = 0;
+      s->ncopied = 0, s->sealed = 0;
       s->bare = !r->dst_staged;
       s->next = NULL;
       if (p->prep_tail) p->prep_tail->next = s;
@@ -330,22 +330,33 @@ static void slot_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, 
 
 /* PERSEUS_STATS: when a put's last chunk was seen copied out of the GPU. */
 static void PS_COLD stamp_copied(ps_stage_slot_t *s) {
-  for (uint32_t k = 0; k < s->nrec; k++) {
+  for (uint32_t k = s->ncopied; k < s->nrec; k++) {
     ps_rma_req_t *r = s->rec[k].req;
     if (s->rec[k].chunk == r->nchunks - 1 && !r->ts.copy_done) r->ts.copy_done = ps_rma_stats_now();
   }
 }
 
-/* PERSEUS_STATS: the copies of p's prepared slots, looked at each time
- * perseus tries to post to p, so that a put's copy time leaves out its wait
- * behind earlier puts. Copies finish in the order they were issued: the first
- * one still running ends the look. */
-static void PS_COLD note_copies(ps_stage_t *st, ps_rma_peer_t *p) {
+/* The records of slot s not yet counted, whose copies finished: their
+ * requests are that much nearer local completion. */
+static void count_copied(ps_rma_comm_t *c, ps_stage_slot_t *s) {
+  if (c->peers[s->rec[0].req->peer].ops) stamp_copied(s);
+  for (; s->ncopied < s->nrec; s->ncopied++) ps_rma_staged_copied(c, s->rec[s->ncopied].req);
+}
+
+/* The slots prepared for p whose copies out of the GPU finished, looked at
+ * each time perseus tries to post to p: their puts may be reported done
+ * before their writes go (the send slots bound how many). Copies finish in
+ * the order they were issued: the first one still running ends the look. */
+static ncclResult_t look_at_copies(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   for (ps_stage_slot_t *s = p->prep_head; s; s = s->next) {
-    if (!s->ticket) continue;
-    if (ps_cuda_passed(st->cu, PS_CUDA_OUT_STREAM, s->ticket) != 1) return;
-    stamp_copied(s);
+    if (s->ticket) {
+      int done = ps_cuda_passed(c->stage->cu, PS_CUDA_OUT_STREAM, s->ticket);
+      if (done <= 0) return done < 0 ? ncclSystemError : ncclSuccess;
+      s->ticket = 0;
+    }
+    count_copied(c, s);
   }
+  return ncclSuccess;
 }
 
 /* Posts slot s: a staged write into the peer's receive slot for sequence
@@ -395,7 +406,7 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
                            int *refused) {
   ps_stage_t *st = c->stage;
   *all = 0, *refused = 0;
-  if (p->ops) note_copies(st, p);
+  PS_CHECK(look_at_copies(c, p));
   while (r->posted_chunks < nrecs(r)) {
     if (ps_rma_peer_full(c, p)) { /* waits for a completion */
       ps_rma_note_held(p, PS_HELD_INFLIGHT);
@@ -406,16 +417,11 @@ ncclResult_t ps_stage_post(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_req_t *r, 
       ps_rma_note_held(p, st->free_slots ? PS_HELD_UNFILLED : PS_HELD_SLOT);
       return ncclSuccess;
     }
-    if (s->ticket) {
-      int done = ps_cuda_passed(st->cu, PS_CUDA_OUT_STREAM, s->ticket);
-      if (done < 0) return ncclSystemError;
-      if (!done) { /* still copying out of the GPU */
-        ps_rma_note_held(p, PS_HELD_COPY);
-        return ncclSuccess;
-      }
-      s->ticket = 0;
-      if (p->ops) stamp_copied(s);
+    if (s->ticket) { /* still copying out of the GPU (look_at_copies looked) */
+      ps_rma_note_held(p, PS_HELD_COPY);
+      return ncclSuccess;
     }
+    count_copied(c, s); /* records that joined since the look */
     uint64_t sseq = p->stage_sent;
     if (!s->bare && sseq >= p->stage_freed + st->per_peer) { /* no credit yet */
       ps_rma_note_held(p, PS_HELD_CREDIT);

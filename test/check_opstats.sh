@@ -4,9 +4,12 @@
 # per-operation stats lines the one-sided engine prints when a comm closes:
 #   - COMMAND exits 0 and prints at least one "times of N ops" line;
 #   - every peer whose first line counts puts has a times line and a held-back
-#     line, with N > 0 and queued, wire and total timed;
+#     line, with N > 0 and queued, wire, total and settled timed;
 #   - every timed interval reads p50 <= p90 <= p99 <= max and mean <= max;
-#     no interval of an operation is longer than its total (max against max);
+#     no step of the engine's (queued, copy, wire, signal wait) is longer
+#     than the time to settled, and neither the copy nor the report lag
+#     longer than the total to the report (max against max; a staged put is
+#     reported once copied out, so its total may be the shorter);
 #   - the depth at post reads p50 <= max, and its max is the first line's
 #     "max in flight" (both are the most operations posted to the peer);
 #   - with --staged (GPU source windows through staging, e.g. rma_test -G dsg):
@@ -96,21 +99,24 @@ function interval(line, name, v,   s, n) {
   times[key] = 1
   nops = $9
   if (nops + 0 <= 0) fail(key ": times of " nops " ops")
-  tmax = -1
+  tmax = -1; smax = -1
   if (interval($0, "total", tv) == "timed") tmax = tv[4] + 0
-  for (k = 1; k <= 7; k++) {
+  if (interval($0, "settled", tv) == "timed") smax = tv[4] + 0
+  for (k = 1; k <= 8; k++) {
     nm = k == 1 ? "queued" : k == 2 ? "copy" : k == 3 ? "post call" : k == 4 ? "wire" : \
-         k == 5 ? "signal wait" : k == 6 ? "report lag" : "total"
+         k == 5 ? "signal wait" : k == 6 ? "report lag" : k == 7 ? "total" : "settled"
     what = interval($0, nm, v)
     if (what == "") { fail(key ": no \"" nm "\" interval in: " $0); continue }
     if (what == "-") {
-      if (nm == "queued" || nm == "wire" || nm == "total") fail(key ": " nm " not timed")
+      if (nm == "queued" || nm == "wire" || nm == "total" || nm == "settled") fail(key ": " nm " not timed")
       continue
     }
     if (!(v[1] + 0 <= v[2] + 0 && v[2] + 0 <= v[3] + 0 && v[3] + 0 <= v[4] + 0))
       fail(key ": " nm " p50/p90/p99/max out of order: " v[1] "/" v[2] "/" v[3] "/" v[4])
     if (v[5] + 0 > v[4] + 0) fail(key ": " nm " mean " v[5] " over its max " v[4])
-    if (nm != "post call" && v[4] + 0 > tmax)
+    if ((nm == "queued" || nm == "copy" || nm == "wire" || nm == "signal wait") && v[4] + 0 > smax)
+      fail(key ": " nm " max " v[4] " over the settled max " smax)
+    if ((nm == "copy" || nm == "report lag") && v[4] + 0 > tmax)
       fail(key ": " nm " max " v[4] " over the total max " tmax)
     if (nm == "copy") copies++
   }

@@ -1,7 +1,7 @@
 /* The one-sided tables of the plugin, driven as NCCL's GIN proxy drives
  * them (harness/ps_driver_gin.h), from forked ranks:
  *
- *   perseus_rma_test [-a ABI] [-p PLUGIN] [-s SCENARIO] [-r RANKS] [-b BATCHES] [-R]
+ *   perseus_rma_test [-a ABI] [-p PLUGIN] [-s SCENARIO] [-r RANKS] [-b BATCHES] [-R] [-u]
  *
  * ABI: gin11 (default), gin12, gin13, rma13, rma14. PERSEUS_ORDERING picks
  * the strategy. Scenarios:
@@ -11,7 +11,11 @@
  *              Receivers poll their signal words while progressing; the moment
  *              a value is observed, every tile of every batch it covers must
  *              already be in memory, byte for byte. -R: the plugin must refuse
- *              the strategy at connect (ncclInvalidUsage) instead.
+ *              the strategy at connect (ncclInvalidUsage) instead. -u: every
+ *              batch to a peer reuses one source slot, refilled as soon as
+ *              test() reported the batch before it done (as a kernel reuses a
+ *              buffer once its counter says so): a request reported before
+ *              its bytes left the source delivers the next batch's bytes.
  *   props      the table loads and inits, reports devices and netDeviceType
  *              GIN_PROXY (2), and the perseus extensions resolve.
  *   api        a put to oneself (NCCL 2.30 flushes that way), a second
@@ -61,6 +65,7 @@ typedef struct {
   const char *gpu; /* -G: which windows are registered as GPU memory */
   int batches;
   int expect_refusal; /* -R */
+  int reuse;          /* -u */
   int nenv;           /* -e RANK:NAME=VALUE: that rank's own setting (ranks that disagree) */
   int env_rank[8];
   const char *env[8];
@@ -126,10 +131,11 @@ static int invariant(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
       if (q == me) q++;
       if (q >= P) q = 0, b++;
       if (b >= B) done_sending = 1;
-      else if (q != me && out[q] + MAX_TILES + 1 <= MAX_OUT) { /* else: this step next turn */
+      else if (q != me && (a->reuse ? !out[q] : out[q] + MAX_TILES + 1 <= MAX_OUT)) { /* else: next turn */
         int n = ntiles(me, q, b), own = (b % 3 == 0) ? 0 : 1; /* last tile rides with the signal */
         for (int t = 0; t < n; t++) {
-          size_t off = ((size_t)(q * B + b)) * SLOT + (size_t)t * TILE_MAX, dst = ((size_t)(me * B + b)) * SLOT + (size_t)t * TILE_MAX;
+          size_t off = ((size_t)(q * B + (a->reuse ? 0 : b))) * SLOT + (size_t)t * TILE_MAX;
+          size_t dst = ((size_t)(me * B + b)) * SLOT + (size_t)t * TILE_MAX;
           size_t sz = tile_size(me, q, b, t);
           void *dmh = mixed && t % 2 ? data2_mh : data_mh;
           drv_fill(src + off, sz, tile_id(me, q, b, t));
@@ -161,7 +167,9 @@ static int invariant(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
         for (int t = 0; t < ntiles(s, me, vb); t++) {
           size_t dst = ((size_t)(s * B + vb)) * SLOT + (size_t)t * TILE_MAX;
           long bad = drv_verify((t % 2 ? data2 : data) + dst, tile_size(s, me, vb, t), tile_id(s, me, vb, t));
-          CHECK(bad < 0, "signal %llu from rank %d covers batch %d, but tile %d is wrong at byte %ld: the signal overtook its data", (unsigned long long)v, s, vb, t, bad);
+          CHECK(bad < 0, "signal %llu from rank %d covers batch %d, but tile %d is wrong at byte %ld: %s", (unsigned long long)v, s, vb, t, bad,
+                a->reuse ? "the signal overtook its data, or a put was reported done before its bytes left the source"
+                         : "the signal overtook its data");
         }
         verified[s]++;
       }
@@ -176,7 +184,13 @@ static int invariant(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
   uint64_t tiles = 0;
   for (int bb = 0; bb < B; bb++) tiles += (uint64_t)ntiles(me, to, bb);
   perseus_rma_peer_stats_t st;
-  CHECK(g->peer_stats && g->peer_stats(cc, (uint32_t)to, &st, sizeof st) == 0, "perseus_rma_peer_stats");
+  /* a staged put is reported done once copied out of the source: its write
+   * and signal may still wait to be posted, which progress does */
+  double until = drv_now() + 30;
+  do {
+    CHECK(g->peer_stats && g->peer_stats(cc, (uint32_t)to, &st, sizeof st) == 0, "perseus_rma_peer_stats");
+    CHECK(g->progress(cc) == ncclSuccess, "progress");
+  } while ((st.puts < tiles || st.signals < (uint64_t)B) && drv_now() < until);
   if (me == 0)
     printf("%s, rank 0 -> %d: %llu puts, %llu signals, %llu fences posted, %llu avoided, blocked %.3f ms, max in flight %llu\n",
            got, to, (unsigned long long)st.puts, (unsigned long long)st.signals, (unsigned long long)st.fences_posted,
@@ -386,7 +400,7 @@ int main(int argc, char **argv) {
    * rank starved by a loaded machine (an ASan pass on 2 cores) dead. Liveness
    * has its own tests (rma_fault_test, hostile_rma); a value set outside wins. */
   setenv("PERSEUS_PEER_TIMEOUT_MS", "60000", 0);
-  while ((c = getopt(argc, argv, "a:p:s:r:b:G:e:Rh")) != -1) {
+  while ((c = getopt(argc, argv, "a:p:s:r:b:G:e:Ruh")) != -1) {
     if (drv_gin_opt(c, optarg, &a.abi, &a.plugin, &a.scenario, &o.nranks)) continue;
     char *colon = c == 'e' ? strchr(optarg, ':') : NULL;
     if (c == 'e' && (a.nenv == 8 || !colon || !strchr(colon, '=') || colon == optarg)) {
@@ -395,12 +409,13 @@ int main(int argc, char **argv) {
     }
     if (c == 'e') a.env_rank[a.nenv] = atoi(optarg), a.env[a.nenv++] = colon + 1;
     else if (c == 'R') a.expect_refusal = 1;
+    else if (c == 'u') a.reuse = 1;
     else if (c == 'b') a.batches = atoi(optarg);
     else if (c == 'G') a.gpu = optarg;
     else {
       fprintf(stderr, "usage: %s [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-s invariant|props|api|cycles] "
               "[-r RANKS 2..16] [-b BATCHES 1..%d] [-G dsgm: GPU windows] [-e RANK:NAME=VALUE: one rank's "
-              "setting] [-R: expect the ordering to be refused]\n",
+              "setting] [-R: expect the ordering to be refused] [-u: reuse the source once reported]\n",
               argv[0], MAX_BATCHES);
       return c == 'h' ? 0 : 2;
     }
@@ -417,8 +432,8 @@ int main(int argc, char **argv) {
   o.shared_bytes = drv_gin_shared_bytes(o.nranks);
   double t0 = drv_now();
   int rc = drv_run(&o, rank_fn, &a);
-  printf("rma %s over %s, %d ranks, %d batches, GPU windows %s, provider %s, ordering %s%s: %s (%.2f s)\n",
-         a.scenario, a.abi, o.nranks, a.batches, a.gpu ? a.gpu : "none", getenv("PERSEUS_PROVIDER") ? getenv("PERSEUS_PROVIDER") : "auto",
+  printf("rma %s over %s, %d ranks, %d batches%s, GPU windows %s, provider %s, ordering %s%s: %s (%.2f s)\n",
+         a.scenario, a.abi, o.nranks, a.batches, a.reuse ? " (source reused)" : "", a.gpu ? a.gpu : "none", getenv("PERSEUS_PROVIDER") ? getenv("PERSEUS_PROVIDER") : "auto",
          getenv("PERSEUS_ORDERING") ? getenv("PERSEUS_ORDERING") : "auto",
          a.expect_refusal ? " (must be refused)" : "", rc ? "FAIL" : "ok", drv_now() - t0);
   return rc ? 1 : 0;
