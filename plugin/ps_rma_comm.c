@@ -142,8 +142,11 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
     return ncclInvalidArgument;
   }
   *coll_comm = NULL;
-  ps_rma_comm_t *c = calloc(1, sizeof *c);
+  /* aligned: its sections a cache line apart (ps_rma_int.h) */
+  size_t bytes = (sizeof(ps_rma_comm_t) + PS_CACHE_LINE - 1) / PS_CACHE_LINE * PS_CACHE_LINE;
+  ps_rma_comm_t *c = aligned_alloc(PS_CACHE_LINE, bytes);
   if (!c) return ncclSystemError;
+  memset(c, 0, bytes);
   pthread_mutexattr_t attr;
   pthread_mutexattr_init(&attr);
   pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
@@ -493,7 +496,7 @@ static void print_calls(const ps_rma_comm_t *c) {
  * stderr, not the logger: the user asked for it whatever NCCL_DEBUG says. */
 static void print_stats(ps_rma_comm_t *c) {
   fprintf(stderr, "perseus stats: rank %d: %llu progress calls, %llu passes (%s)\n", c->rank,
-          (unsigned long long)c->progress_calls, (unsigned long long)c->passes,
+          (unsigned long long)(c->progress_calls + c->own_waits), (unsigned long long)c->passes,
           c->threaded ? "made by the engine thread" : "PERSEUS_PROGRESS_INTERVAL_US apart at least");
   if (c->calls) print_calls(c);
   for (int p = 0; p < c->nranks; p++) {

@@ -54,6 +54,8 @@
 #define PS_TAG_RMA_STREAMS (PS_TAG_CTRL | 0x22) /* ps_streams_msg_t, once per comm */
 #define PS_TAG_RMA_REG(id) (PS_TAG_CTRL | 0x100000000ULL | (uint64_t)(id))
 
+#define PS_CACHE_LINE 64
+
 typedef struct ps_rma_comm ps_rma_comm_t;
 typedef struct ps_rma_streams ps_rma_streams_t;
 
@@ -125,7 +127,6 @@ typedef struct ps_rma_req {
   uint32_t slot; /* in ps_rma_req_tab: kept across reuse, like chunk_desc */
   uint8_t is_get;
   uint8_t data_stage, sig_stage; /* PS_STAGE_*: the put/get, and the signal */
-  ncclResult_t status;
   uint32_t peer;
   uint64_t seq;  /* of its put's first chunk, from 1 per peer (0: no put) */
   uint64_t need; /* its signal covers every put to the peer with seq < need */
@@ -151,16 +152,19 @@ typedef struct ps_rma_req {
   uint32_t uses[3];         /* ids of the windows it counts in (busy) until it completes */
   uint8_t nuses, settled;
   uint8_t has_data, has_sig; /* what the engine queues when it takes the request */
-  int done;                 /* atomic: locally complete, test() may report it (ps_rma_local_done) */
-  int life;                 /* atomic: PS_REQ_REPORTED | PS_REQ_SETTLED; back to the pool at both */
-  int taken;                /* atomic: the engine queued it (drain waits for that) */
   struct ps_rma_req *next_in; /* the inbox */
   ps_op_t data_op, sig_op;
   ps_rma_comm_t *comm;
   void *handle;                 /* what NCCL tests: bound while the request is live */
   struct ps_rma_req *next;      /* free list / the peer's data queue */
   struct ps_rma_req *next_sig;  /* the peer's signal queue */
-  ps_rma_stamps_t ts;           /* last: set (and cleared) only when PERSEUS_STATS is on */
+  /* What NCCL's test() polls, a cache line of its own: the engine writes it
+   * once or twice, so polling does not miss on each of its other writes. */
+  _Alignas(PS_CACHE_LINE) int done; /* atomic: locally complete, test() may report it (ps_rma_local_done) */
+  ncclResult_t status;
+  int life;                 /* atomic: PS_REQ_REPORTED | PS_REQ_SETTLED; back to the pool at both */
+  int taken;                /* atomic: the engine queued it (drain waits for that) */
+  _Alignas(PS_CACHE_LINE) ps_rma_stamps_t ts; /* last: set (and cleared) only when PERSEUS_STATS is on */
 } ps_rma_req_t;
 
 typedef struct ps_rma_req_chunk {
@@ -367,36 +371,66 @@ typedef struct {
   uint32_t *queue, nq, cap;
 } ps_rma_notice_t;
 
+/* Laid out in sections a cache line apart (the comm is allocated aligned):
+ * with an engine thread, NCCL's calls and the engine's passes each write
+ * their own section, so that neither thread's writes take away the lines
+ * the other reads on every call. */
 struct ps_rma_comm {
-  pthread_mutex_t lock; /* recursive; taken by every entry point (the engine thread's, if any) */
-  /* PERSEUS_PROGRESS_THREAD: an engine thread runs the progress passes and
-   * takes NCCL's operations from an inbox, so that NCCL's proxy thread only
-   * checks arguments and queues (ps_rma_thread.c). Then NCCL's data and
-   * test() calls take no `lock`: windows are read under `win_lock`,
+  /* -- set at connect (or registration, under win_lock), read by every call -- */
+  _Alignas(PS_CACHE_LINE) int threaded; /* PERSEUS_PROGRESS_THREAD: an engine thread runs the
+   * progress passes and takes NCCL's operations from an inbox, so that NCCL's
+   * proxy thread only checks arguments and queues (ps_rma_thread.c). Then NCCL's
+   * data and test() calls take no `lock`: windows are read under `win_lock`,
    * requests come from the free list under `reqs_lock`. */
-  int threaded;
-  pthread_t thread;
   int stop;                  /* atomic: the engine thread ends */
-  int lock_waiters;          /* atomic: callers waiting for `lock`; the thread yields to them */
-  pthread_rwlock_t win_lock; /* written by regMrSym/deregMrSym, read by NCCL's data calls */
-  pthread_mutex_t reqs_lock; /* free_reqs, chunks, nreqs */
-  /* atomic: operations the engine has not taken, newest first. NCCL's call
-   * pushes with a compare-and-swap; the engine takes the whole list. */
-  ps_rma_req_t *inbox_top;
+  ncclResult_t error;        /* atomic: the comm failed (ps_rma_fail) */
   int rank, nranks;
   ps_ordering_t ordering;
   int sig_atomic; /* signals go as atomic adds (ps_order_sig_atomic; ordered: until staging) */
   int gpu_direct; /* GPU windows registered with the provider (FI_HMEM), not staged */
-  ps_ep_t ep;
-  struct fid_ep **lanes; /* fence: one transmit endpoint per peer (see ps_ep_open_lane) */
-  fi_addr_t *addr;
-  ps_rma_peer_t *peers;
   ps_rma_region_t **regions;
   uint32_t nregions, cap_regions;
+  ps_stage_t *stage;    /* NULL until a GPU window is staged */
+  size_t stage_chunk;   /* stage->chunk, for NCCL's calls */
+  ps_rma_opstats_t *opstats; /* PERSEUS_STATS (read at connect): per peer; NULL when off */
+  ps_rma_callstats_t *calls; /* PERSEUS_STATS: NCCL's calls; NULL when off */
+  uint64_t pass_interval_ns; /* PERSEUS_PROGRESS_INTERVAL_US */
+  uint64_t timeout_ns;  /* PERSEUS_PEER_TIMEOUT_MS */
+  uint64_t max_posted;  /* per peer, posted and not completed (PERSEUS_RMA_INFLIGHT); 0 = no bound */
+  pthread_t thread;
+
+  /* -- written by NCCL's calls -- */
+  _Alignas(PS_CACHE_LINE) pthread_rwlock_t win_lock; /* written by regMrSym/deregMrSym, read by NCCL's data calls */
+  pthread_mutex_t reqs_lock; /* free_reqs, chunks, nreqs */
   ps_rma_req_t *free_reqs;
   ps_rma_req_chunk_t *chunks;
   uint32_t nreqs;
   uint64_t live_reqs; /* atomic: requests handed out and not yet reported done */
+  uint64_t progress_calls; /* atomic: NCCL's progress entries, passes or not */
+
+  /* -- where both meet: NCCL pushes, the engine takes -- */
+  /* atomic: operations the engine has not taken, newest first. NCCL's call
+   * pushes with a compare-and-swap; the engine takes the whole list. */
+  _Alignas(PS_CACHE_LINE) ps_rma_req_t *inbox_top;
+  int lock_waiters;          /* atomic: callers waiting for `lock`; the thread yields to them */
+  /* atomic: requests the engine let go of after test() reported them,
+   * newest first; NCCL's thread takes the whole list when its own is empty */
+  _Alignas(PS_CACHE_LINE) ps_rma_req_t *returned;
+
+  /* -- the engine's: its passes write these -- */
+  _Alignas(PS_CACHE_LINE) pthread_mutex_t lock; /* recursive; taken by every entry point (the engine thread's, if any) */
+  int backlog;          /* something is queued: progress must try to post it */
+  int nack_pending;     /* a refusal is queued: progress sends it */
+  int note_pending;     /* a notice is queued: progress sends it */
+  uint64_t now_ns;      /* clock of the current progress pass */
+  uint64_t passes;      /* progress passes run (from 1) */
+  uint64_t own_waits;   /* passes of the engine's own waits (drain, registration) */
+  uint64_t last_pass_ns;
+  uint64_t next_check_ns;
+  ps_ep_t ep;
+  struct fid_ep **lanes; /* fence: one transmit endpoint per peer (see ps_ep_open_lane) */
+  fi_addr_t *addr;
+  ps_rma_peer_t *peers;
   /* signal receives, then PS_RMA_NACK_SLOTS receives of refusals */
   ps_rma_sig_slot_t sig_slots[PS_RMA_SIG_SLOTS + PS_RMA_NACK_SLOTS];
   struct fid_mr *sig_slots_mr;
@@ -404,26 +438,11 @@ struct ps_rma_comm {
   ps_rma_nack_t *nacks; /* per peer */
   struct fid_mr *nacks_mr;
   void *nacks_desc;
-  int nack_pending;     /* a refusal is queued: progress sends it */
   ps_rma_notice_t *notes; /* per peer */
   struct fid_mr *notes_mr;
   void *notes_desc;
-  int note_pending; /* a notice is queued: progress sends it */
-  ps_stage_t *stage;    /* NULL until a GPU window is staged */
   ps_rma_streams_t *streams; /* staged writes' extra endpoints; NULL: the comm's endpoint */
   ps_model_t *model;     /* a test plugin's model NIC; NULL in the shipped plugin */
-  int backlog;          /* something is queued: progress must try to post it */
-  uint64_t now_ns;      /* clock of the current progress pass */
-  uint64_t passes;      /* progress passes run (from 1) */
-  uint64_t progress_calls; /* progress entries, passes or not, and the engine's own waits' passes */
-  uint64_t last_pass_ns;
-  uint64_t pass_interval_ns; /* PERSEUS_PROGRESS_INTERVAL_US */
-  uint64_t next_check_ns;
-  uint64_t timeout_ns;  /* PERSEUS_PEER_TIMEOUT_MS */
-  uint64_t max_posted;  /* per peer, posted and not completed (PERSEUS_RMA_INFLIGHT); 0 = no bound */
-  ps_rma_opstats_t *opstats; /* PERSEUS_STATS (read at connect): per peer; NULL when off */
-  ps_rma_callstats_t *calls; /* PERSEUS_STATS: NCCL's calls; NULL when off */
-  ncclResult_t error;
   char error_msg[384];
 };
 
@@ -469,6 +488,10 @@ static inline ps_rma_region_t *ps_rma_window(ps_rma_comm_t *c, void *mh) {
 
 /* Takes c->lock, ahead of the engine thread's next pass. */
 static inline void ps_rma_lock(ps_rma_comm_t *c) {
+  if (!c->threaded) { /* no engine thread to hold it off */
+    pthread_mutex_lock(&c->lock);
+    return;
+  }
   __atomic_add_fetch(&c->lock_waiters, 1, __ATOMIC_ACQ_REL);
   pthread_mutex_lock(&c->lock);
   __atomic_sub_fetch(&c->lock_waiters, 1, __ATOMIC_ACQ_REL);
@@ -649,8 +672,8 @@ static inline void ps_rma_use_window(ps_rma_req_t *r, ps_rma_region_t *g) {
   r->uses[r->nuses++] = g->id;
 }
 void ps_rma_unuse_refused(ps_rma_comm_t *c, ps_rma_req_t *r);
-/* r goes back to the pool (its handle already stale). */
-void ps_rma_req_recycle(ps_rma_comm_t *c, ps_rma_req_t *r);
+/* The engine hands r back to the pool (its handle already stale). */
+void ps_rma_req_return(ps_rma_comm_t *c, ps_rma_req_t *r);
 /* r is locally complete: test() may report it (and NCCL reuse its source). */
 void ps_rma_local_done(ps_rma_comm_t *c, ps_rma_req_t *r);
 /* A record of staged request r is out of its source: once all are (and its

@@ -188,7 +188,7 @@ static ncclResult_t fill_data(ps_rma_comm_t *c, ps_rma_req_t *r, int is_get, uin
     r->staged = 1, r->src_gpu = (uint8_t)loc->staged, r->dst_staged = (uint8_t)rem->staged;
     r->src = loc->base + local_off;
     r->dst_region = rem->id, r->dst_off = remote_off;
-    if (size > c->stage->chunk) r->nchunks = (uint32_t)((size + c->stage->chunk - 1) / c->stage->chunk);
+    if (size > c->stage_chunk) r->nchunks = (uint32_t)((size + c->stage_chunk - 1) / c->stage_chunk);
   }
   ps_rma_use_window(r, loc);
   ps_rma_use_window(r, rem);
@@ -266,7 +266,7 @@ static ncclResult_t drain(ps_rma_comm_t *c, ps_rma_peer_t *p, uint64_t need) {
   uint64_t t0 = ps_now_ns();
   while (p->done.below < need && !c->error) {
     ps_rma_progress_pass(c);
-    __atomic_add_fetch(&c->progress_calls, 1, __ATOMIC_RELAXED); /* a wait of ours counts as a call */
+    c->own_waits++; /* a wait of ours counts as a call */
   }
   p->st.blocked_ns += ps_now_ns() - t0;
   return c->error;

@@ -71,12 +71,13 @@ static void unuse(ps_rma_comm_t *c, ps_rma_req_t *r, int refused) {
 void ps_rma_unuse_windows(ps_rma_comm_t *c, ps_rma_req_t *r) { unuse(c, r, 0); }
 void ps_rma_unuse_refused(ps_rma_comm_t *c, ps_rma_req_t *r) { unuse(c, r, 1); }
 
-/* r's pool: reqs_lock, as NCCL's calls take requests from it. */
-void ps_rma_req_recycle(ps_rma_comm_t *c, ps_rma_req_t *r) {
-  pthread_mutex_lock(&c->reqs_lock);
-  r->next = c->free_reqs;
-  c->free_reqs = r;
-  pthread_mutex_unlock(&c->reqs_lock);
+/* The engine lets go of r last: it joins the returned list (NCCL's thread
+ * takes that whole when its free list runs dry), so that the engine never
+ * takes the lock or the lines of NCCL's free list. */
+void ps_rma_req_return(ps_rma_comm_t *c, ps_rma_req_t *r) {
+  r->next = __atomic_load_n(&c->returned, __ATOMIC_RELAXED);
+  while (!__atomic_compare_exchange_n(&c->returned, &r->next, r, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
+  }
 }
 
 /* test() may report r from here: its source may be reused, and its windows
@@ -106,7 +107,7 @@ static void settle(ps_rma_comm_t *c, ps_rma_req_t *r) {
   ps_rma_local_done(c, r);
   /* last: once both bits are set r may be reused at once */
   if (__atomic_fetch_or(&r->life, PS_REQ_SETTLED, __ATOMIC_ACQ_REL) & PS_REQ_REPORTED)
-    ps_rma_req_recycle(c, r);
+    ps_rma_req_return(c, r);
 }
 
 /* A put's chunk (seq) completed; the whole put once every chunk has. */

@@ -1,9 +1,9 @@
 /* One-sided engine: requests and the handle tables of requests and
  * windows. Requests come in registered chunks (a signal message lives in
  * its request) and go back to a free list; what NCCL holds is a handle,
- * refused once the request was reported done. NCCL's thread takes them;
- * a request goes back (reqs_lock) from whichever of test() and the engine
- * is done with it last. */
+ * refused once the request was reported done. NCCL's thread takes them
+ * (reqs_lock) and gives back those test() lets go of last; those the engine
+ * lets go of last come back through the comm's returned list. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,7 +38,8 @@ static ncclResult_t grow_reqs(ps_rma_comm_t *c) {
             PS_RMA_MAX_REQS);
     return ncclInvalidUsage;
   }
-  ps_rma_req_chunk_t *k = calloc(1, sizeof *k);
+  ps_rma_req_chunk_t *k = aligned_alloc(PS_CACHE_LINE, sizeof *k); /* its requests' lines */
+  if (k) memset(k, 0, sizeof *k);
   if (!k) {
     PS_WARN("one-sided comm: out of memory for %u more requests", PS_RMA_REQ_CHUNK);
     return ncclSystemError;
@@ -75,11 +76,19 @@ void ps_rma_free_reqs(ps_rma_comm_t *c) {
     if (k->mr) fi_close(&k->mr->fid);
     free(k);
   }
-  c->free_reqs = NULL;
+  c->free_reqs = c->returned = NULL;
+}
+
+/* Called with reqs_lock held: r joins NCCL's free list. */
+static void recycle(ps_rma_comm_t *c, ps_rma_req_t *r) {
+  r->next = c->free_reqs;
+  c->free_reqs = r;
 }
 
 ncclResult_t ps_rma_req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out) {
   pthread_mutex_lock(&c->reqs_lock);
+  if (!c->free_reqs && __atomic_load_n(&c->returned, __ATOMIC_RELAXED))
+    c->free_reqs = __atomic_exchange_n(&c->returned, NULL, __ATOMIC_ACQUIRE);
   ncclResult_t rc = c->free_reqs ? ncclSuccess : grow_reqs(c);
   ps_rma_req_t *r = c->free_reqs;
   if (rc == ncclSuccess) c->free_reqs = r->next;
@@ -101,15 +110,20 @@ ncclResult_t ps_rma_req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out)
 void ps_rma_req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
   ps_htab_unbind(&ps_rma_req_tab, r->slot);
   __atomic_sub_fetch(&c->live_reqs, 1, __ATOMIC_RELAXED);
-  ps_rma_req_recycle(c, r);
+  pthread_mutex_lock(&c->reqs_lock);
+  recycle(c, r);
+  pthread_mutex_unlock(&c->reqs_lock);
 }
 
 void ps_rma_req_reported(ps_rma_comm_t *c, ps_rma_req_t *r) {
   ps_htab_unbind(&ps_rma_req_tab, r->slot);
   __atomic_sub_fetch(&c->live_reqs, 1, __ATOMIC_RELAXED);
   /* last: once both bits are set r may be reused at once */
-  if (__atomic_fetch_or(&r->life, PS_REQ_REPORTED, __ATOMIC_ACQ_REL) & PS_REQ_SETTLED)
-    ps_rma_req_recycle(c, r);
+  if (__atomic_fetch_or(&r->life, PS_REQ_REPORTED, __ATOMIC_ACQ_REL) & PS_REQ_SETTLED) {
+    pthread_mutex_lock(&c->reqs_lock);
+    recycle(c, r);
+    pthread_mutex_unlock(&c->reqs_lock);
+  }
 }
 
 /* Why test() refused `request`: never reads what a stale handle once named. */

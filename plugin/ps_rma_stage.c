@@ -144,6 +144,7 @@ ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr, size_t size,
   if (rc == ncclSuccess && !c->gpu_direct) rc = staging_refused(c);
   if (rc == ncclSuccess) rc = size_pools(st, c->nranks);
   if (rc == ncclSuccess) rc = alloc_pools(c, st);
+  c->stage_chunk = st->chunk;
   if (rc != ncclSuccess) {
     if (*direct_mr) fi_close(&(*direct_mr)->fid);
     *direct_mr = NULL;
