@@ -84,6 +84,12 @@ ncclResult_t ps_cuda_write64(ps_cuda_dev_t *d, int s, void *dev_dst, uint64_t va
  * before it finished. Call it at the end of every pass that enqueued work;
  * until then no ticket of that work can pass. */
 ncclResult_t ps_cuda_flush(ps_cuda_dev_t *d);
+/* ps_cuda_flush, but only where the driver calls of everything handed over
+ * before were made; otherwise what is held waits for a later call and then
+ * goes in fewer, larger driver calls. A progress pass, made again and again
+ * while anything is in flight, calls this; a caller that waits for a ticket
+ * calls ps_cuda_flush. */
+ncclResult_t ps_cuda_flush_lazy(ps_cuda_dev_t *d);
 /* 1: the mark `ticket` of stream s was reached, so the operations it covers
  * finished and their bytes are visible to the CPU; 0: not yet (or not
  * flushed); -1: the stream failed (logged). Reads pinned host memory: no

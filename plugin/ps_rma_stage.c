@@ -473,7 +473,7 @@ void ps_stage_credit(ps_rma_comm_t *c, uint32_t src, uint64_t freed_below) {
 }
 
 void ps_stage_flush(ps_rma_comm_t *c) {
-  if (c->stage && !c->error && ps_cuda_flush(c->stage->cu) != ncclSuccess)
+  if (c->stage && !c->error && ps_cuda_flush_lazy(c->stage->cu) != ncclSuccess)
     ps_rma_fail(c, ncclSystemError, "handing staging copies and signal writes to the GPU failed");
 }
 
