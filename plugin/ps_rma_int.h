@@ -486,6 +486,22 @@ static inline ps_rma_region_t *ps_rma_window(ps_rma_comm_t *c, void *mh) {
     return rc_;                                                                    \
   } while (0)
 
+/* NCCL's data calls read the windows under win_lock where an engine thread
+ * runs; without one they hold c->lock, which registration holds too. The
+ * same for the request pool's reqs_lock. */
+static inline void ps_rma_lock_if_threaded(const ps_rma_comm_t *c, pthread_mutex_t *m) {
+  if (c->threaded) pthread_mutex_lock(m);
+}
+static inline void ps_rma_unlock_if_threaded(const ps_rma_comm_t *c, pthread_mutex_t *m) {
+  if (c->threaded) pthread_mutex_unlock(m);
+}
+static inline void ps_rma_windows_read(ps_rma_comm_t *c) {
+  if (c->threaded) pthread_rwlock_rdlock(&c->win_lock);
+}
+static inline void ps_rma_windows_done(ps_rma_comm_t *c) {
+  if (c->threaded) pthread_rwlock_unlock(&c->win_lock);
+}
+
 /* Takes c->lock, ahead of the engine thread's next pass. */
 static inline void ps_rma_lock(ps_rma_comm_t *c) {
   if (!c->threaded) { /* no engine thread to hold it off */

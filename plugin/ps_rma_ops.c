@@ -149,7 +149,7 @@ static int closed_there(const ps_rma_region_t *w, uint32_t peer, const char *wha
   return 1;
 }
 
-/* NCCL's side of the put (or get) part of a request, under win_lock: the
+/* NCCL's side of the put (or get) part of a request, its windows read-locked: the
  * local part checked against our registration, the remote one against the
  * size the peer advertised for its part of the window, and r filled from
  * them. */
@@ -206,7 +206,7 @@ static void take_data(ps_rma_peer_t *p, ps_rma_req_t *r) {
 }
 
 /* A call refused after start(): the windows it was counted in forget it
- * (they are live: the caller holds win_lock), and r goes back. */
+ * (they are live: the caller holds them read-locked), and r goes back. */
 static void refuse(ps_rma_comm_t *c, ps_rma_req_t *r) {
   ps_rma_unuse_refused(c, r);
   ps_rma_req_put(c, r);
@@ -233,13 +233,13 @@ static ncclResult_t data_body(void *coll, int is_get, uint64_t local_off, void *
   ps_rma_req_t *r;
   if (!c || !req) return ncclInvalidArgument;
   *req = NULL;
-  pthread_rwlock_rdlock(&c->win_lock);
+  ps_rma_windows_read(c);
   ncclResult_t rc = start(c, rank, &r);
   if (rc == ncclSuccess) {
     rc = fill_data(c, r, is_get, local_off, local_mh, size, remote_off, remote_mh);
     if (rc != ncclSuccess) refuse(c, r);
   }
-  pthread_rwlock_unlock(&c->win_lock);
+  ps_rma_windows_done(c);
   PS_CHECK(rc);
   return submit(c, r, req);
 }
@@ -272,7 +272,7 @@ static ncclResult_t drain(ps_rma_comm_t *c, ps_rma_peer_t *p, uint64_t need) {
   return c->error;
 }
 
-/* NCCL's side of the signal part, under win_lock: the signal window and
+/* NCCL's side of the signal part, its windows read-locked: the signal window and
  * word checked, r's signal filled but for what the engine decides (what it
  * covers, whether it rides). */
 static ncclResult_t fill_sig(ps_rma_comm_t *c, ps_rma_req_t *r, size_t size, void *src_mh,
@@ -383,14 +383,14 @@ static ncclResult_t iput_signal_body(void *coll, uint64_t src_off, void *src_mh,
   if (!c || !req) return ncclInvalidArgument;
   *req = NULL;
   ps_rma_req_t *r;
-  pthread_rwlock_rdlock(&c->win_lock);
+  ps_rma_windows_read(c);
   ncclResult_t rc = start(c, rank, &r);
   if (rc == ncclSuccess) {
     if (size) rc = fill_data(c, r, 0, src_off, src_mh, size, dst_off, dst_mh);
     if (rc == ncclSuccess) rc = fill_sig(c, r, size, src_mh, dst_mh, sig_off, sig_mh, value, op);
     if (rc != ncclSuccess) refuse(c, r);
   }
-  pthread_rwlock_unlock(&c->win_lock);
+  ps_rma_windows_done(c);
   PS_CHECK(rc);
   return submit(c, r, req);
 }
@@ -452,7 +452,9 @@ int ps_rma_progress_pass(ps_rma_comm_t *c) {
 static ncclResult_t progress_body(void *coll) {
   ps_rma_comm_t *c = rma_comm(coll);
   if (!c) return ncclInvalidArgument;
-  __atomic_add_fetch(&c->progress_calls, 1, __ATOMIC_RELAXED);
+  /* a count for PERSEUS_STATS: NCCL's calls make it, no locked add needed */
+  __atomic_store_n(&c->progress_calls, __atomic_load_n(&c->progress_calls, __ATOMIC_RELAXED) + 1,
+                   __ATOMIC_RELAXED);
   /* the engine thread makes the passes: NCCL's call only asks for news */
   if (c->threaded || ps_rma_error(c)) return ps_rma_error(c);
   /* NCCL's GIN proxy calls progress once per context and peer in a round

@@ -86,13 +86,13 @@ static void recycle(ps_rma_comm_t *c, ps_rma_req_t *r) {
 }
 
 ncclResult_t ps_rma_req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out) {
-  pthread_mutex_lock(&c->reqs_lock);
+  ps_rma_lock_if_threaded(c, &c->reqs_lock);
   if (!c->free_reqs && __atomic_load_n(&c->returned, __ATOMIC_RELAXED))
     c->free_reqs = __atomic_exchange_n(&c->returned, NULL, __ATOMIC_ACQUIRE);
   ncclResult_t rc = c->free_reqs ? ncclSuccess : grow_reqs(c);
   ps_rma_req_t *r = c->free_reqs;
   if (rc == ncclSuccess) c->free_reqs = r->next;
-  pthread_mutex_unlock(&c->reqs_lock);
+  ps_rma_unlock_if_threaded(c, &c->reqs_lock);
   PS_CHECK(rc);
   void *desc = r->chunk_desc;
   uint32_t slot = r->slot;
@@ -110,9 +110,9 @@ ncclResult_t ps_rma_req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out)
 void ps_rma_req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
   ps_htab_unbind(&ps_rma_req_tab, r->slot);
   __atomic_sub_fetch(&c->live_reqs, 1, __ATOMIC_RELAXED);
-  pthread_mutex_lock(&c->reqs_lock);
+  ps_rma_lock_if_threaded(c, &c->reqs_lock);
   recycle(c, r);
-  pthread_mutex_unlock(&c->reqs_lock);
+  ps_rma_unlock_if_threaded(c, &c->reqs_lock);
 }
 
 void ps_rma_req_reported(ps_rma_comm_t *c, ps_rma_req_t *r) {
@@ -120,9 +120,9 @@ void ps_rma_req_reported(ps_rma_comm_t *c, ps_rma_req_t *r) {
   __atomic_sub_fetch(&c->live_reqs, 1, __ATOMIC_RELAXED);
   /* last: once both bits are set r may be reused at once */
   if (__atomic_fetch_or(&r->life, PS_REQ_REPORTED, __ATOMIC_ACQ_REL) & PS_REQ_SETTLED) {
-    pthread_mutex_lock(&c->reqs_lock);
+    ps_rma_lock_if_threaded(c, &c->reqs_lock);
     recycle(c, r);
-    pthread_mutex_unlock(&c->reqs_lock);
+    ps_rma_unlock_if_threaded(c, &c->reqs_lock);
   }
 }
 
