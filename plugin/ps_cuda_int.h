@@ -109,6 +109,8 @@ typedef struct {
   uint32_t nheld;
   uint64_t next_query_ns;     /* a waiting ps_cuda_passed asks the driver then */
   int failed;                 /* atomic: a hand-over failed: its operations' tickets never pass */
+  uint64_t first_held_ns;     /* when the oldest operation held now was held */
+  uint64_t held_ns, held_max_ns; /* summed over hand-overs: how long their oldest waited to go */
 } stream_t;
 
 /* One hand-over, queued for the submitting thread: a stream's held
@@ -117,8 +119,15 @@ typedef struct {
   int stream;
   uint32_t n;
   uint64_t mark;
+  uint64_t queued_ns; /* when the pass handed it over */
   held_t op[PS_CUDA_HELD];
 } job_t;
+
+/* The submitting thread's account, per stream (its own writes; read once it
+ * stopped): reported at NCCL_DEBUG=INFO when the device closes. */
+typedef struct {
+  uint64_t jobs, ops, wait_ns, call_ns, wait_max_ns, call_max_ns;
+} job_stats_t;
 
 #define PS_CUDA_JOBS 32 /* hand-overs queued at most; the caller waits beyond */
 
@@ -139,6 +148,7 @@ struct ps_cuda_dev {
   int started, stop, sleeping; /* atomic */
   pthread_mutex_t wake_lock;
   pthread_cond_t wake;
+  job_stats_t js[PS_CUDA_NSTREAMS];
 };
 
 const char *ps_cu_err(CUresult rc);

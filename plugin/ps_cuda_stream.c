@@ -102,6 +102,13 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+static void account(job_stats_t *s, const job_t *j, uint64_t t0, uint64_t t1) {
+  uint64_t wait = t0 > j->queued_ns ? t0 - j->queued_ns : 0, call = t1 - t0;
+  s->jobs++, s->ops += j->n, s->wait_ns += wait, s->call_ns += call;
+  if (wait > s->wait_max_ns) s->wait_max_ns = wait;
+  if (call > s->call_max_ns) s->call_max_ns = call;
+}
+
 static int jobs_waiting(ps_cuda_dev_t *d) {
   return __atomic_load_n(&d->jobs_head, __ATOMIC_RELAXED) != __atomic_load_n(&d->jobs_tail, __ATOMIC_SEQ_CST);
 }
@@ -118,7 +125,9 @@ static void *submitter_main(void *arg) {
     uint64_t head = __atomic_load_n(&d->jobs_head, __ATOMIC_RELAXED);
     if (head != __atomic_load_n(&d->jobs_tail, __ATOMIC_ACQUIRE)) {
       const job_t *j = &d->jobs[head % PS_CUDA_JOBS];
+      uint64_t t0 = ps_now_ns();
       if (!__atomic_load_n(&d->s[j->stream].failed, __ATOMIC_ACQUIRE)) run_job(d, j);
+      account(&d->js[j->stream], j, t0, ps_now_ns());
       __atomic_store_n(&d->jobs_head, head + 1, __ATOMIC_RELEASE);
       idle = 0;
       continue;
@@ -163,6 +172,12 @@ static ncclResult_t hand_over(ps_cuda_dev_t *d, stream_t *x, int mark) {
   j->n = x->nheld;
   memcpy(j->op, x->held, x->nheld * sizeof *x->held);
   j->mark = mark ? x->marks + 1 : 0;
+  j->queued_ns = ps_now_ns();
+  if (x->nheld) { /* the oldest held operation's wait for a hand-over */
+    uint64_t held = j->queued_ns - x->first_held_ns;
+    x->held_ns += held;
+    if (held > x->held_max_ns) x->held_max_ns = held;
+  }
   __atomic_store_n(&d->jobs_tail, tail + 1, __ATOMIC_SEQ_CST);
   if (x->nheld) x->unmarked = 1;
   if (mark) x->marks++, x->unmarked = 0;
@@ -202,6 +217,7 @@ static ncclResult_t hold(ps_cuda_dev_t *d, int s, const held_t *op, const char *
       last->dst + last->n == op->dst) {
     last->n += op->n; /* the driver's cost is per copy: adjacent chunks go as one */
   } else {
+    if (!x->nheld) x->first_held_ns = ps_now_ns();
     x->held[x->nheld++] = *op;
   }
   *ticket = x->marks + 1;
@@ -315,6 +331,19 @@ void ps_cuda_streams_stop(ps_cuda_dev_t *d) {
     pthread_join(d->submitter, NULL);
     pthread_mutex_destroy(&d->wake_lock);
     pthread_cond_destroy(&d->wake);
+    static const char *const name[PS_CUDA_NSTREAMS] = {"copy", "read", "out"};
+    for (int s = 0; s < PS_CUDA_NSTREAMS; s++) {
+      const job_stats_t *js = &d->js[s];
+      if (!js->jobs) continue;
+      const stream_t *x = &d->s[s];
+      PS_INFO(NCCL_INIT, "GPU %d %s stream: %llu hand-overs of %.1f operations; the oldest held "
+              "%.1f us (max %.0f) before its hand-over, which waited %.1f us (max %.0f) for the "
+              "thread; driver calls %.1f us (max %.0f) each", d->ordinal, name[s],
+              (unsigned long long)js->jobs, (double)js->ops / (double)js->jobs,
+              (double)x->held_ns / 1e3 / (double)js->jobs, (double)x->held_max_ns / 1e3,
+              (double)js->wait_ns / 1e3 / (double)js->jobs, (double)js->wait_max_ns / 1e3,
+              (double)js->call_ns / 1e3 / (double)js->jobs, (double)js->call_max_ns / 1e3);
+    }
   }
   free(d->jobs);
   for (int s = 0; s < PS_CUDA_NSTREAMS; s++) {
