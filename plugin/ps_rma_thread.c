@@ -24,15 +24,18 @@
 #define PS_IDLE_NAP_NS 20000
 
 /* Whether the comm waits for something a pass will see: a request NCCL has
- * not yet been told is done, a staged copy into the GPU or a signal word
- * behind one, a signal held for its data. A pass that finds nothing new
- * then is not idle: napping would delay each copy's or write's completion
- * by up to a nap. */
+ * not yet been told is done, an operation queued or in flight (a staged put
+ * is reported before its write completes), a staged copy into the GPU or a
+ * signal word behind one, a signal held for its data. A pass that finds
+ * nothing new then is not idle: napping would delay each copy's or write's
+ * completion by up to a nap. */
 static int waiting(ps_rma_comm_t *c) {
   if (__atomic_load_n(&c->live_reqs, __ATOMIC_RELAXED)) return 1;
   if (c->stage && (c->stage->ncopies || c->stage->nwords)) return 1;
-  for (int i = 0; i < c->nranks; i++)
-    if (c->peers[i].nheld) return 1;
+  for (int i = 0; i < c->nranks; i++) {
+    const ps_rma_peer_t *p = &c->peers[i];
+    if (p->nheld || p->outstanding || p->dq_head || p->sq_head) return 1;
+  }
   return 0;
 }
 
