@@ -21,7 +21,9 @@
 # T = P (t + 1) c for ordered, fence and target (target's also pays the
 # remote completion of each write it receives), and drain's cost per peer
 # turn d0 from T = P d0 (posting, the NIC's copy and its completion notice);
-# the model then adds what latency and bandwidth cost each (docs/model.md).
+# the model then adds what latency and bandwidth cost each (docs/model.md;
+# drain's turn moves its tiles through the slower of the NIC's copy, which d0
+# holds, and the wire).
 # Each rank needs a core for itself and one for its NIC
 # thread: a host with fewer than 2 (P + 1) cores measures its scheduler, and
 # the script says so.
@@ -75,13 +77,16 @@ for P in $PEERS; do
     for BW in $BWS; do
       rows=$(run "$LOGDIR/p$P-l$L-b$BW.log" "$R" "$L" "$BW" ordered,fence,target,drain) || exit 1
       echo "$rows" | awk -v P="$P" -v L="$L" -v BW="$BW" -v consts="$consts" -v k="$T" -v s="$bytes" '
+        function max(a, b) { return a > b ? a : b }
         BEGIN { nf = split(consts, f, " "); for (i = 1; i < nf; i += 2) c[f[i]] = f[i + 1] }
         { meas[$1] = $2; order[n++] = $1 }
         END {
           wire = k * s / (BW * 1e3)            # t.s/B in us
           for (i = 0; i < n; i++) {
             st = order[i]; m = meas[st]
-            if (st == "drain") pred = P * (c["drain"] + wire + 2 * L)
+            # a drain turn: its posts, then the bytes of its tiles through the slower
+            # of the copy by the NIC (what d0 holds beyond the posts) and the wire, then 2L
+            if (st == "drain") pred = P * (max(c["drain"], (k + 1) * c["ordered"] + wire) + 2 * L)
             else { post = P * (k + 1) * c[st]; pred = post > wire ? post : wire }
             printf "  %4d %6s %9s %9s %11.1f %11.1f %+7.0f%% %8.2fx\n", P, L, BW, st, m, pred,
                    100 * (m - pred) / pred, meas["drain"] / m
