@@ -1,6 +1,7 @@
 /* One-sided engine, setup: the collective communicator (one endpoint per
  * rank, every peer's address in its AV) and symmetric registration (each
  * rank registers its part; address, size and key are allgathered). */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,9 +223,27 @@ static int want_thread(void) {
   return v == 2 ? sysconf(_SC_NPROCESSORS_ONLN) >= 8 : v;
 }
 
+/* A staged put is reported once its bytes left the source, before its write
+ * completes: NCCL may close right after the last report, and the writes and
+ * signals it was told are done must still go out. Passes until they
+ * completed, the comm failed (a dead peer fails it after
+ * PERSEUS_PEER_TIMEOUT_MS) or that timeout passed. */
+static void finish_reported(ps_rma_comm_t *c) {
+  uint64_t end = ps_now_ns() + c->timeout_ns;
+  while (c->early_open && !c->error && ps_now_ns() < end) {
+    c->backlog = 1;
+    ps_rma_progress_pass(c);
+    sched_yield();
+  }
+  if (c->early_open && !c->error)
+    PS_WARN("one-sided comm rank %d closes with %llu reported operations still in flight", c->rank,
+            (unsigned long long)c->early_open);
+}
+
 /* report: PERSEUS_STATS for a comm that connected */
 static void close_comm(ps_rma_comm_t *c, int report) {
   ps_rma_thread_stop(c); /* first: nothing else runs passes over what is freed below */
+  if (report) finish_reported(c);
   if (report && ps_fabric_config()->stats) print_stats(c);
   live_remove(c);
   ps_rma_streams_close(c); /* their writes read the send slots freed below */

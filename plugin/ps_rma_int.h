@@ -151,6 +151,7 @@ typedef struct ps_rma_req {
   uint64_t tested_pass;     /* the progress pass in which test() last saw it not done */
   uint32_t uses[3];         /* ids of the windows it counts in (busy) until it completes */
   uint8_t nuses, settled;
+  uint8_t early;            /* locally complete before it settled (counted in early_open) */
   uint8_t has_data, has_sig; /* what the engine queues when it takes the request */
   struct ps_rma_req *next_in; /* the inbox */
   ps_op_t data_op, sig_op;
@@ -347,6 +348,7 @@ struct ps_rma_comm {
   uint64_t now_ns;      /* clock of the current progress pass */
   uint64_t passes;      /* progress passes run (from 1) */
   uint64_t own_waits;   /* passes of the engine's own waits (drain, registration) */
+  uint64_t early_open;  /* requests locally complete whose writes or signals are still to complete */
   uint64_t last_pass_ns;
   uint64_t next_check_ns;
   ps_ep_t ep;

@@ -84,6 +84,7 @@ void ps_rma_req_return(ps_rma_comm_t *c, ps_rma_req_t *r) {
  * stop counting it (what is still in flight reads only staging memory). */
 void ps_rma_local_done(ps_rma_comm_t *c, ps_rma_req_t *r) {
   if (r->done) return; /* only the engine sets it */
+  if (!r->settled) r->early = 1, c->early_open++;
   ps_rma_unuse_windows(c, r);
   if (c->peers[r->peer].ops) r->ts.local_done = ps_rma_stats_now();
   __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
@@ -103,6 +104,7 @@ static void settle(ps_rma_comm_t *c, ps_rma_req_t *r) {
       (r->sig_stage && r->sig_stage != PS_STAGE_DONE))
     return;
   r->settled = 1;
+  if (r->early) c->early_open--;
   if (c->peers[r->peer].ops) ps_rma_note_settled(c, r);
   ps_rma_local_done(c, r);
   /* last: once both bits are set r may be reused at once */

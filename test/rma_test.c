@@ -24,6 +24,10 @@
  *   cycles     register a window and a signal word, put+signal to the next
  *              rank, verify, deregister; 50 x BATCHES times: registration
  *              leaks nothing (resident memory checked) and ids stay in step.
+ *   close      rank 0 puts BATCHES tiles and a signal to rank 1, and the
+ *              moment test() reported them all it deregisters and closes
+ *              (a staged put is reported before its write completes): rank
+ *              1 must still receive every byte and the signal.
  * -G [dsg]: register the destination window (d), the source (s) and the
  * signal words (g) as NCCL_PTR_CUDA; with the fake-CUDA test plugin that
  * exercises staging on hosts without a GPU. m: every odd tile goes to a
@@ -341,6 +345,60 @@ static int cycles(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
   return 0;
 }
 
+static int closing(drv_rank_t *r, drv_gin_t *g, void **ccp, const args_t *a) {
+  enum { TILE = 16384 };
+  void *cc = *ccp;
+  int me = r->rank, n = a->batches;
+  size_t bytes = (size_t)n * TILE;
+  unsigned char *src = malloc(bytes), *dst = calloc(1, bytes);
+  uint64_t *sig = calloc(1, 8);
+  void *src_mh, *dst_mh, *sig_mh, *reqs[MAX_BATCHES + 1];
+  CHECK(src && dst && sig, "oom");
+  CHECK(g->reg_sym(cc, src, bytes, ptr_type(a, 's'), 0, &src_mh) == ncclSuccess, "reg src");
+  CHECK(g->reg_sym(cc, dst, bytes, ptr_type(a, 'd'), 0, &dst_mh) == ncclSuccess, "reg dst");
+  CHECK(g->reg_sym(cc, sig, 8, ptr_type(a, 'g'), NCCL_NET_MR_FLAG_FORCE_SO, &sig_mh) == ncclSuccess, "reg sig");
+  CHECK(!drv_gin_barrier(r, g, cc, 60), "barrier after registration");
+  if (me == 0) {
+    for (int t = 0; t < n; t++) {
+      size_t off = (size_t)t * TILE;
+      drv_fill(src + off, TILE, tile_id(0, 1, 0, t));
+      CHECK(g->iput(cc, off, src_mh, TILE, off, dst_mh, 1, &reqs[t]) == ncclSuccess && reqs[t], "iput %d", t);
+    }
+    CHECK(g->iput_signal(cc, 0, NULL, 0, 0, NULL, 1, 0, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &reqs[n]) ==
+              ncclSuccess && reqs[n], "signal");
+    double end = drv_now() + 60;
+    for (int left = n + 1; left;) {
+      CHECK(drv_now() < end, "%d of %d requests not reported in 60 s", left, n + 1);
+      CHECK(g->progress(cc) == ncclSuccess, "progress");
+      left = 0;
+      for (int i = 0; i <= n; i++) {
+        int done = 0;
+        if (!reqs[i]) continue;
+        CHECK(g->test(cc, reqs[i], &done) == ncclSuccess, "test");
+        if (done) reqs[i] = NULL;
+        else left++;
+      }
+    }
+  } else if (me == 1) {
+    double end = drv_now() + 60;
+    while (__atomic_load_n(sig, __ATOMIC_ACQUIRE) < (uint64_t)n) {
+      CHECK(drv_now() < end && !drv_peer_failed(r), "signal %llu of %d after 60 s: rank 0's reported "
+            "puts were lost when it closed", (unsigned long long)__atomic_load_n(sig, __ATOMIC_ACQUIRE), n);
+      CHECK(g->progress(cc) == ncclSuccess, "progress");
+    }
+    for (int t = 0; t < n; t++)
+      CHECK(drv_verify(dst + (size_t)t * TILE, TILE, tile_id(0, 1, 0, t)) < 0, "tile %d wrong after the signal", t);
+  }
+  /* as NCCL tears down: deregister, close; rank 0 at once, without waiting for rank 1 */
+  CHECK(g->dereg_sym(cc, src_mh) == ncclSuccess && g->dereg_sym(cc, dst_mh) == ncclSuccess &&
+            g->dereg_sym(cc, sig_mh) == ncclSuccess, "dereg");
+  CHECK(drv_gin_close(g, cc) == ncclSuccess, "close");
+  *ccp = NULL;
+  CHECK(!drv_barrier(r, 60), "final barrier"); /* outside the plugin: rank 1 verified */
+  free(src), free(dst), free(sig);
+  return 0;
+}
+
 static int rank_fn(drv_rank_t *r, void *arg) {
   const args_t *a = arg;
   drv_gin_t g;
@@ -366,9 +424,11 @@ static int rank_fn(drv_rank_t *r, void *arg) {
   CHECK(crc == ncclSuccess, "connect returned %d", crc);
   int rc = !strcmp(a->scenario, "api")      ? api(r, &g, cc)
            : !strcmp(a->scenario, "cycles") ? cycles(r, &g, cc, a)
+           : !strcmp(a->scenario, "close")  ? closing(r, &g, &cc, a)
                                             : invariant(r, &g, cc, a);
   /* closed even after a failure: shm leaves a dead endpoint's name behind,
-   * and a later process given the same pid cannot open one */
+   * and a later process given the same pid cannot open one (NULL: the
+   * scenario closed it, and this only finalizes) */
   ncclResult_t xrc = drv_gin_close(&g, cc);
   if (rc) return rc;
   CHECK(xrc == ncclSuccess, "close");
@@ -413,7 +473,7 @@ int main(int argc, char **argv) {
     else if (c == 'b') a.batches = atoi(optarg);
     else if (c == 'G') a.gpu = optarg;
     else {
-      fprintf(stderr, "usage: %s [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-s invariant|props|api|cycles] "
+      fprintf(stderr, "usage: %s [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-s invariant|props|api|cycles|close] "
               "[-r RANKS 2..16] [-b BATCHES 1..%d] [-G dsgm: GPU windows] [-e RANK:NAME=VALUE: one rank's "
               "setting] [-R: expect the ordering to be refused] [-u: reuse the source once reported]\n",
               argv[0], MAX_BATCHES);
@@ -423,8 +483,8 @@ int main(int argc, char **argv) {
   if (o.nranks < 2 || o.nranks > 16 || a.batches < 1 || a.batches > MAX_BATCHES ||
       (a.gpu && strspn(a.gpu, "dsgm") != strlen(a.gpu)) ||
       (strcmp(a.scenario, "invariant") && strcmp(a.scenario, "props") && strcmp(a.scenario, "api") &&
-       strcmp(a.scenario, "cycles"))) {
-    fprintf(stderr, "ranks must be 2..16, batches 1..%d, -G letters from dsgm, scenario invariant, props, api or cycles\n",
+       strcmp(a.scenario, "cycles") && strcmp(a.scenario, "close"))) {
+    fprintf(stderr, "ranks must be 2..16, batches 1..%d, -G letters from dsgm, scenario invariant, props, api, cycles or close\n",
             MAX_BATCHES);
     return 2;
   }
