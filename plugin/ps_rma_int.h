@@ -616,9 +616,10 @@ void ps_rma_unuse_refused(ps_rma_comm_t *c, ps_rma_req_t *r);
 void ps_rma_req_return(ps_rma_comm_t *c, ps_rma_req_t *r);
 /* r is locally complete: test() may report it (and NCCL reuse its source). */
 void ps_rma_local_done(ps_rma_comm_t *c, ps_rma_req_t *r);
-/* A record of staged request r is out of its source: once all are (and its
- * signal rides or was handed over), r is locally complete. */
-void ps_rma_staged_copied(ps_rma_comm_t *c, ps_rma_req_t *r);
+/* A staged request r whose records are all out of their source (r->copied)
+ * and whose signal rides or was handed over is locally complete: called
+ * when either changes. */
+void ps_rma_staged_check(ps_rma_comm_t *c, ps_rma_req_t *r);
 void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr);
 /* r's signal completed (a message, an atomic or a staged write). */
 void ps_rma_sig_done(ps_rma_req_t *r, int err, const char *errstr);

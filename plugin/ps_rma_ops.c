@@ -63,8 +63,7 @@ static int post_ready_sigs(ps_rma_comm_t *c, ps_rma_peer_t *p) {
     if (p->ops) ps_rma_note_post(p, t0, posted, &r->ts.sig_posted);
     if (!posted) return 1;
     r->sig_stage = PS_STAGE_POSTED;
-    /* a staged put's data may be out of its source already */
-    if (r->staged && r->copied == r->nchunks) ps_rma_local_done(c, r);
+    ps_rma_staged_check(c, r); /* a staged put's data may be out of its source already */
     ps_rma_op_started(c, p);
     p->st.signals++;
     p->sq_head = r->next_sig;

@@ -90,9 +90,9 @@ void ps_rma_local_done(ps_rma_comm_t *c, ps_rma_req_t *r) {
   __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
 }
 
-void ps_rma_staged_copied(ps_rma_comm_t *c, ps_rma_req_t *r) {
+void ps_rma_staged_check(ps_rma_comm_t *c, ps_rma_req_t *r) {
   /* a signal that neither rides nor was handed over still needs r */
-  if (++r->copied == r->nchunks + r->sig_rides &&
+  if (r->staged && r->copied == r->nchunks + r->sig_rides &&
       (!r->has_sig || r->sig_rides || r->sig_stage >= PS_STAGE_POSTED))
     ps_rma_local_done(c, r);
 }

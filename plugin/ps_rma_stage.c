@@ -341,7 +341,11 @@ static void PS_COLD stamp_copied(ps_stage_slot_t *s) {
  * requests are that much nearer local completion. */
 static void count_copied(ps_rma_comm_t *c, ps_stage_slot_t *s) {
   if (c->peers[s->rec[0].req->peer].ops) stamp_copied(s);
-  for (; s->ncopied < s->nrec; s->ncopied++) ps_rma_staged_copied(c, s->rec[s->ncopied].req);
+  for (; s->ncopied < s->nrec; s->ncopied++) {
+    ps_rma_req_t *r = s->rec[s->ncopied].req;
+    r->copied++;
+    ps_rma_staged_check(c, r);
+  }
 }
 
 /* The slots prepared for p whose copies out of the GPU finished, looked at
