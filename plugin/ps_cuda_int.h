@@ -99,6 +99,23 @@ typedef struct {
 } held_t;
 enum { HELD_D2H, HELD_H2D, HELD_WRITE };
 
+/* One hand-over, queued for its stream's thread: the stream's held
+ * operations, then its mark when `mark` is not 0. */
+typedef struct {
+  uint32_t n;
+  uint64_t mark;
+  uint64_t queued_ns; /* when the pass handed it over */
+  held_t op[PS_CUDA_HELD];
+} job_t;
+
+/* A stream thread's account (its own writes; read once it stopped):
+ * reported at NCCL_DEBUG=INFO when the device closes. */
+typedef struct {
+  uint64_t jobs, ops, wait_ns, call_ns, wait_max_ns, call_max_ns;
+} job_stats_t;
+
+#define PS_CUDA_JOBS 32 /* hand-overs queued on a stream at most; the caller waits beyond */
+
 typedef struct {
   CUstream st;
   volatile uint64_t *reached; /* pinned: the last mark the stream reached */
@@ -111,25 +128,21 @@ typedef struct {
   int failed;                 /* atomic: a hand-over failed: its operations' tickets never pass */
   uint64_t first_held_ns;     /* when the oldest operation held now was held */
   uint64_t held_ns, held_max_ns; /* summed over hand-overs: how long their oldest waited to go */
+  /* The stream's own thread makes its driver calls (one to three
+   * microseconds a copy), so a progress pass only queues them and the
+   * streams' calls run side by side. Single producer (the engine, under
+   * its comm's lock), single consumer. */
+  struct ps_cuda_dev *dev;
+  job_t *jobs;
+  uint64_t jobs_tail; /* atomic: queued */
+  char apart[64];
+  uint64_t jobs_head; /* atomic: handed to the driver */
+  job_stats_t js;
+  pthread_t submitter;
+  int started, sleeping; /* atomic */
+  pthread_mutex_t wake_lock;
+  pthread_cond_t wake;
 } stream_t;
-
-/* One hand-over, queued for the submitting thread: a stream's held
- * operations, then its mark when `mark` is not 0. */
-typedef struct {
-  int stream;
-  uint32_t n;
-  uint64_t mark;
-  uint64_t queued_ns; /* when the pass handed it over */
-  held_t op[PS_CUDA_HELD];
-} job_t;
-
-/* The submitting thread's account, per stream (its own writes; read once it
- * stopped): reported at NCCL_DEBUG=INFO when the device closes. */
-typedef struct {
-  uint64_t jobs, ops, wait_ns, call_ns, wait_max_ns, call_max_ns;
-} job_stats_t;
-
-#define PS_CUDA_JOBS 32 /* hand-overs queued at most; the caller waits beyond */
 
 struct ps_cuda_dev {
   int ordinal;
@@ -137,18 +150,7 @@ struct ps_cuda_dev {
   CUcontext ctx;
   stream_t s[PS_CUDA_NSTREAMS];
   uint64_t *marks_mem; /* pinned, one cache line per stream */
-  /* The submitting thread makes the driver calls (about a microsecond a
-   * copy): the engine's pass only queues them. Single producer (the
-   * engine, under its comm's lock), single consumer. */
-  job_t *jobs;
-  uint64_t jobs_tail; /* atomic: queued */
-  char apart[64];
-  uint64_t jobs_head; /* atomic: handed to the driver */
-  pthread_t submitter;
-  int started, stop, sleeping; /* atomic */
-  pthread_mutex_t wake_lock;
-  pthread_cond_t wake;
-  job_stats_t js[PS_CUDA_NSTREAMS];
+  int stop;            /* atomic: the streams' threads end once their queues are empty */
 };
 
 const char *ps_cu_err(CUresult rc);
@@ -156,9 +158,9 @@ const char *ps_cu_err(CUresult rc);
 ncclResult_t ps_cu_ctx_push(ps_cuda_dev_t *d, const char *op);
 void ps_cu_ctx_pop(const char *op);
 static inline CUdeviceptr ps_cu_dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
-/* The streams of d, their mark words and their submitting thread (with d's
- * context current); and their end: what is held or queued runs, the
- * streams drain, and the thread stops. */
+/* The streams of d, their mark words and their submitting threads (with
+ * d's context current); and their end: what is held or queued runs, the
+ * streams drain, and the threads stop. */
 ncclResult_t ps_cuda_streams_start(ps_cuda_dev_t *d);
 void ps_cuda_streams_stop(ps_cuda_dev_t *d);
 

@@ -1,8 +1,10 @@
 /* The staging streams of ps_cuda.h: operations are held, handed over in
- * runs (one batch call per kind), and a thread of their own makes the
- * driver calls, so that a progress pass only queues them. */
+ * runs (one batch call per kind), and each stream's own thread makes its
+ * driver calls, so that a progress pass only queues them and the copies
+ * into and out of the GPU are issued side by side. */
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -65,10 +67,9 @@ static CUresult hand_writes(stream_t *x, const held_t *h, uint32_t n, uint64_t m
   return ps_cu.batch_memop(x->st, n + (mark ? 1u : 0u), op, 0);
 }
 
-/* The submitting thread: job j's operations in runs of one kind (copies in
- * one batch call, writes and the mark in one memop call). */
-static void run_job(ps_cuda_dev_t *d, const job_t *j) {
-  stream_t *x = &d->s[j->stream];
+/* A stream's thread: job j's operations in runs of one kind (copies in one
+ * batch call, writes and the mark in one memop call). */
+static void run_job(ps_cuda_dev_t *d, stream_t *x, const job_t *j) {
   uint32_t i = 0;
   int mark = j->mark != 0;
   while (i < j->n || mark) {
@@ -85,8 +86,8 @@ static void run_job(ps_cuda_dev_t *d, const job_t *j) {
       if (marking) mark = 0;
     }
     if (rc != CUDA_SUCCESS) {
-      PS_WARN("%s (GPU %d, stream %d, %u operations) failed: %s", what, d->ordinal, j->stream, k - i,
-              ps_cu_err(rc));
+      PS_WARN("%s (GPU %d, stream %d, %u operations) failed: %s", what, d->ordinal, (int)(x - d->s),
+              k - i, ps_cu_err(rc));
       __atomic_store_n(&x->failed, 1, __ATOMIC_RELEASE);
       return;
     }
@@ -109,26 +110,28 @@ static void account(job_stats_t *s, const job_t *j, uint64_t t0, uint64_t t1) {
   if (call > s->call_max_ns) s->call_max_ns = call;
 }
 
-static int jobs_waiting(ps_cuda_dev_t *d) {
-  return __atomic_load_n(&d->jobs_head, __ATOMIC_RELAXED) != __atomic_load_n(&d->jobs_tail, __ATOMIC_SEQ_CST);
+static int jobs_waiting(stream_t *x) {
+  return __atomic_load_n(&x->jobs_head, __ATOMIC_RELAXED) != __atomic_load_n(&x->jobs_tail, __ATOMIC_SEQ_CST);
 }
 
 /* Spins a while after its last job (the engine hands work over every pass
  * while busy), then sleeps until woken. */
 static void *submitter_main(void *arg) {
-  ps_cuda_dev_t *d = arg;
+  stream_t *x = arg;
+  ps_cuda_dev_t *d = x->dev;
   if (ps_cu.ctx_push(d->ctx) != CUDA_SUCCESS) {
-    PS_WARN("GPU %d: the staging copies' thread cannot make its context current", d->ordinal);
-    for (int s = 0; s < PS_CUDA_NSTREAMS; s++) __atomic_store_n(&d->s[s].failed, 1, __ATOMIC_RELEASE);
+    PS_WARN("GPU %d: the thread of staging stream %d cannot make its context current", d->ordinal,
+            (int)(x - d->s));
+    __atomic_store_n(&x->failed, 1, __ATOMIC_RELEASE);
   }
   for (unsigned idle = 0;;) {
-    uint64_t head = __atomic_load_n(&d->jobs_head, __ATOMIC_RELAXED);
-    if (head != __atomic_load_n(&d->jobs_tail, __ATOMIC_ACQUIRE)) {
-      const job_t *j = &d->jobs[head % PS_CUDA_JOBS];
+    uint64_t head = __atomic_load_n(&x->jobs_head, __ATOMIC_RELAXED);
+    if (head != __atomic_load_n(&x->jobs_tail, __ATOMIC_ACQUIRE)) {
+      const job_t *j = &x->jobs[head % PS_CUDA_JOBS];
       uint64_t t0 = ps_now_ns();
-      if (!__atomic_load_n(&d->s[j->stream].failed, __ATOMIC_ACQUIRE)) run_job(d, j);
-      account(&d->js[j->stream], j, t0, ps_now_ns());
-      __atomic_store_n(&d->jobs_head, head + 1, __ATOMIC_RELEASE);
+      if (!__atomic_load_n(&x->failed, __ATOMIC_ACQUIRE)) run_job(d, x, j);
+      account(&x->js, j, t0, ps_now_ns());
+      __atomic_store_n(&x->jobs_head, head + 1, __ATOMIC_RELEASE);
       idle = 0;
       continue;
     }
@@ -137,17 +140,17 @@ static void *submitter_main(void *arg) {
       cpu_relax();
       continue;
     }
-    pthread_mutex_lock(&d->wake_lock);
-    __atomic_store_n(&d->sleeping, 1, __ATOMIC_SEQ_CST);
-    if (!jobs_waiting(d) && !__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
+    pthread_mutex_lock(&x->wake_lock);
+    __atomic_store_n(&x->sleeping, 1, __ATOMIC_SEQ_CST);
+    if (!jobs_waiting(x) && !__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
       struct timespec t;
       clock_gettime(CLOCK_REALTIME, &t);
       t.tv_nsec += 10000000; /* a lost wake costs at most this */
       if (t.tv_nsec >= 1000000000) t.tv_sec++, t.tv_nsec -= 1000000000;
-      pthread_cond_timedwait(&d->wake, &d->wake_lock, &t);
+      pthread_cond_timedwait(&x->wake, &x->wake_lock, &t);
     }
-    __atomic_store_n(&d->sleeping, 0, __ATOMIC_SEQ_CST);
-    pthread_mutex_unlock(&d->wake_lock);
+    __atomic_store_n(&x->sleeping, 0, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&x->wake_lock);
     idle = 0;
   }
   CUcontext c;
@@ -155,20 +158,25 @@ static void *submitter_main(void *arg) {
   return NULL;
 }
 
-/* Queues stream x's held operations for the submitting thread, with its
- * next mark when `mark` (and anything was queued since the last), and
- * wakes it where it sleeps. Waits while the queue is full. */
-static ncclResult_t hand_over(ps_cuda_dev_t *d, stream_t *x, int mark) {
+static void wake_submitter(stream_t *x) {
+  pthread_mutex_lock(&x->wake_lock);
+  pthread_cond_signal(&x->wake);
+  pthread_mutex_unlock(&x->wake_lock);
+}
+
+/* Queues stream x's held operations for its thread, with its next mark
+ * when `mark` (and anything was queued since the last), and wakes the
+ * thread where it sleeps. Waits while the queue is full. */
+static ncclResult_t hand_over(stream_t *x, int mark) {
   mark = mark && (x->unmarked || x->nheld);
   if (!x->nheld && !mark) return ncclSuccess;
   if (__atomic_load_n(&x->failed, __ATOMIC_ACQUIRE)) {
     x->nheld = 0;
     return ncclUnhandledCudaError; /* the submitting thread logged why */
   }
-  uint64_t tail = d->jobs_tail;
-  while (tail - __atomic_load_n(&d->jobs_head, __ATOMIC_ACQUIRE) >= PS_CUDA_JOBS) sched_yield();
-  job_t *j = &d->jobs[tail % PS_CUDA_JOBS];
-  j->stream = (int)(x - d->s);
+  uint64_t tail = x->jobs_tail;
+  while (tail - __atomic_load_n(&x->jobs_head, __ATOMIC_ACQUIRE) >= PS_CUDA_JOBS) sched_yield();
+  job_t *j = &x->jobs[tail % PS_CUDA_JOBS];
   j->n = x->nheld;
   memcpy(j->op, x->held, x->nheld * sizeof *x->held);
   j->mark = mark ? x->marks + 1 : 0;
@@ -178,15 +186,11 @@ static ncclResult_t hand_over(ps_cuda_dev_t *d, stream_t *x, int mark) {
     x->held_ns += held;
     if (held > x->held_max_ns) x->held_max_ns = held;
   }
-  __atomic_store_n(&d->jobs_tail, tail + 1, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&x->jobs_tail, tail + 1, __ATOMIC_SEQ_CST);
   if (x->nheld) x->unmarked = 1;
   if (mark) x->marks++, x->unmarked = 0;
   x->nheld = 0;
-  if (__atomic_load_n(&d->sleeping, __ATOMIC_SEQ_CST)) {
-    pthread_mutex_lock(&d->wake_lock);
-    pthread_cond_signal(&d->wake);
-    pthread_mutex_unlock(&d->wake_lock);
-  }
+  if (__atomic_load_n(&x->sleeping, __ATOMIC_SEQ_CST)) wake_submitter(x);
   return ncclSuccess;
 }
 
@@ -211,7 +215,7 @@ static ncclResult_t hold(ps_cuda_dev_t *d, int s, const held_t *op, const char *
               overlaps(op->dst, op->n, x->held[i].src, x->held[i].n) ||
               overlaps(op->src, op->n, x->held[i].dst, x->held[i].n);
   }
-  if (flush) PS_CHECK(hand_over(d, x, 0));
+  if (flush) PS_CHECK(hand_over(x, 0));
   held_t *last = x->nheld ? &x->held[x->nheld - 1] : NULL;
   if (last && op->kind != HELD_WRITE && last->kind == op->kind && last->src + last->n == op->src &&
       last->dst + last->n == op->dst) {
@@ -252,12 +256,16 @@ ncclResult_t ps_cuda_flush(ps_cuda_dev_t *d) {
     return ncclInvalidArgument;
   }
   ncclResult_t r = ncclSuccess;
-  for (int s = 0; s < PS_CUDA_NSTREAMS && r == ncclSuccess; s++) r = hand_over(d, &d->s[s], 1);
+  for (int s = 0; s < PS_CUDA_NSTREAMS && r == ncclSuccess; s++) r = hand_over(&d->s[s], 1);
   return r;
 }
 
 ncclResult_t ps_cuda_flush_lazy(ps_cuda_dev_t *d) {
-  return d && jobs_waiting(d) ? ncclSuccess : ps_cuda_flush(d);
+  if (!d) return ps_cuda_flush(d);
+  ncclResult_t r = ncclSuccess;
+  for (int s = 0; s < PS_CUDA_NSTREAMS && r == ncclSuccess; s++)
+    if (!jobs_waiting(&d->s[s])) r = hand_over(&d->s[s], 1);
+  return r;
 }
 
 int ps_cuda_passed(ps_cuda_dev_t *d, int s, uint64_t ticket) {
@@ -284,7 +292,7 @@ uint64_t ps_cuda_last_mark(const ps_cuda_dev_t *d, int s) {
 }
 
 /* Streams, the pinned words their marks land in (mapped for the GPU), and
- * the submitting thread. */
+ * a thread per stream for its driver calls. */
 ncclResult_t ps_cuda_streams_start(ps_cuda_dev_t *d) {
   CUresult rc = ps_cu.mem_host_alloc((void **)&d->marks_mem, PS_CUDA_NSTREAMS * 64,
                                   CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
@@ -309,43 +317,53 @@ ncclResult_t ps_cuda_streams_start(ps_cuda_dev_t *d) {
       return ncclUnhandledCudaError;
     }
   }
-  pthread_mutex_init(&d->wake_lock, NULL);
-  pthread_cond_init(&d->wake, NULL);
-  if (!(d->jobs = calloc(PS_CUDA_JOBS, sizeof *d->jobs)) ||
-      pthread_create(&d->submitter, NULL, submitter_main, d)) {
-    PS_WARN("GPU %d: cannot start the thread that hands staging copies to the driver", d->ordinal);
-    return ncclSystemError;
+  for (int s = 0; s < PS_CUDA_NSTREAMS; s++) {
+    stream_t *x = &d->s[s];
+    x->dev = d;
+    pthread_mutex_init(&x->wake_lock, NULL);
+    pthread_cond_init(&x->wake, NULL);
+    if (!(x->jobs = calloc(PS_CUDA_JOBS, sizeof *x->jobs)) ||
+        pthread_create(&x->submitter, NULL, submitter_main, x)) {
+      PS_WARN("GPU %d: cannot start the thread that hands staging stream %d's copies to the driver",
+              d->ordinal, s);
+      return ncclSystemError;
+    }
+    x->started = 1;
+    char name[16];
+    snprintf(name, sizeof name, "perseus-cu%d.%d", d->ordinal % 100, s);
+    (void)pthread_setname_np(x->submitter, name);
   }
-  d->started = 1;
   return ncclSuccess;
 }
 
 void ps_cuda_streams_stop(ps_cuda_dev_t *d) {
-  if (d->started) {
-    for (int s = 0; s < PS_CUDA_NSTREAMS; s++) /* as the fake runs them */
-      if (d->s[s].st && d->s[s].nheld) (void)hand_over(d, &d->s[s], 0);
-    __atomic_store_n(&d->stop, 1, __ATOMIC_SEQ_CST); /* it ends once the queue is empty */
-    pthread_mutex_lock(&d->wake_lock);
-    pthread_cond_signal(&d->wake);
-    pthread_mutex_unlock(&d->wake_lock);
-    pthread_join(d->submitter, NULL);
-    pthread_mutex_destroy(&d->wake_lock);
-    pthread_cond_destroy(&d->wake);
-    static const char *const name[PS_CUDA_NSTREAMS] = {"copy", "read", "out"};
-    for (int s = 0; s < PS_CUDA_NSTREAMS; s++) {
-      const job_stats_t *js = &d->js[s];
-      if (!js->jobs) continue;
-      const stream_t *x = &d->s[s];
-      PS_INFO(NCCL_INIT, "GPU %d %s stream: %llu hand-overs of %.1f operations; the oldest held "
-              "%.1f us (max %.0f) before its hand-over, which waited %.1f us (max %.0f) for the "
-              "thread; driver calls %.1f us (max %.0f) each", d->ordinal, name[s],
-              (unsigned long long)js->jobs, (double)js->ops / (double)js->jobs,
-              (double)x->held_ns / 1e3 / (double)js->jobs, (double)x->held_max_ns / 1e3,
-              (double)js->wait_ns / 1e3 / (double)js->jobs, (double)js->wait_max_ns / 1e3,
-              (double)js->call_ns / 1e3 / (double)js->jobs, (double)js->call_max_ns / 1e3);
+  static const char *const name[PS_CUDA_NSTREAMS] = {"copy", "read", "out"};
+  for (int s = 0; s < PS_CUDA_NSTREAMS; s++) /* as the fake runs them */
+    if (d->s[s].started && d->s[s].nheld) (void)hand_over(&d->s[s], 0);
+  __atomic_store_n(&d->stop, 1, __ATOMIC_SEQ_CST); /* each ends once its queue is empty */
+  for (int s = 0; s < PS_CUDA_NSTREAMS; s++) {
+    stream_t *x = &d->s[s];
+    if (x->started) {
+      wake_submitter(x);
+      pthread_join(x->submitter, NULL);
+      x->started = 0;
     }
+    if (x->jobs) {
+      pthread_mutex_destroy(&x->wake_lock);
+      pthread_cond_destroy(&x->wake);
+    }
+    free(x->jobs);
+    x->jobs = NULL;
+    const job_stats_t *js = &x->js;
+    if (!js->jobs) continue;
+    PS_INFO(NCCL_INIT, "GPU %d %s stream: %llu hand-overs of %.1f operations; the oldest held "
+            "%.1f us (max %.0f) before its hand-over, which waited %.1f us (max %.0f) for the "
+            "stream's thread; driver calls %.1f us (max %.0f) each", d->ordinal, name[s],
+            (unsigned long long)js->jobs, (double)js->ops / (double)js->jobs,
+            (double)x->held_ns / 1e3 / (double)js->jobs, (double)x->held_max_ns / 1e3,
+            (double)js->wait_ns / 1e3 / (double)js->jobs, (double)js->wait_max_ns / 1e3,
+            (double)js->call_ns / 1e3 / (double)js->jobs, (double)js->call_max_ns / 1e3);
   }
-  free(d->jobs);
   for (int s = 0; s < PS_CUDA_NSTREAMS; s++) {
     if (!d->s[s].st) continue;
     CUresult rc = ps_cu.stream_synchronize(d->s[s].st);
