@@ -40,7 +40,7 @@ enum { ST_SKIPPED, ST_DONE, ST_REFUSED };
 typedef struct {
   size_t minb, maxb, fitb;
   double factor;
-  int iters, warmup, check, tiles, qdepth, stream, nstrat, strat[NSTRAT], nsizes;
+  int iters, warmup, check, tiles, qdepth, stream, nstrat, strat[NSTRAT], nsizes, bind;
   size_t sizes[MAX_SIZES];
   const char *abi, *plugin;
 } opts_t;
@@ -282,9 +282,35 @@ out:
   return rc;
 }
 
+/* -A: rank r runs on the r-th of nranks equal, contiguous shares of the
+ * cores it may use, as a launcher binds ranks; the threads the plugin and
+ * the provider start later (engine, a NIC's) inherit it, so a rank's proxy
+ * and its NIC share a core group, as a proxy near its NIC does. */
+static int bind_rank(int rank, int nranks) {
+  cpu_set_t all, mine;
+  if (sched_getaffinity(0, sizeof all, &all)) {
+    fprintf(stderr, "rank %d: sched_getaffinity: %s\n", rank, strerror(errno));
+    return -1;
+  }
+  int n = CPU_COUNT(&all), share = n / nranks, first = rank * share, i = 0;
+  if (share < 1) {
+    fprintf(stderr, "-A: %d ranks but %d cores to share among them\n", nranks, n);
+    return -1;
+  }
+  CPU_ZERO(&mine);
+  for (int cpu = 0; cpu < CPU_SETSIZE && i < first + share; cpu++)
+    if (CPU_ISSET(cpu, &all) && i++ >= first) CPU_SET(cpu, &mine);
+  if (sched_setaffinity(0, sizeof mine, &mine)) {
+    fprintf(stderr, "rank %d: sched_setaffinity: %s\n", rank, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
 static int run_rank(drv_rank_t *r, void *arg) {
   const opts_t *o = arg;
   results_t *res = (results_t *)((char *)r->user + results_offset(r->nranks));
+  CHECK(!o->bind || !bind_rank(r->rank, r->nranks), "-A: cannot bind rank %d", r->rank);
   for (int i = 0; i < o->nstrat; i++) {
     int s = o->strat[i];
     drv_gin_t g;
@@ -386,6 +412,8 @@ static void usage(const char *argv0) {
          "  -z SIZE    tile size of the alpha-beta sweep over t = 1,2,4,8,16 (default 64K)\n"
          "  -a ABI     gin11 (NCCL 2.28, default), gin12, gin13, rma13, rma14\n"
          "  -P PLUGIN  plugin file (default: PERSEUS_PLUGIN_PATH, the build's, else by name)\n"
+         "  -A         bind each rank (and the threads it starts) to its own equal share of\n"
+         "             the cores, contiguous, as a launcher binds ranks (default: unbound)\n"
          "Provider tcp;ofi_rxm on lo unless PERSEUS_PROVIDER/PERSEUS_IFACE say otherwise.\n",
          argv0, MAX_RANKS);
 }
@@ -408,7 +436,7 @@ int main(int argc, char **argv) {
   drv_opts_t d = {.nranks = 4, .timeout_s = 3600, .no_load = 1, .no_mesh = 1};
   parse_strats(&o, "all");
   int c;
-  while ((c = getopt(argc, argv, "b:e:f:n:w:c:t:r:s:m:q:z:a:P:h")) != -1) {
+  while ((c = getopt(argc, argv, "b:e:f:n:w:c:t:r:s:m:q:z:a:P:Ah")) != -1) {
     switch (c) {
       case 'b': o.minb = drv_parse_size("-b", optarg, 1, 1ULL << 32); break;
       case 'e': o.maxb = drv_parse_size("-e", optarg, 1, 1ULL << 32); break;
@@ -438,6 +466,7 @@ int main(int argc, char **argv) {
         break;
       case 'a': o.abi = optarg; break;
       case 'P': o.plugin = optarg; break;
+      case 'A': o.bind = 1; break;
       case 'h': usage(argv[0]); return 0;
       default: usage(argv[0]); return 2;
     }
@@ -474,8 +503,8 @@ int main(int argc, char **argv) {
   d.collect = area;
   print_machine("perseus_put_signal_perf", d.nranks);
   printf("# ABI %s, %s mode, %d tiles per signal, peers per rank %d, queue depth %d, iters %d, "
-         "warmup %d, check %d\n", o.abi, o.stream ? "stream" : "batch", o.tiles, d.nranks - 1,
-         o.qdepth, o.iters, o.warmup, o.check);
+         "warmup %d, check %d, ranks %s\n", o.abi, o.stream ? "stream" : "batch", o.tiles, d.nranks - 1,
+         o.qdepth, o.iters, o.warmup, o.check, o.bind ? "bound to a share of the cores each (-A)" : "unbound");
   const char *plugin = o.plugin ? o.plugin : getenv("PERSEUS_PLUGIN_PATH");
   const char *latency = getenv("PERSEUS_TEST_LATENCY_US"); /* read by the distant-NIC test build */
   if (plugin) printf("# plugin %s%s%s\n", plugin, latency ? ", PERSEUS_TEST_LATENCY_US=" : "",

@@ -13,6 +13,12 @@
 #   MODEL_SIZE      tile size (default 16K), MODEL_T tiles per signal (default 8)
 #   MODEL_ITERS     timed batches (default 2000: a run of a few hundred ms, so that
 #                   one descheduling on a busy host does not decide it), warmup a tenth
+#   MODEL_BIND      1: each rank and its NIC threads on their own share of the
+#                   cores (put_signal_perf -A), as a proxy runs near its NIC (on a
+#                   host of several sockets); 0: unbound (default 0)
+#   MODEL_LATENCY   1: also each strategy's batch latency (batch mode: the next
+#                   batch starts once every signal of this one arrived), and drain's
+#                   over it (default 1)
 #   PERSEUS_BUILD_DIR  the build (default build)
 #   PERSEUS_MODEL_NIC_THREADS  NIC threads per rank (default: what the cores
 #                   allow, 1..4: the ranks' cores left over, shared out)
@@ -37,6 +43,10 @@ BWS=${MODEL_GBPS:-12.5 25}
 SIZE=${MODEL_SIZE:-16K}
 T=${MODEL_T:-8}
 ITERS=${MODEL_ITERS:-2000}
+BIND=${MODEL_BIND:-0}
+LATENCY=${MODEL_LATENCY:-1}
+case $BIND in 0) BIND_ARG="" ;; 1) BIND_ARG="-A" ;; *) echo "model-bench.sh: MODEL_BIND=$BIND: 0 or 1 expected" >&2; exit 1 ;; esac
+case $LATENCY in 0 | 1) ;; *) echo "model-bench.sh: MODEL_LATENCY=$LATENCY: 0 or 1 expected" >&2; exit 1 ;; esac
 bench=$B/bench/perseus_put_signal_perf
 [ -x "$bench" ] || { echo "model-bench.sh: no $bench (build first)" >&2; exit 1; }
 [ -f "$B/test/model/libmodel-fi.so" ] || { echo "model-bench.sh: no model fabric in $B/test/model" >&2; exit 1; }
@@ -45,12 +55,13 @@ export FI_PROVIDER_PATH=$PWD/$B/test/model PERSEUS_PROVIDER=model PERSEUS_IFACE=
 bytes=$(numfmt --from=iec "$SIZE") || { echo "model-bench.sh: MODEL_SIZE=$SIZE is not a size" >&2; exit 1; }
 cores=$(nproc)
 echo "# model-bench: $(hostname), $cores cores, $(date -u '+%F %H:%M') UTC, $(git describe --always --dirty 2>/dev/null)"
-echo "# tile $bytes B, $T tiles per signal, $ITERS batches"
+echo "# tile $bytes B, $T tiles per signal, $ITERS batches, ranks $([ -n "$BIND_ARG" ] && echo "bound to a share of the cores each" || echo unbound)"
 
-# One run; prints "strategy time_us" per row of the table.
-run() { # log ranks latency gbps strategies
+# One run; prints "strategy time_us" per row of the table. A sixth argument
+# gives the mode (-m, default stream).
+run() { # log ranks latency gbps strategies [mode]
   PERSEUS_MODEL_LATENCY_US=$3 PERSEUS_MODEL_GBPS=$4 timeout 600 "$bench" -r "$2" -b "$SIZE" -e "$SIZE" \
-    -t "$T" -n "$ITERS" -w $((ITERS / 10 + 1)) -c 1 -s "$5" -z "$SIZE" >"$1" 2>&1 || {
+    -t "$T" -n "$ITERS" -w $((ITERS / 10 + 1)) -c 1 -s "$5" -z "$SIZE" -m "${6:-stream}" $BIND_ARG >"$1" 2>&1 || {
     echo "model-bench.sh: run failed, see $1" >&2; tail -5 "$1" >&2; return 1; }
   awk '$1 ~ /^[0-9]+$/ && NF >= 10 {print $3, $4}' "$1"
 }
@@ -91,6 +102,15 @@ for P in $PEERS; do
             printf "  %4d %6s %9s %9s %11.1f %11.1f %+7.0f%% %8.2fx\n", P, L, BW, st, m, pred,
                    100 * (m - pred) / pred, meas["drain"] / m
           }
+        }'
+      [ "$LATENCY" = 1 ] || continue
+      lat=$(run "$LOGDIR/p$P-l$L-b$BW-latency.log" "$R" "$L" "$BW" ordered,fence,target,drain batch) || exit 1
+      echo "$lat" | awk -v P="$P" -v L="$L" -v BW="$BW" '
+        { meas[$1] = $2; order[n++] = $1 }
+        END {
+          printf "  %4d %6s %9s   batch latency (us):", P, L, BW
+          for (i = 0; i < n; i++) printf " %s %.1f (%.2fx lower than drain)", order[i], meas[order[i]], meas["drain"] / meas[order[i]]
+          printf "\n"
         }'
     done
   done

@@ -85,11 +85,18 @@ static int rcq_get(pm_ep_seg_t *s, uint64_t *data) {
  * waits for a reader. --- */
 #define PM_CQ_RING 4096
 
+/* An error entry's details, apart from the ring (errors are rare). */
 typedef struct {
-  struct fi_cq_tagged_entry e;
-  int err; /* 0, or an fi errno: an error entry */
+  int err; /* an fi errno */
   size_t olen;
   char why[96];
+} pm_cqe_err_t;
+
+/* With its ring slot's sequence word, one cache line, as a NIC's
+ * completion entry: a reader takes a line per completion. */
+typedef struct {
+  struct fi_cq_tagged_entry e;
+  pm_cqe_err_t *err; /* NULL, or an error entry's details */
 } pm_cqe_t;
 
 typedef struct pm_cq_spill {
@@ -103,7 +110,7 @@ struct pm_cq {
   struct {
     _Atomic uint64_t seq;
     pm_cqe_t x;
-  } *ring;
+  } __attribute__((aligned(64))) *ring;
   _Atomic uint64_t head;
   uint64_t tail;
   pthread_mutex_t spill_lock;
@@ -162,9 +169,14 @@ void pm_cq_push(pm_cq_t *cq, const struct fi_cq_tagged_entry *e) {
 }
 
 void pm_cq_push_err(pm_cq_t *cq, void *ctx, uint64_t flags, int err, size_t olen, const char *why) {
-  pm_cqe_t x = {.e = {.op_context = ctx, .flags = flags}, .err = err, .olen = olen};
-  snprintf(x.why, sizeof x.why, "%s", why);
-  cq_add(cq, &x);
+  pm_cqe_err_t *d = malloc(sizeof *d);
+  if (!d) {
+    fprintf(stderr, "model fabric: out of memory, a failed operation's completion is lost\n");
+    return;
+  }
+  *d = (pm_cqe_err_t){.err = err, .olen = olen};
+  snprintf(d->why, sizeof d->why, "%s", why);
+  cq_add(cq, &(pm_cqe_t){.e = {.op_context = ctx, .flags = flags}, .err = d});
 }
 
 /* The oldest entry (reader, c->lock held): the ring's, else the spill
@@ -221,10 +233,12 @@ static ssize_t cq_readerr(struct fid_cq *fid, struct fi_cq_err_entry *buf, uint6
     pthread_mutex_unlock(&c->lock);
     return -FI_EAGAIN;
   }
+  pm_cqe_err_t *d = x->err;
   *buf = (struct fi_cq_err_entry){.op_context = x->e.op_context, .flags = x->e.flags,
-                                  .err = x->err, .olen = x->olen, .prov_errno = x->err};
-  snprintf(c->last_err, sizeof c->last_err, "%s", x->why);
+                                  .err = d->err, .olen = d->olen, .prov_errno = d->err};
+  snprintf(c->last_err, sizeof c->last_err, "%s", d->why);
   cq_pop(c, x);
+  free(d);
   pthread_mutex_unlock(&c->lock);
   return 1;
 }
@@ -241,7 +255,9 @@ static int cq_close(struct fid *fid) {
   pm_cq_t *c = (pm_cq_t *)fid;
   pthread_mutex_destroy(&c->lock);
   pthread_mutex_destroy(&c->spill_lock);
-  for (pm_cq_spill_t *s = c->spill, *n; s; s = n) n = s->next, free(s);
+  for (pm_cq_spill_t *s = c->spill, *n; s; s = n) n = s->next, free(s->x.err), free(s);
+  for (uint64_t i = c->tail; i < atomic_load(&c->head); i++) /* entries never read */
+    if (atomic_load(&c->ring[i % PM_CQ_RING].seq) == i + 1) free(c->ring[i % PM_CQ_RING].x.err);
   free(c->ring);
   free(c->rseg);
   free(c);
@@ -256,9 +272,10 @@ int pm_cq_open(struct fid_domain *d, struct fi_cq_attr *attr, struct fid_cq **ou
   if (attr && attr->format != FI_CQ_FORMAT_TAGGED && attr->format != FI_CQ_FORMAT_UNSPEC)
     return -FI_ENOSYS;
   pm_cq_t *c = calloc(1, sizeof *c);
-  if (c && !(c->ring = calloc(PM_CQ_RING, sizeof *c->ring))) free(c), c = NULL;
+  if (c && !(c->ring = aligned_alloc(64, PM_CQ_RING * sizeof *c->ring))) free(c), c = NULL;
   if (!c) return -FI_ENOMEM;
   (void)d;
+  memset(c->ring, 0, PM_CQ_RING * sizeof *c->ring);
   for (uint64_t i = 0; i < PM_CQ_RING; i++) atomic_store(&c->ring[i].seq, i);
   c->spill_tail = &c->spill;
   pthread_mutex_init(&c->lock, NULL);

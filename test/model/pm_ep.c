@@ -33,7 +33,7 @@ static pm_op_t *new_op(pm_ep_t *e, int type, void *ctx, uint64_t cflags, void *b
   pm_op_t *op = e->cache;
   if (op) e->cache = op->next;
   atomic_flag_clear_explicit(&e->cache_busy, memory_order_release);
-  if (!op && !(op = malloc(sizeof *op))) return NULL;
+  if (!op && !(op = aligned_alloc(_Alignof(pm_op_t), sizeof *op))) return NULL;
   *op = (pm_op_t){.type = type, .ctx = ctx, .cflags = cflags, .buf = buf, .len = len, .dest = dest};
   return op;
 }
@@ -111,6 +111,7 @@ static ssize_t atomicmsg(struct fid_ep *ep, const struct fi_msg_atomic *msg, uin
 static void free_ops(pm_op_t *op) {
   while (op) {
     pm_op_t *n = op->next;
+    free(op->why);
     free(op);
     op = n;
   }

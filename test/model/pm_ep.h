@@ -8,19 +8,21 @@
 
 enum { OP_WRITE = 1, OP_READ, OP_TSEND, OP_ATOMIC };
 
+/* One cache-line pair, aligned: the caller fills it, the NIC threads move
+ * and complete it, and it comes back for reuse; each stage moves two lines
+ * between cores, as a NIC's descriptor and completion entry would. */
 typedef struct pm_op {
   struct pm_op *next;
-  int type, written, fence;
-  int err;       /* move_data failed: the completion's error, and why */
-  char why[96];
+  int type, err;     /* err: move_data failed: the completion's error, `why` its text */
+  char written, fence, remote_cq;
   void *ctx, *buf;
   uint64_t cflags; /* the completion's flags */
   size_t len;
   uint64_t raddr, key, tag, data;
-  int remote_cq;
   fi_addr_t dest;
   uint64_t posted_ns, arrive_ns, done_ns;
-} pm_op_t;
+  char *why;       /* allocated where an operation fails (rare), freed once reported */
+} __attribute__((aligned(64))) pm_op_t;
 
 typedef struct {
   pm_op_t *head, *tail;

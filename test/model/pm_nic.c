@@ -47,9 +47,18 @@ void pm_op_release(pm_ep_t *e, pm_op_t *op) {
     ;
 }
 
+/* Fails op with err, saying why (kept until its completion is reported). */
+static void op_fail(pm_op_t *op, int err, const char *why) {
+  op->err = err;
+  free(op->why);
+  op->why = strdup(why);
+}
+
 static void complete(pm_ep_t *e, pm_op_t *op, int err, const char *why) {
   if (err) {
-    pm_cq_push_err(e->cq, op->ctx, op->cflags, err, 0, why);
+    pm_cq_push_err(e->cq, op->ctx, op->cflags, err, 0, why ? why : "out of memory for the reason");
+    free(op->why);
+    op->why = NULL;
   } else {
     struct fi_cq_tagged_entry c = {.op_context = op->ctx, .flags = op->cflags, .len = op->len};
     pm_cq_push(e->cq, &c);
@@ -83,18 +92,19 @@ static int my_pid(void) {
 static void move_data(pm_ep_t *e, pm_op_t *op) {
   const pm_peer_t *peer = pm_av_get(e->av, op->dest);
   if (!peer) {
-    op->err = FI_EINVAL, snprintf(op->why, sizeof op->why, "destination not in the address vector");
+    op_fail(op, FI_EINVAL, "destination not in the address vector");
     return;
   }
   const char *bad = check_mr(peer->dom, op->key, op->raddr, op->len,
                              op->type == OP_WRITE ? FI_REMOTE_WRITE : FI_REMOTE_READ);
   if (bad) {
-    op->err = FI_EACCES, snprintf(op->why, sizeof op->why, "%s", bad);
+    op_fail(op, FI_EACCES, bad);
     return;
   }
+  char why[128];
   if (pm_move(&peer->dom->mr[op->key >> 48], peer->pid, op->type == OP_READ, op->buf, op->raddr,
-              op->len, op->why, sizeof op->why)) {
-    op->err = FI_EIO;
+              op->len, why, sizeof why)) {
+    op_fail(op, FI_EIO, why);
     return;
   }
   op->written = 1;
