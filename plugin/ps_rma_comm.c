@@ -227,17 +227,27 @@ static int want_thread(void) {
  * completes: NCCL may close right after the last report, and the writes and
  * signals it was told are done must still go out. Passes until they
  * completed, the comm failed (a dead peer fails it after
- * PERSEUS_PEER_TIMEOUT_MS) or that timeout passed. */
+ * PERSEUS_PEER_TIMEOUT_MS) or that timeout passed. While none completes,
+ * the peers still waited for are probed every PS_CLOSE_PROBE_NS: a peer
+ * that is gone (its process exited) is found then, where its staging slots
+ * would otherwise be waited for until the timeout. */
+#define PS_CLOSE_PROBE_NS 100000000ULL
+
 static void finish_reported(ps_rma_comm_t *c) {
-  uint64_t end = ps_now_ns() + c->timeout_ns;
-  while (c->early_open && !c->error && ps_now_ns() < end) {
+  uint64_t now = ps_now_ns(), end = now + c->timeout_ns, probe_at = now + PS_CLOSE_PROBE_NS;
+  uint64_t left = c->early_open;
+  while (c->early_open && !c->error && now < end) {
     c->backlog = 1;
     ps_rma_progress_pass(c);
     sched_yield();
+    now = ps_now_ns();
+    if (c->early_open != left) left = c->early_open, probe_at = now + PS_CLOSE_PROBE_NS;
+    else if (now >= probe_at) ps_rma_probe_waited_peers(c, now), probe_at = now + PS_CLOSE_PROBE_NS;
   }
   if (c->early_open && !c->error)
     PS_WARN("one-sided comm rank %d closes with %llu reported operations still in flight", c->rank,
             (unsigned long long)c->early_open);
+  /* a probe still in flight completes into the endpoint, which close discards unread */
 }
 
 /* report: PERSEUS_STATS for a comm that connected */

@@ -52,6 +52,10 @@
  * (ps_sig_msg_t) sent back, src_rank naming the target. */
 #define PS_TAG_RMA_NACK (PS_TAG_CTRL | 0x21)
 #define PS_TAG_RMA_STREAMS (PS_TAG_CTRL | 0x22) /* ps_streams_msg_t, once per comm */
+/* An empty message no one receives: sent to a peer a closing comm still
+ * waits for, so that a peer that is gone shows as a send error at once
+ * instead of after PERSEUS_PEER_TIMEOUT_MS. */
+#define PS_TAG_RMA_PROBE (PS_TAG_CTRL | 0x23)
 #define PS_TAG_RMA_REG(id) (PS_TAG_CTRL | 0x100000000ULL | (uint64_t)(id))
 
 #define PS_CACHE_LINE 64
@@ -267,6 +271,9 @@ typedef struct {
   ps_seqwin_t stage_done; /* whose copy finished: the slot is free */
   uint64_t credit_sent;   /* stage_done.below we last reported */
   int credit_busy;
+  ps_op_t probe_op;       /* closing: PS_TAG_RMA_PROBE in flight while probing */
+  int probing;
+  uint64_t probe_refused_ns; /* closing: since when the provider refuses probes to it, or 0 */
 } ps_rma_peer_t;
 
 typedef struct {
@@ -596,6 +603,11 @@ ncclResult_t ps_rma_post_sig_send(ps_rma_comm_t *c, uint32_t peer, void *buf, si
                                   void *desc, uint64_t tag, ps_op_t *op, int *posted);
 ncclResult_t ps_rma_post_credit(ps_rma_comm_t *c, uint32_t peer, void *buf, size_t len, void *desc,
                                 ps_op_t *op, int *posted);
+/* Closing: an empty message (PS_TAG_RMA_PROBE) to every peer that still
+ * has operations of ours queued or in flight and no probe in flight; a
+ * failed probe, or probes the provider refuses for a second, fail the
+ * comm naming the peer. */
+void ps_rma_probe_waited_peers(ps_rma_comm_t *c, uint64_t now);
 
 /* --- floor 8, ps_rma_peer.c: the lowest --- */
 void ps_rma_fail(ps_rma_comm_t *c, ncclResult_t rc, const char *fmt, ...)

@@ -79,3 +79,41 @@ ncclResult_t ps_rma_post_credit(ps_rma_comm_t *c, uint32_t peer, void *buf, size
                                 ps_op_t *op, int *posted) {
   return ps_ep_tsend(&c->ep, buf, len, desc, c->addr[peer], PS_TAG_RMA_SIG, op, posted);
 }
+
+/* --- a closing comm's probes (PS_TAG_RMA_PROBE) --- */
+
+#define PS_CLOSE_GONE_NS 1000000000ULL /* probes refused this long: the peer is unreachable */
+
+static void probe_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
+  ps_rma_comm_t *c = op->owner;
+  (void)e;
+  c->peers[op->idx].probing = 0;
+  if (err)
+    ps_rma_fail(c, ncclRemoteError, "closing: rank %d is gone (a message to it failed: %s); "
+                "what this rank reported done to it is lost", op->idx, errstr);
+}
+
+/* A provider that keeps refusing even an empty message to a peer for
+ * PS_CLOSE_GONE_NS (tcp;ofi_rxm answers -FI_EAGAIN for good once the peer's
+ * process exited) says it cannot reach it either. */
+void ps_rma_probe_waited_peers(ps_rma_comm_t *c, uint64_t now) {
+  for (int i = 0; i < c->nranks && !c->error; i++) {
+    ps_rma_peer_t *p = &c->peers[i];
+    if (i == c->rank || p->probing || !(p->outstanding || p->dq_head || p->sq_head || p->prep_head))
+      continue;
+    int posted = 0;
+    p->probe_op = (ps_op_t){.cb = probe_done, .owner = c, .idx = i};
+    if (ps_rma_post_sig_send(c, (uint32_t)i, NULL, 0, NULL, PS_TAG_RMA_PROBE, &p->probe_op, &posted) !=
+        ncclSuccess) {
+      ps_rma_fail(c, ncclRemoteError, "closing: probing rank %d failed", i);
+    } else if (posted) {
+      p->probing = 1, p->probe_refused_ns = 0;
+    } else if (!p->probe_refused_ns) {
+      p->probe_refused_ns = now;
+    } else if (now - p->probe_refused_ns >= PS_CLOSE_GONE_NS) {
+      ps_rma_fail(c, ncclRemoteError, "closing: rank %d is unreachable (the provider refused even an "
+                  "empty message to it for %llu ms); what this rank reported done to it is lost", i,
+                  PS_CLOSE_GONE_NS / 1000000ULL);
+    }
+  }
+}

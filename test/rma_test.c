@@ -28,13 +28,21 @@
  *              moment test() reported them all it deregisters and closes
  *              (a staged put is reported before its write completes): rank
  *              1 must still receive every byte and the signal.
+ *   gone       the same puts, but rank 1 takes none of them (no progress)
+ *              and exits without closing once rank 0 had some reported:
+ *              rank 0's close, with staged puts waiting for rank 1's slots,
+ *              must find it gone in seconds (PERSEUS_PEER_TIMEOUT_MS is 60 s
+ *              here) and return.
  * -G [dsg]: register the destination window (d), the source (s) and the
  * signal words (g) as NCCL_PTR_CUDA; with the fake-CUDA test plugin that
  * exercises staging on hosts without a GPU. m: every odd tile goes to a
  * second destination window registered as GPU memory, the rest to the host
  * one, so a batch mixes direct writes with staged ones (and a signal that
  * rides in a staged write must still wait for the direct writes it covers). */
+#include <errno.h>
 #include <getopt.h>
+#include <signal.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -348,7 +356,7 @@ static int cycles(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
 static int closing(drv_rank_t *r, drv_gin_t *g, void **ccp, const args_t *a) {
   enum { TILE = 16384 };
   void *cc = *ccp;
-  int me = r->rank, n = a->batches;
+  int me = r->rank, n = a->batches, gone = !strcmp(a->scenario, "gone");
   size_t bytes = (size_t)n * TILE;
   unsigned char *src = malloc(bytes), *dst = calloc(1, bytes);
   uint64_t *sig = calloc(1, 8);
@@ -358,6 +366,11 @@ static int closing(drv_rank_t *r, drv_gin_t *g, void **ccp, const args_t *a) {
   CHECK(g->reg_sym(cc, dst, bytes, ptr_type(a, 'd'), 0, &dst_mh) == ncclSuccess, "reg dst");
   CHECK(g->reg_sym(cc, sig, 8, ptr_type(a, 'g'), NCCL_NET_MR_FLAG_FORCE_SO, &sig_mh) == ncclSuccess, "reg sig");
   CHECK(!drv_gin_barrier(r, g, cc, 60), "barrier after registration");
+  if (gone && me == 1) { /* takes nothing; leaves once rank 0 had reports, without closing */
+    CHECK(!drv_barrier(r, 60), "barrier before leaving");
+    fflush(NULL);
+    _exit(0);
+  }
   if (me == 0) {
     for (int t = 0; t < n; t++) {
       size_t off = (size_t)t * TILE;
@@ -367,9 +380,13 @@ static int closing(drv_rank_t *r, drv_gin_t *g, void **ccp, const args_t *a) {
     CHECK(g->iput_signal(cc, 0, NULL, 0, 0, NULL, 1, 0, sig_mh, (uint64_t)n, NCCL_NET_SIGNAL_OP_ADD, &reqs[n]) ==
               ncclSuccess && reqs[n], "signal");
     double end = drv_now() + 60;
-    for (int left = n + 1; left;) {
+    /* gone: until the reports stop (rank 1's receive slots are full), so
+     * that reported puts wait for slots it will never free */
+    double still = drv_now();
+    for (int left = n + 1, was = left; left && !(gone && left < n + 1 && drv_now() - still > 0.3);) {
       CHECK(drv_now() < end, "%d of %d requests not reported in 60 s", left, n + 1);
       CHECK(g->progress(cc) == ncclSuccess, "progress");
+      if (left != was) was = left, still = drv_now();
       left = 0;
       for (int i = 0; i <= n; i++) {
         int done = 0;
@@ -389,11 +406,27 @@ static int closing(drv_rank_t *r, drv_gin_t *g, void **ccp, const args_t *a) {
     for (int t = 0; t < n; t++)
       CHECK(drv_verify(dst + (size_t)t * TILE, TILE, tile_id(0, 1, 0, t)) < 0, "tile %d wrong after the signal", t);
   }
-  /* as NCCL tears down: deregister, close; rank 0 at once, without waiting for rank 1 */
-  CHECK(g->dereg_sym(cc, src_mh) == ncclSuccess && g->dereg_sym(cc, dst_mh) == ncclSuccess &&
-            g->dereg_sym(cc, sig_mh) == ncclSuccess, "dereg");
+  if (gone) { /* rank 1 leaves now; rank 0 closes once its process is gone */
+    CHECK(!drv_barrier(r, 60), "barrier before rank 1 leaves");
+    for (double t = drv_now() + 10; kill(drv_pid(r, 1), 0) == 0 || errno != ESRCH;) {
+      CHECK(drv_now() < t, "rank 1 did not exit");
+      usleep(1000);
+    }
+  }
+  /* as NCCL tears down: deregister, close; rank 0 at once, without waiting for rank 1
+   * (gone: as an abort, without deregistering windows operations still name) */
+  double t_close = drv_now();
+  CHECK(gone || (g->dereg_sym(cc, src_mh) == ncclSuccess && g->dereg_sym(cc, dst_mh) == ncclSuccess &&
+                 g->dereg_sym(cc, sig_mh) == ncclSuccess), "dereg");
   CHECK(drv_gin_close(g, cc) == ncclSuccess, "close");
   *ccp = NULL;
+  if (gone) {
+    double took = drv_now() - t_close;
+    fprintf(stderr, "rank 0: closed in %.2f s with rank 1 gone\n", took);
+    CHECK(took < 10, "closing took %.1f s with rank 1 gone: its staged puts were waited for", took);
+    free(src), free(dst), free(sig);
+    return 0;
+  }
   CHECK(!drv_barrier(r, 60), "final barrier"); /* outside the plugin: rank 1 verified */
   free(src), free(dst), free(sig);
   return 0;
@@ -424,7 +457,7 @@ static int rank_fn(drv_rank_t *r, void *arg) {
   CHECK(crc == ncclSuccess, "connect returned %d", crc);
   int rc = !strcmp(a->scenario, "api")      ? api(r, &g, cc)
            : !strcmp(a->scenario, "cycles") ? cycles(r, &g, cc, a)
-           : !strcmp(a->scenario, "close")  ? closing(r, &g, &cc, a)
+           : !strcmp(a->scenario, "close") || !strcmp(a->scenario, "gone") ? closing(r, &g, &cc, a)
                                             : invariant(r, &g, cc, a);
   /* closed even after a failure: shm leaves a dead endpoint's name behind,
    * and a later process given the same pid cannot open one (NULL: the
@@ -473,7 +506,7 @@ int main(int argc, char **argv) {
     else if (c == 'b') a.batches = atoi(optarg);
     else if (c == 'G') a.gpu = optarg;
     else {
-      fprintf(stderr, "usage: %s [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-s invariant|props|api|cycles|close] "
+      fprintf(stderr, "usage: %s [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-s invariant|props|api|cycles|close|gone] "
               "[-r RANKS 2..16] [-b BATCHES 1..%d] [-G dsgm: GPU windows] [-e RANK:NAME=VALUE: one rank's "
               "setting] [-R: expect the ordering to be refused] [-u: reuse the source once reported]\n",
               argv[0], MAX_BATCHES);
@@ -483,8 +516,8 @@ int main(int argc, char **argv) {
   if (o.nranks < 2 || o.nranks > 16 || a.batches < 1 || a.batches > MAX_BATCHES ||
       (a.gpu && strspn(a.gpu, "dsgm") != strlen(a.gpu)) ||
       (strcmp(a.scenario, "invariant") && strcmp(a.scenario, "props") && strcmp(a.scenario, "api") &&
-       strcmp(a.scenario, "cycles") && strcmp(a.scenario, "close"))) {
-    fprintf(stderr, "ranks must be 2..16, batches 1..%d, -G letters from dsgm, scenario invariant, props, api, cycles or close\n",
+       strcmp(a.scenario, "cycles") && strcmp(a.scenario, "close") && strcmp(a.scenario, "gone"))) {
+    fprintf(stderr, "ranks must be 2..16, batches 1..%d, -G letters from dsgm, scenario invariant, props, api, cycles, close or gone\n",
             MAX_BATCHES);
     return 2;
   }
