@@ -524,6 +524,12 @@ static void print_calls(const ps_rma_comm_t *c) {
 /* PERSEUS_STATS=1: what each peer cost, when the comm closes. Written to
  * stderr, not the logger: the user asked for it whatever NCCL_DEBUG says. */
 static void print_stats(ps_rma_comm_t *c) {
+  int used = c->calls && c->calls->n[PS_CALL_DATA];
+  for (int p = 0; p < c->nranks && !used; p++) used = c->peers[p].st.puts || c->peers[p].st.signals;
+  if (!used) { /* NCCL opens more comms (contexts) than a program may use */
+    fprintf(stderr, "perseus stats: rank %d: a comm closed without puts or signals\n", c->rank);
+    return;
+  }
   fprintf(stderr, "perseus stats: rank %d: %llu progress calls, %llu passes (%s)\n", c->rank,
           (unsigned long long)(c->progress_calls + c->own_waits), (unsigned long long)c->passes,
           c->threaded ? "made by the engine thread" : "PERSEUS_PROGRESS_INTERVAL_US apart at least");
