@@ -1,0 +1,92 @@
+/* Fused AllGather+GEMM's host side (ps_ag_gemm.h): shape checks, shards,
+ * the ranks a block of rows waits for, and the references. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "ps_ag_gemm.h"
+#include "ps_moe_ref.h" /* the bf16 conversions */
+
+static _Thread_local char ag_err[256];
+
+const char *ps_ag_gemm_last_error(void) { return ag_err; }
+
+static int fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(ag_err, sizeof ag_err, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+int ps_ag_gemm_check(const ps_ag_gemm_shape_t *s, int nranks) {
+  ag_err[0] = '\0';
+  if (!s) return fail("no shape");
+  if (nranks < 1) return fail("%d ranks: expected at least 1", nranks);
+  if (s->m < 1) return fail("m %d: expected at least 1 row", s->m);
+  if (s->n < 8 || s->n % 8) return fail("n %d: expected a positive multiple of 8", s->n);
+  if (s->k < 8 || s->k % 8) return fail("k %d: expected a positive multiple of 8", s->k);
+  return 0;
+}
+
+void ps_ag_gemm_shard(int m, int nranks, int rank, int *start, int *end) {
+  *start = (int)((long long)m * rank / nranks);
+  *end = (int)((long long)m * (rank + 1) / nranks);
+}
+
+/* The rank whose shard holds row `row` (0 <= row < m). */
+static int owner(int m, int nranks, int row) {
+  int r = (int)(((long long)row * nranks + nranks - 1) / m); /* an estimate within one */
+  if (r >= nranks) r = nranks - 1;
+  int start, end;
+  for (;;) {
+    ps_ag_gemm_shard(m, nranks, r, &start, &end);
+    if (row < start) r--;
+    else if (row >= end) r++;
+    else return r;
+  }
+}
+
+int ps_ag_gemm_block_ranks(int m, int nranks, int block_rows, int block, int *first, int *last) {
+  if (m < 1 || nranks < 1 || block_rows < 1 || block < 0 || (long long)block * block_rows >= m)
+    return 0;
+  int lo = block * block_rows;
+  int hi = (int)((long long)lo + block_rows > m ? m : lo + block_rows) - 1;
+  *first = owner(m, nranks, lo), *last = owner(m, nranks, hi);
+  return *last - *first + 1;
+}
+
+void ps_ag_gemm_ref(const ps_ag_gemm_shape_t *s, const uint16_t *a, const uint16_t *b, uint16_t *c) {
+  const size_t M = (size_t)s->m, N = (size_t)s->n, K = (size_t)s->k;
+  for (size_t i = 0; i < M; i++)
+    for (size_t j = 0; j < N; j++) {
+      float acc = 0.0f;
+      for (size_t x = 0; x < K; x++) acc += ps_bf16_to_float(a[i * K + x]) * ps_bf16_to_float(b[x * N + j]);
+      c[i * N + j] = ps_float_to_bf16(acc);
+    }
+}
+
+long ps_ag_gemm_count_wrong(const ps_ag_gemm_shape_t *s, const uint16_t *a, const uint16_t *b,
+                            const uint16_t *c, double *worst) {
+  const size_t M = (size_t)s->m, N = (size_t)s->n, K = (size_t)s->k;
+  long wrong = 0;
+  double over = 0.0;
+  for (size_t i = 0; i < M; i++)
+    for (size_t j = 0; j < N; j++) {
+      double want = 0.0, mag = 0.0;
+      for (size_t x = 0; x < K; x++) {
+        double t = (double)ps_bf16_to_float(a[i * K + x]) * (double)ps_bf16_to_float(b[x * N + j]);
+        want += t, mag += fabs(t);
+      }
+      /* fp32 sums of k terms err by up to about k * 2^-24 of their magnitude each way */
+      double bound = ldexp(fabs(want), -8) + (double)K * ldexp(mag, -23) + 1e-30;
+      double got = (double)ps_bf16_to_float(c[i * N + j]), err = fabs(got - want);
+      if (!(err <= bound)) { /* NaN is wrong too */
+        wrong++;
+        double e = isnan(err) ? INFINITY : err - bound;
+        if (e > over) over = e;
+      }
+    }
+  if (worst) *worst = over;
+  return wrong;
+}
