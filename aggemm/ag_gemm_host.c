@@ -34,25 +34,18 @@ void ps_ag_gemm_shard(int m, int nranks, int rank, int *start, int *end) {
   *end = (int)((long long)m * (rank + 1) / nranks);
 }
 
-/* The rank whose shard holds row `row` (0 <= row < m). */
+/* The rank whose shard holds row `row` (0 <= row < m): the last one whose
+ * shard starts at or before it, m r / R < row + 1 (shards before an empty
+ * one start at the same row; the empty ones end there). */
 static int owner(int m, int nranks, int row) {
-  int r = (int)(((long long)row * nranks + nranks - 1) / m); /* an estimate within one */
-  if (r >= nranks) r = nranks - 1;
-  int start, end;
-  for (;;) {
-    ps_ag_gemm_shard(m, nranks, r, &start, &end);
-    if (row < start) r--;
-    else if (row >= end) r++;
-    else return r;
-  }
+  return (int)(((long long)(row + 1) * nranks + m - 1) / m) - 1;
 }
 
 int ps_ag_gemm_block_ranks(int m, int nranks, int block_rows, int block, int *first, int *last) {
   if (m < 1 || nranks < 1 || block_rows < 1 || block < 0 || (long long)block * block_rows >= m)
     return 0;
-  int lo = block * block_rows;
-  int hi = (int)((long long)lo + block_rows > m ? m : lo + block_rows) - 1;
-  *first = owner(m, nranks, lo), *last = owner(m, nranks, hi);
+  long long lo = (long long)block * block_rows, end = lo + block_rows < m ? lo + block_rows : m;
+  *first = owner(m, nranks, (int)lo), *last = owner(m, nranks, (int)end - 1);
   return *last - *first + 1;
 }
 

@@ -250,23 +250,22 @@ ncclResult_t ps_cuda_write64(ps_cuda_dev_t *d, int s, void *dev_dst, uint64_t va
   return hold(d, s, &op, "ps_cuda_write64", ticket);
 }
 
-ncclResult_t ps_cuda_flush(ps_cuda_dev_t *d) {
+/* Every stream's held operations and its mark; lazy: only streams whose
+ * thread has nothing queued (the rest go with a later pass, in one call). */
+static ncclResult_t flush_streams(ps_cuda_dev_t *d, int lazy, const char *what) {
   if (!d) {
-    PS_WARN("ps_cuda_flush: NULL device");
+    PS_WARN("%s: NULL device", what);
     return ncclInvalidArgument;
   }
   ncclResult_t r = ncclSuccess;
-  for (int s = 0; s < PS_CUDA_NSTREAMS && r == ncclSuccess; s++) r = hand_over(&d->s[s], 1);
+  for (int s = 0; s < PS_CUDA_NSTREAMS && r == ncclSuccess; s++)
+    if (!lazy || !jobs_waiting(&d->s[s])) r = hand_over(&d->s[s], 1);
   return r;
 }
 
-ncclResult_t ps_cuda_flush_lazy(ps_cuda_dev_t *d) {
-  if (!d) return ps_cuda_flush(d);
-  ncclResult_t r = ncclSuccess;
-  for (int s = 0; s < PS_CUDA_NSTREAMS && r == ncclSuccess; s++)
-    if (!jobs_waiting(&d->s[s])) r = hand_over(&d->s[s], 1);
-  return r;
-}
+ncclResult_t ps_cuda_flush(ps_cuda_dev_t *d) { return flush_streams(d, 0, "ps_cuda_flush"); }
+
+ncclResult_t ps_cuda_flush_lazy(ps_cuda_dev_t *d) { return flush_streams(d, 1, "ps_cuda_flush_lazy"); }
 
 int ps_cuda_passed(ps_cuda_dev_t *d, int s, uint64_t ticket) {
   stream_t *x;

@@ -276,6 +276,13 @@ typedef struct {
   uint64_t probe_refused_ns; /* closing: since when the provider refuses probes to it, or 0 */
 } ps_rma_peer_t;
 
+/* Operations of ours to p queued or posted and not completed (a chunk in a
+ * prepared slot belongs to a request still queued): what liveness, the
+ * engine thread's naps and a closing comm's probes look at. */
+static inline int ps_rma_peer_busy(const ps_rma_peer_t *p) {
+  return p->outstanding || p->dq_head || p->sq_head;
+}
+
 typedef struct {
   ps_sig_msg_t msg;
   ps_op_t op;

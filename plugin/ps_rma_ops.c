@@ -402,7 +402,7 @@ static void check_liveness(ps_rma_comm_t *c) {
   c->next_check_ns = c->now_ns + 1000000;
   for (int i = 0; i < c->nranks; i++) {
     ps_rma_peer_t *p = &c->peers[i];
-    if ((p->outstanding || p->dq_head || p->sq_head) && c->now_ns - p->active_ns > c->timeout_ns) {
+    if (ps_rma_peer_busy(p) && c->now_ns - p->active_ns > c->timeout_ns) {
       ps_rma_fail(c, ncclRemoteError, "rank %d completed none of %llu operations in %llu ms "
                   "(PERSEUS_PEER_TIMEOUT_MS): peer dead or unreachable%s", i,
                   (unsigned long long)p->outstanding, (unsigned long long)(c->timeout_ns / 1000000),

@@ -33,7 +33,7 @@ void ps_rma_op_started(ps_rma_comm_t *c, ps_rma_peer_t *p) {
 }
 /* An idle peer gets work: its liveness clock starts now. */
 void ps_rma_wake(ps_rma_peer_t *p) {
-  if (!p->outstanding && !p->dq_head && !p->sq_head) p->active_ns = ps_now_ns();
+  if (!ps_rma_peer_busy(p)) p->active_ns = ps_now_ns();
 }
 void ps_rma_op_finished(ps_rma_comm_t *c, ps_rma_peer_t *p) {
   p->outstanding--;

@@ -99,7 +99,7 @@ static void probe_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err,
 void ps_rma_probe_waited_peers(ps_rma_comm_t *c, uint64_t now) {
   for (int i = 0; i < c->nranks && !c->error; i++) {
     ps_rma_peer_t *p = &c->peers[i];
-    if (i == c->rank || p->probing || !(p->outstanding || p->dq_head || p->sq_head || p->prep_head))
+    if (i == c->rank || p->probing || !ps_rma_peer_busy(p))
       continue;
     int posted = 0;
     p->probe_op = (ps_op_t){.cb = probe_done, .owner = c, .idx = i};

@@ -34,7 +34,7 @@ static int waiting(ps_rma_comm_t *c) {
   if (c->stage && (c->stage->ncopies || c->stage->nwords)) return 1;
   for (int i = 0; i < c->nranks; i++) {
     const ps_rma_peer_t *p = &c->peers[i];
-    if (p->nheld || p->outstanding || p->dq_head || p->sq_head) return 1;
+    if (p->nheld || ps_rma_peer_busy(p)) return 1;
   }
   return 0;
 }

@@ -98,6 +98,7 @@ typedef struct {
   struct fi_cq_tagged_entry e;
   pm_cqe_err_t *err; /* NULL, or an error entry's details */
 } pm_cqe_t;
+_Static_assert(sizeof(uint64_t) + sizeof(pm_cqe_t) == 64, "a completion ring slot is one cache line");
 
 typedef struct pm_cq_spill {
   struct pm_cq_spill *next;

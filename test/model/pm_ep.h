@@ -23,6 +23,7 @@ typedef struct pm_op {
   uint64_t posted_ns, arrive_ns, done_ns;
   char *why;       /* allocated where an operation fails (rare), freed once reported */
 } __attribute__((aligned(64))) pm_op_t;
+_Static_assert(sizeof(pm_op_t) == 128, "a model operation is two cache lines");
 
 typedef struct {
   pm_op_t *head, *tail;
