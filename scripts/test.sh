@@ -31,13 +31,25 @@ step() { # name, command...: a build step counts as one test
 
 suite() { # builddir, log name, meson test args...
   dir="$1"; log="$2"; shift 2
-  meson test -C "$dir" --num-processes "$JOBS" --print-errorlogs "$@" >"$LOGDIR/$log.log" 2>&1
+  meson test -C "$dir" --num-processes "$JOBS" --logbase "$log" "$@" >"$LOGDIR/$log.log" 2>&1
   grep -E '^ *[0-9]+/[0-9]+ ' "$LOGDIR/$log.log" | sed 's/^ *//' | awk '!seen[$0]++'
   grep -q '^Ok:' "$LOGDIR/$log.log" || { tail -40 "$LOGDIR/$log.log"; failed=$((failed + 1)); }
-  # what each failed test printed (meson's --print-errorlogs blocks), kept
-  # for the end of the output, where a CI excerpt shows it
-  awk '/^>>> /{cmd=$0} /✀/{on=1; n=0; print "---- " cmd; next}
-       on && /^(―)+$/{on=0; next} on && n++ < 60' "$LOGDIR/$log.log" >>"$LOGDIR/failures.txt"
+  # each failed test's name, result and the tail of what it printed, kept for
+  # the end of the output, where a CI excerpt shows it
+  python3 - "$dir/meson-logs/$log.json" "$log" >>"$LOGDIR/failures.txt" <<'PY' || true
+import json, sys
+for line in open(sys.argv[1]):
+    t = json.loads(line)
+    if t["result"] in ("OK", "SKIP", "EXPECTEDFAIL"):
+        continue
+    print("---- %s [%s] %s, %.1f s, rc %s" % (t["name"], sys.argv[2], t["result"], t["duration"], t["returncode"]))
+    for part in ("stdout", "stderr"):
+        lines = (t.get(part) or "").splitlines()
+        if lines:
+            print("  %s (last %d of %d lines):" % (part, min(30, len(lines)), len(lines)))
+            for l in lines[-30:]:
+                print("  | " + l[:300])
+PY
   tally "$LOGDIR/$log.log"
 }
 
