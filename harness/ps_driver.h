@@ -26,6 +26,9 @@ typedef struct {
   ncclResult_t (*connect)(int dev, void *handle, void **sc);
   ncclResult_t (*accept)(void *lc, void **rc);
   ncclResult_t (*reg_mr)(void *comm, void *data, size_t size, int type, void **mh);
+  /* regMrDmaBuf: the buffer as a dma-buf fd, `offset` its place in it */
+  ncclResult_t (*reg_mr_dmabuf)(void *comm, void *data, size_t size, int type, uint64_t offset,
+                                int fd, void **mh);
   ncclResult_t (*dereg_mr)(void *comm, void *mh);
   ncclResult_t (*isend)(void *sc, void *data, size_t size, int tag, void *mh, void **req);
   ncclResult_t (*irecv)(void *rc, int n, void **data, size_t *sizes, int *tags, void **mhs,

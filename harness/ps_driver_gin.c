@@ -69,12 +69,21 @@ static ncclResult_t one_handle(ncclResult_t rc, void **mh, void *const *gh) {
   static ncclResult_t reg_v##v(void *c, void *d, size_t s, int t, uint64_t f, void **mh) { \
     void *gh = NULL;                                                                       \
     return one_handle(T##v->regMrSym(cc(c), d, s, t, f, mh, &gh), mh, &gh);                 \
+  }                                                                                        \
+  static ncclResult_t regdb_v##v(void *c, void *d, size_t s, int t, uint64_t o, int fd,    \
+                                 uint64_t f, void **mh) {                                  \
+    void *gh = NULL;                                                                       \
+    return one_handle(T##v->regMrSymDmaBuf(cc(c), d, s, t, o, fd, f, mh, &gh), mh, &gh);    \
   }
 REG_GH(11)
 REG_GH(12)
 REG_GH(13)
 static ncclResult_t reg_v14(void *c, void *d, size_t s, int t, uint64_t f, void **mh) {
   return fits_descriptor(T14->regMrSym(cc(c), d, s, t, f, mh), mh); /* 2.30: ginHandle = mhandle */
+}
+static ncclResult_t regdb_v14(void *c, void *d, size_t s, int t, uint64_t o, int fd, uint64_t f,
+                              void **mh) {
+  return fits_descriptor(T14->regMrSymDmaBuf(cc(c), d, s, t, o, fd, f, mh), mh);
 }
 
 /* Fields whose shape every version shares (the first argument differs). */
@@ -136,6 +145,7 @@ GET_FLUSH(14)
 #define FILL(v)                                                                             \
   do {                                                                                      \
     out->name = T##v->name, out->reg_sym = reg_v##v, out->dereg_sym = dereg_v##v;           \
+    out->reg_sym_dmabuf = regdb_v##v;                                                       \
     out->iput = put_v##v, out->iput_signal = sig_v##v, out->test = test_v##v;               \
     out->progress = prog_v##v, out->last_error = err_v##v;                                  \
   } while (0)

@@ -18,6 +18,9 @@ typedef struct {
   /* `coll` below is the collective comm for v11/v12 and the context made by
    * createContext for v13/v14: the adapter hides the difference. */
   ncclResult_t (*reg_sym)(void *coll, void *data, size_t size, int type, uint64_t flags, void **mh);
+  /* regMrSymDmaBuf: the buffer as a dma-buf fd, `offset` its place in it */
+  ncclResult_t (*reg_sym_dmabuf)(void *coll, void *data, size_t size, int type, uint64_t offset,
+                                 int fd, uint64_t flags, void **mh);
   ncclResult_t (*dereg_sym)(void *coll, void *mh);
   ncclResult_t (*iput)(void *coll, uint64_t src_off, void *src_mh, size_t size, uint64_t dst_off,
                        void *dst_mh, uint32_t rank, void **req);

@@ -69,6 +69,10 @@ PROPS_FN(12, ps_props_v12_t, q.maxP2pBytes)
   static ncclResult_t regmr_v##v(void *c, void *d, size_t s, int t, void **mh) {          \
     return T(v)->regMr(c, d, s, t, mh);                                                   \
   }                                                                                       \
+  static ncclResult_t regmrdb_v##v(void *c, void *d, size_t s, int t, uint64_t o, int fd,  \
+                                   void **mh) {                                            \
+    return T(v)->regMrDmaBuf(c, d, s, t, o, fd, mh);                                      \
+  }                                                                                       \
   static ncclResult_t deregmr_v##v(void *c, void *mh) { return T(v)->deregMr(c, mh); }    \
   static ncclResult_t test_v##v(void *r, int *d, int *s) { return T(v)->test(r, d, s); }  \
   static ncclResult_t closes_v##v(void *c) { return T(v)->closeSend(c); }                 \
@@ -136,6 +140,7 @@ static ncclResult_t fin_v12(void) { return T(12)->finalize(ctx); }
     out->name = T(v)->name, out->devices = devices_v##v, out->get_props = props_v##v;     \
     out->listen = listen_v##v, out->connect = connect_v##v, out->accept = accept_v##v;    \
     out->reg_mr = regmr_v##v, out->dereg_mr = deregmr_v##v, out->isend = isend_v##v;      \
+    out->reg_mr_dmabuf = regmrdb_v##v;                                                    \
     out->irecv = irecv_v##v, out->test = test_v##v, out->close_send = closes_v##v;        \
     out->close_recv = closer_v##v, out->close_listen = closel_v##v, out->finalize = fin;  \
   } while (0)

@@ -19,7 +19,9 @@
 #include "perseus/perseus_rma.h"
 #include "ps_abi.h"
 #include "ps_cuda.h"
+#include "ps_fabric.h"
 #include "ps_gin_abi.h"
+#include "ps_gpumem.h"
 #include "ps_handle.h"
 #include "ps_log.h"
 #include "ps_net.h"
@@ -161,6 +163,16 @@ static ncclResult_t gin_devices(int *ndev) {
   return ps_net_devices(ndev);
 }
 
+/* GPU windows are staged or registered directly, so CUDA memory is taken
+ * wherever the driver loads; by dma-buf where the one-sided device's
+ * provider takes one. */
+static void gin_ptr_support(int dev, int *ptr_support) {
+  if (!ps_cuda_available()) return;
+  *ptr_support |= NCCL_PTR_CUDA;
+  ps_device_t *d = ps_fabric_rma_dev(dev);
+  if (d && ps_gpumem_dmabuf(d)) *ptr_support |= NCCL_PTR_DMABUF;
+}
+
 /* The net properties, as a device NCCL drives through its GIN proxy. */
 static ncclResult_t gin_props_v11(int dev, ps_props_v11_t *props) {
   if (!props) {
@@ -169,7 +181,7 @@ static ncclResult_t gin_props_v11(int dev, ps_props_v11_t *props) {
   }
   PS_CHECK(ps_abi_props_v11(dev, props));
   props->netDeviceType = NCCL_NET_DEVICE_GIN_PROXY;
-  if (ps_cuda_available()) props->ptrSupport |= NCCL_PTR_CUDA; /* staged or direct */
+  gin_ptr_support(dev, &props->ptrSupport);
   return ncclSuccess;
 }
 
@@ -180,7 +192,7 @@ static ncclResult_t gin_props_v12(int dev, ps_props_v12_t *props) {
   }
   PS_CHECK(ps_abi_props_v12(dev, props));
   props->netDeviceType = NCCL_NET_DEVICE_GIN_PROXY;
-  if (ps_cuda_available()) props->ptrSupport |= NCCL_PTR_CUDA; /* staged or direct */
+  gin_ptr_support(dev, &props->ptrSupport);
   return ncclSuccess;
 }
 
@@ -334,42 +346,43 @@ static ncclResult_t gin_close_coll(void *coll) {
 /* --- registration: collective, on the collComm in every version --- */
 
 static ncclResult_t reg_any(void *coll, void *data, size_t size, int type, uint64_t flags,
-                            void **mh, void **gin_handle, const char *fn) {
+                            const ps_dmabuf_t *dmabuf, void **mh, void **gin_handle,
+                            const char *fn) {
   void *eng = coll_eng(coll, fn);
   if (!eng) return ncclInvalidArgument;
   if (!mh || !gin_handle) {
     PS_WARN("%s: NULL mhandle (%p) or ginHandle (%p) pointer", fn, (void *)mh, (void *)gin_handle);
     return ncclInvalidArgument;
   }
-  PS_CHECK(ps_rma_reg_sym(eng, data, size, type, flags, mh));
+  PS_CHECK(ps_rma_reg_sym(eng, data, size, type, flags, dmabuf, mh));
   *gin_handle = *mh;
   return ncclSuccess;
 }
 
 static ncclResult_t reg_sym(void *coll, void *data, size_t size, int type, uint64_t flags,
                             void **mh, void **gin_handle) {
-  return reg_any(coll, data, size, type, flags, mh, gin_handle, "regMrSym");
+  return reg_any(coll, data, size, type, flags, NULL, mh, gin_handle, "regMrSym");
 }
 
-/* Host memory registers by address, as the net's regMrDmaBuf does; any
- * other type is refused by the engine by name. */
+/* A GPU window registers by its dma-buf where the provider takes one
+ * (ptrSupport DMABUF); host memory, and GPU memory elsewhere, by address. */
 static ncclResult_t reg_sym_dmabuf(void *coll, void *data, size_t size, int type, uint64_t offset,
                                    int fd, uint64_t flags, void **mh, void **gin_handle) {
-  (void)offset, (void)fd;
-  return reg_any(coll, data, size, type, flags, mh, gin_handle, "regMrSymDmaBuf");
+  ps_dmabuf_t db = {.fd = fd, .offset = offset};
+  return reg_any(coll, data, size, type, flags, &db, mh, gin_handle, "regMrSymDmaBuf");
 }
 
 static ncclResult_t reg_sym_v14(void *coll, void *data, size_t size, int type, uint64_t flags,
                                 void **mh) {
   void *unused;
-  return reg_any(coll, data, size, type, flags, mh, &unused, "regMrSym");
+  return reg_any(coll, data, size, type, flags, NULL, mh, &unused, "regMrSym");
 }
 
 static ncclResult_t reg_sym_dmabuf_v14(void *coll, void *data, size_t size, int type,
                                        uint64_t offset, int fd, uint64_t flags, void **mh) {
   void *unused;
-  (void)offset, (void)fd;
-  return reg_any(coll, data, size, type, flags, mh, &unused, "regMrSymDmaBuf");
+  ps_dmabuf_t db = {.fd = fd, .offset = offset};
+  return reg_any(coll, data, size, type, flags, &db, mh, &unused, "regMrSymDmaBuf");
 }
 
 static ncclResult_t dereg_sym(void *coll, void *mh) {

@@ -137,8 +137,12 @@ ncclResult_t ps_abi_finalize_ctx(void *ctx) {
   return ncclSuccess;
 }
 
+/* A context handed back by NCCL must be one init made and finalize did not
+ * end (a stale one's connects would outlive their finalize). */
+static int live_ctx(void *ctx, const char *call) { return ps_htab_lookup(&ctx_tab, ctx, call) != NULL; }
+
 static ncclResult_t set_net_attr(void *ctx, ps_net_attr_t *attr) {
-  (void)ctx;
+  if (!live_ctx(ctx, "setNetAttr")) return ncclInvalidArgument;
   if (attr)
     PS_TRACE("setNetAttr: op %u algo %u proto %u (no tuning applied)", attr->op, attr->algo,
              attr->proto);
@@ -147,8 +151,7 @@ static ncclResult_t set_net_attr(void *ctx, ps_net_attr_t *attr) {
 
 /* --- connection setup --- */
 static ncclResult_t listen_v11(void *ctx, int dev, void *handle, void **lc) {
-  (void)ctx;
-  return ps_net_listen(dev, handle, lc);
+  return live_ctx(ctx, "listen") ? ps_net_listen(dev, handle, lc) : ncclInvalidArgument;
 }
 static ncclResult_t connect_v8(int dev, void *handle, void **sc, ps_nccl_dev_handle_t **sdev) {
   if (sdev) *sdev = NULL; /* no device offload */
@@ -162,7 +165,8 @@ static ncclResult_t connect_v10(int dev, ps_comm_config_t *cfg, void *handle, vo
 static ncclResult_t connect_v11(void *ctx, int dev, void *handle, void **sc,
                                 ps_nccl_dev_handle_t **sdev) {
   if (sdev) *sdev = NULL;
-  /* the context's address names the connect's owner; it is never read */
+  if (!live_ctx(ctx, "connect")) return ncclInvalidArgument;
+  /* the context's address names the connect's owner (finalize ends them) */
   return ps_net_connect(dev, handle, sc, (uintptr_t)ctx);
 }
 static ncclResult_t accept_any(void *lc, void **rc, ps_nccl_dev_handle_t **rdev) {

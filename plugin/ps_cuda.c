@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ps_clock.h"
 #include "ps_log.h"
@@ -69,6 +70,7 @@ static void cu_load(void) {
   void *p = dlsym(lib, "cuMemcpyBatchAsync_v2");
   if (p) memcpy(&ps_cu.copy_batch_v2, &p, sizeof p);
   else if ((p = dlsym(lib, "cuMemcpyBatchAsync"))) memcpy(&ps_cu.copy_batch_v1, &p, sizeof p);
+  if ((p = dlsym(lib, "cuMemGetHandleForAddressRange"))) memcpy(&ps_cu.range_handle, &p, sizeof p);
   /* From here on the library stays loaded for the life of the process: the
    * driver may have started threads that still run its code. */
   CUresult rc = ps_cu.init(0);
@@ -228,14 +230,19 @@ int ps_cuda_ptr_ordinal(const void *ptr) {
              : -1;
 }
 
-/* In GPU `ordinal`'s primary context, retained for the call's duration. */
-static CUresult in_primary(int ordinal, CUdeviceptr *p, size_t size) {
+/* In GPU `ordinal`'s primary context, retained for the call's duration:
+ * allocate (size > 0), free (size 0, fd NULL), or export [*p, + page) as a
+ * dma-buf into *fd. */
+static CUresult in_primary(int ordinal, CUdeviceptr *p, size_t size, int *fd) {
   CUdevice dev;
   CUcontext ctx, prev;
   CUresult rc = ps_cu.device_get(&dev, ordinal);
   if (rc != CUDA_SUCCESS || (rc = ps_cu.primary_ctx_retain(&ctx, dev)) != CUDA_SUCCESS) return rc;
   if ((rc = ps_cu.ctx_push(ctx)) == CUDA_SUCCESS) {
-    rc = size ? ps_cu.mem_alloc(p, size) : ps_cu.mem_free(*p);
+    if (fd)
+      rc = ps_cu.range_handle(fd, *p, size, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    else
+      rc = size ? ps_cu.mem_alloc(p, size) : ps_cu.mem_free(*p);
     ps_cu.ctx_pop(&prev);
   }
   ps_cu.primary_ctx_release(dev); /* an allocation keeps its context alive */
@@ -254,7 +261,7 @@ ncclResult_t ps_cuda_probe_alloc(size_t size, int *ordinal, void **out) {
     PS_INFO(NCCL_INIT | NCCL_NET, "no current CUDA context to probe with (%s)", ps_cu_err(rc));
     return ncclInvalidUsage;
   }
-  if ((rc = in_primary((int)dev, &p, size)) != CUDA_SUCCESS) {
+  if ((rc = in_primary((int)dev, &p, size, NULL)) != CUDA_SUCCESS) {
     PS_INFO(NCCL_INIT | NCCL_NET, "cuMemAlloc of %zu bytes on GPU %d failed: %s", size, (int)dev,
             ps_cu_err(rc));
     return ncclUnhandledCudaError;
@@ -265,8 +272,29 @@ ncclResult_t ps_cuda_probe_alloc(size_t size, int *ordinal, void **out) {
 
 void ps_cuda_probe_free(int ordinal, void *ptr) {
   CUdeviceptr p = ps_cu_dptr(ptr);
-  CUresult rc = ptr ? in_primary(ordinal, &p, 0) : CUDA_SUCCESS;
+  CUresult rc = ptr ? in_primary(ordinal, &p, 0, NULL) : CUDA_SUCCESS;
   if (rc != CUDA_SUCCESS) PS_WARN("cuMemFree(%p) on GPU %d failed: %s", ptr, ordinal, ps_cu_err(rc));
+}
+
+ncclResult_t ps_cuda_dmabuf_export(int ordinal, const void *ptr, size_t size, int *fd,
+                                   uint64_t *offset) {
+  *fd = -1, *offset = 0;
+  if (!ps_cuda_available() || !ps_cu.range_handle) {
+    PS_INFO(NCCL_INIT | NCCL_NET, "no dma-buf export: the CUDA driver lacks cuMemGetHandleForAddressRange");
+    return ncclInvalidUsage;
+  }
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)ptr & ~(page - 1);
+  size_t len = ((uintptr_t)ptr + size - start + page - 1) & ~(page - 1);
+  CUdeviceptr p = (CUdeviceptr)start;
+  CUresult rc = in_primary(ordinal, &p, len, fd);
+  if (rc != CUDA_SUCCESS) {
+    PS_INFO(NCCL_INIT | NCCL_NET, "no dma-buf for %p (%zu B) on GPU %d: %s", ptr, size, ordinal,
+            ps_cu_err(rc));
+    *fd = -1;
+    return ncclUnhandledCudaError;
+  }
+  *offset = (uintptr_t)ptr - start;
+  return ncclSuccess;
 }
 
 ncclResult_t ps_cuda_host_alloc(ps_cuda_dev_t *d, size_t size, void **out) {

@@ -57,6 +57,13 @@ int ps_cuda_ptr_ordinal(const void *ptr);
  * without a driver, a GPU or a current context. */
 ncclResult_t ps_cuda_probe_alloc(size_t size, int *ordinal, void **out);
 void ps_cuda_probe_free(int ordinal, void *p);
+/* A dma-buf file descriptor for device memory [ptr, ptr + size) of GPU
+ * `ordinal`, exported as NCCL exports one for regMrDmaBuf: the range widened
+ * to whole host pages, *offset the distance of ptr from its start. The
+ * caller closes *fd. Fails (logged at INFO) where the driver, the GPU or the
+ * kernel cannot. */
+ncclResult_t ps_cuda_dmabuf_export(int ordinal, const void *ptr, size_t size, int *fd,
+                                   uint64_t *offset);
 
 /* Page-locked host memory the copy engines can reach (cuMemHostAlloc). */
 ncclResult_t ps_cuda_host_alloc(ps_cuda_dev_t *d, size_t size, void **out);

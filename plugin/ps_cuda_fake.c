@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "ps_cuda.h"
+#include "ps_fake_dmabuf.h"
 #include "ps_log.h"
 
 #define PS_FAKE_DEFAULT_DELAY_US 500ul
@@ -195,6 +196,18 @@ ncclResult_t ps_cuda_probe_alloc(size_t size, int *ordinal, void **out) {
 void ps_cuda_probe_free(int ordinal, void *p) {
   (void)ordinal;
   free(p);
+}
+
+/* Page-widened as the driver's; the record names the widened range. */
+ncclResult_t ps_cuda_dmabuf_export(int ordinal, const void *ptr, size_t size, int *fd,
+                                   uint64_t *offset) {
+  (void)ordinal;
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)ptr & ~(page - 1);
+  size_t len = ((uintptr_t)ptr + size - start + page - 1) & ~(page - 1);
+  *offset = (uintptr_t)ptr - start;
+  *fd = ptr && size ? ps_fake_dmabuf_create((const void *)start, len) : -1;
+  if (*fd < 0) PS_INFO(NCCL_INIT | NCCL_NET, "fake dma-buf for %p (%zu B) failed", ptr, size);
+  return *fd < 0 ? ncclSystemError : ncclSuccess;
 }
 
 int ps_cuda_owns(ps_cuda_dev_t *d, const void *ptr, size_t size) {

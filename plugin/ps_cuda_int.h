@@ -51,6 +51,7 @@ enum {
   CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1,
   CU_MEM_LOCATION_TYPE_DEVICE = 1,
   CU_MEM_LOCATION_TYPE_HOST = 2,
+  CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1,
   /* with its memory barrier: earlier writes of the stream are visible first */
   CU_STREAM_WRITE_VALUE_DEFAULT = 0,
 };
@@ -84,6 +85,8 @@ typedef struct {
                             size_t *, size_t, CUstream);
   CUresult (*copy_batch_v1)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, cu_copy_attr_t *,
                             size_t *, size_t, size_t *, CUstream);
+  /* optional (CUDA 11.7+): cuMemGetHandleForAddressRange, for dma-buf fds */
+  CUresult (*range_handle)(void *, CUdeviceptr, size_t, int, unsigned long long);
 } ps_cu_api_t;
 extern ps_cu_api_t ps_cu;
 

@@ -250,20 +250,26 @@ fail:
 }
 
 int ps_ep_try_reg(ps_ep_t *e, void *buf, size_t len, uint64_t access, int cuda_device,
-                  struct fid_mr **mr) {
-  return ps_dev_try_reg(e->dev, e->ep, buf, len, access, cuda_device, mr);
+                  const ps_dmabuf_t *dmabuf, struct fid_mr **mr) {
+  return ps_dev_try_reg(e->dev, e->ep, buf, len, access, cuda_device, dmabuf, mr);
 }
 
 int ps_dev_try_reg(ps_device_t *d, struct fid_ep *ep, void *buf, size_t len, uint64_t access,
-                   int cuda_device, struct fid_mr **mr) {
+                   int cuda_device, const ps_dmabuf_t *dmabuf, struct fid_mr **mr) {
   *mr = NULL;
   pthread_mutex_lock(&d->lock);
   struct iovec iov = {buf, len};
-  struct fi_mr_attr attr = {.mr_iov = &iov, .iov_count = 1, .access = access,
+  /* The dma-buf's first byte sits dmabuf->offset below buf (NCCL exports
+   * the page-widened range around its buffer); the registration's virtual
+   * addresses stay buf's. */
+  ps_fi_mr_dmabuf_t db = {.fd = dmabuf ? dmabuf->fd : -1, .offset = dmabuf ? dmabuf->offset : 0,
+                          .len = len, .base_addr = (char *)buf - (dmabuf ? dmabuf->offset : 0)};
+  struct fi_mr_attr attr = {.mr_iov = dmabuf ? (const struct iovec *)(const void *)&db : &iov,
+                            .iov_count = 1, .access = access,
                             .requested_key = d->mr_prov_key ? 0 : ps_fabric_next_key(),
                             .iface = cuda_device < 0 ? FI_HMEM_SYSTEM : FI_HMEM_CUDA};
   if (cuda_device >= 0) attr.device.cuda = cuda_device;
-  int rc = fi_mr_regattr(d->domain, &attr, 0, mr);
+  int rc = fi_mr_regattr(d->domain, &attr, dmabuf ? PS_FI_MR_DMABUF : 0, mr);
   if (!rc && d->mr_endpoint && ep) {
     rc = fi_mr_bind(*mr, &ep->fid, 0);
     if (!rc) rc = fi_mr_enable(*mr);
@@ -275,18 +281,22 @@ int ps_dev_try_reg(ps_device_t *d, struct fid_ep *ep, void *buf, size_t len, uin
 }
 
 ncclResult_t ps_ep_reg_dev(ps_ep_t *e, void *buf, size_t len, uint64_t access, int cuda_device,
-                           struct fid_mr **mr) {
-  int rc = ps_ep_try_reg(e, buf, len, access, cuda_device, mr);
+                           const ps_dmabuf_t *dmabuf, struct fid_mr **mr) {
+  int rc = ps_ep_try_reg(e, buf, len, access, cuda_device, dmabuf, mr);
   if (rc) {
-    PS_WARN("fi_mr_regattr(%p, %zu%s) on %s failed: %s", buf, len,
-            cuda_device < 0 ? "" : ", CUDA memory", e->dev->name, fi_strerror(-rc));
+    char by[64] = "";
+    if (dmabuf)
+      snprintf(by, sizeof by, ", by dma-buf fd %d at offset %llu", dmabuf->fd,
+               (unsigned long long)dmabuf->offset);
+    PS_WARN("fi_mr_regattr(%p, %zu%s%s) on %s failed: %s", buf, len,
+            cuda_device < 0 ? "" : ", CUDA memory", by, e->dev->name, fi_strerror(-rc));
     return ncclSystemError;
   }
   return ncclSuccess;
 }
 
 ncclResult_t ps_ep_reg(ps_ep_t *e, void *buf, size_t len, uint64_t access, struct fid_mr **mr) {
-  return ps_ep_reg_dev(e, buf, len, access, -1, mr);
+  return ps_ep_reg_dev(e, buf, len, access, -1, NULL, mr);
 }
 
 ncclResult_t ps_ep_reg_local(ps_ep_t *e, void *buf, size_t len, struct fid_mr **mr) {

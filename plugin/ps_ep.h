@@ -79,16 +79,17 @@ ncclResult_t ps_ep_open_lane(ps_ep_t *ep, struct fid_ep **lane);
 ncclResult_t ps_ep_reg(ps_ep_t *ep, void *buf, size_t len, uint64_t access, struct fid_mr **mr);
 /* The same for memory of CUDA device `cuda_device` (FI_HMEM_CUDA; only on
  * devices whose provider registers it, ps_device_t.hmem), or host memory
- * where cuda_device < 0. */
+ * where cuda_device < 0; by its dma-buf where `dmabuf` is not NULL (only
+ * where ps_gpumem_dmabuf said the provider takes one). */
 ncclResult_t ps_ep_reg_dev(ps_ep_t *e, void *buf, size_t len, uint64_t access, int cuda_device,
-                           struct fid_mr **mr);
+                           const ps_dmabuf_t *dmabuf, struct fid_mr **mr);
 /* ps_ep_reg_dev without logging: 0 or the provider's negative fi errno. */
 int ps_ep_try_reg(ps_ep_t *e, void *buf, size_t len, uint64_t access, int cuda_device,
-                  struct fid_mr **mr);
+                  const ps_dmabuf_t *dmabuf, struct fid_mr **mr);
 /* The same on device d, bound to `ep` under FI_MR_ENDPOINT (NULL: not bound,
  * enough to learn whether the provider takes the memory at all). */
 int ps_dev_try_reg(ps_device_t *d, struct fid_ep *ep, void *buf, size_t len, uint64_t access,
-                   int cuda_device, struct fid_mr **mr);
+                   int cuda_device, const ps_dmabuf_t *dmabuf, struct fid_mr **mr);
 /* Registers [buf, +len) for send/recv when the provider needs it (FI_MR_LOCAL
  * or FI_MR_ENDPOINT). *mr stays NULL otherwise. */
 ncclResult_t ps_ep_reg_local(ps_ep_t *ep, void *buf, size_t len, struct fid_mr **mr);

@@ -1,4 +1,5 @@
 #include "ps_fabric.h"
+#include "ps_gpumem.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -29,6 +30,7 @@ static ps_config_t config;
 static ps_device_t devices[PS_MAX_DEVICES];
 static int ndevices;
 static char provider[64];
+static uint32_t api_version = FI_VERSION(1, 14); /* ps_fabric_api_version */
 static uint32_t wire_hash;
 static atomic_uint_fast64_t next_key = 1;
 
@@ -141,13 +143,15 @@ static ncclResult_t open_device(ps_device_t *d, int index, const struct fi_info 
   d->hmem = (fi->caps & FI_HMEM) && (mm & FI_MR_HMEM);
   pthread_mutex_init(&d->lock, NULL);
   read_sysfs_facts(d, fi);
-  if ((rc = fi_fabric(fi->fabric_attr, &d->fabric, NULL))) {
-    PS_WARN("fi_fabric(%s) failed: %s", d->name, fi_strerror(-rc));
-    return ncclSystemError;
-  }
-  if ((rc = fi_domain(d->fabric, d->info, &d->domain, NULL))) {
-    PS_WARN("fi_domain(%s) failed: %s", d->name, fi_strerror(-rc));
-    fi_close(&d->fabric->fid);
+  const char *step = "fi_fabric";
+  if ((rc = fi_fabric(fi->fabric_attr, &d->fabric, NULL)) ||
+      (step = "fi_domain", rc = fi_domain(d->fabric, d->info, &d->domain, NULL))) {
+    PS_WARN("%s(%s) failed: %s", step, d->name, fi_strerror(-rc));
+    if (d->fabric) fi_close(&d->fabric->fid);
+    fi_freeinfo(d->info);
+    free(d->pci_path);
+    pthread_mutex_destroy(&d->lock);
+    memset(d, 0, sizeof *d);
     return ncclSystemError;
   }
   PS_INFO(NCCL_INIT | NCCL_NET,
@@ -350,12 +354,20 @@ static void shm_reap_stale(void) {
             removed, PS_SHM_DIR, bytes >> 20);
 }
 
+/* 1.20 (dma-buf registration) where the library has it and the provider
+ * could use it; a provider that copies GPU memory with the CPU gains nothing
+ * from a dma-buf and keeps the API version every test has run at. */
+static uint32_t api_version_for(const char *prov) {
+  return fi_version() >= FI_VERSION(1, 20) && !ps_gpumem_host_copier(prov) ? FI_VERSION(1, 20)
+                                                                            : FI_VERSION(1, 14);
+}
+
 static ncclResult_t do_init(void) {
   PS_CHECK(ps_config_load(&config));
   apply_tcp_passthru();
   struct fi_info *hints = make_hints(config.provider, FI_TAGGED | FI_MSG), *list = NULL;
   if (!hints) return ncclSystemError;
-  int rc = fi_getinfo(PS_FI_VERSION, NULL, NULL, 0, hints, &list);
+  int rc = fi_getinfo(ps_fabric_api_version(), NULL, NULL, 0, hints, &list);
   fi_freeinfo(hints);
   if (rc || !list) {
     PS_WARN("no libfabric provider offers tagged RDM endpoints%s%s: %s", config.provider ? " for " : "",
@@ -376,9 +388,22 @@ static ncclResult_t do_init(void) {
   }
   snprintf(provider, sizeof provider, "%s", chosen);
   if (!strcmp(provider, "shm")) shm_reap_stale();
+  if (api_version_for(provider) != api_version) { /* the provider's entries again, at that version */
+    api_version = api_version_for(provider);
+    fi_freeinfo(list);
+    list = NULL;
+    hints = make_hints(provider, FI_TAGGED | FI_MSG);
+    rc = hints ? fi_getinfo(api_version, NULL, NULL, 0, hints, &list) : -FI_ENOMEM;
+    fi_freeinfo(hints);
+    if (rc || !list) {
+      PS_WARN("provider %s offers no tagged RDM endpoint at libfabric API %u.%u: %s", provider,
+              FI_MAJOR(api_version), FI_MINOR(api_version), fi_strerror(-rc));
+      return ncclSystemError;
+    }
+  }
   hints = config.staging == PS_STAGING_ALWAYS ? NULL
                                                : make_hints(provider, FI_TAGGED | FI_MSG | FI_HMEM);
-  if (hints && fi_getinfo(PS_FI_VERSION, NULL, NULL, 0, hints, &hmem_list)) hmem_list = NULL;
+  if (hints && fi_getinfo(ps_fabric_api_version(), NULL, NULL, 0, hints, &hmem_list)) hmem_list = NULL;
   fi_freeinfo(hints);
   ncclResult_t res = open_domains(list, provider);
   fi_freeinfo(list);
@@ -392,8 +417,9 @@ static ncclResult_t do_init(void) {
   char w[160];
   snprintf(w, sizeof w, "perseus-wire-1/%s", provider);
   wire_hash = (uint32_t)fnv1a(w, strlen(w), 0xcbf29ce484222325ULL);
-  PS_INFO(NCCL_INIT | NCCL_NET, "libfabric %u.%u, provider %s, %d device(s)",
-          FI_MAJOR(fi_version()), FI_MINOR(fi_version()), provider, ndevices);
+  PS_INFO(NCCL_INIT | NCCL_NET, "libfabric %u.%u (API %u.%u), provider %s, %d device(s)",
+          FI_MAJOR(fi_version()), FI_MINOR(fi_version()), FI_MAJOR(api_version),
+          FI_MINOR(api_version), provider, ndevices);
   return ncclSuccess;
 }
 
@@ -410,7 +436,7 @@ ncclResult_t ps_fabric_init(void) {
 /* The one-sided engine needs FI_RMA on its endpoints: a second fabric and
  * domain per device, opened on first use, same provider and domain name. */
 static ps_device_t rma_devices[PS_MAX_DEVICES];
-static int rma_opened[PS_MAX_DEVICES];
+static int rma_opened[PS_MAX_DEVICES]; /* 1 open, -1 could not (logged once), 0 not tried */
 
 ps_device_t *ps_fabric_rma_dev(int dev) {
   if (dev < 0 || dev >= ndevices) return NULL;
@@ -431,7 +457,7 @@ ps_device_t *ps_fabric_rma_dev(int dev) {
       struct fi_info *hints = make_hints(provider, wants[w]);
       fi_freeinfo(list);
       list = NULL;
-      rc = hints ? fi_getinfo(PS_FI_VERSION, NULL, NULL, 0, hints, &list) : -FI_ENOMEM;
+      rc = hints ? fi_getinfo(ps_fabric_api_version(), NULL, NULL, 0, hints, &list) : -FI_ENOMEM;
       fi_freeinfo(hints);
       for (fi = list; fi && (strcmp(fi->domain_attr->name, devices[dev].domain_name) || link_local(fi));)
         fi = fi->next;
@@ -439,13 +465,15 @@ ps_device_t *ps_fabric_rma_dev(int dev) {
     if (!fi)
       PS_WARN("provider %s offers no RMA endpoint on %s: %s", provider, devices[dev].domain_name,
               rc ? fi_strerror(-rc) : "domain not listed");
-    else if (open_device(&rma_devices[dev], dev, fi) == ncclSuccess)
-      rma_opened[dev] = 1;
+    rma_opened[dev] = fi && open_device(&rma_devices[dev], dev, fi) == ncclSuccess ? 1 : -1;
     fi_freeinfo(list);
   }
   pthread_mutex_unlock(&init_lock);
-  return rma_opened[dev] ? &rma_devices[dev] : NULL;
+  return rma_opened[dev] > 0 ? &rma_devices[dev] : NULL;
 }
+
+uint32_t ps_fabric_api_version(void) { return api_version; }
+
 
 int ps_fabric_ndev(void) { return ndevices; }
 ps_device_t *ps_fabric_dev(int dev) {

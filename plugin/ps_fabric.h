@@ -4,6 +4,7 @@
 #define PS_FABRIC_H
 
 #include <pthread.h>
+#include <stddef.h>
 #include <sys/types.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
@@ -11,7 +12,19 @@
 #include "ps_env.h"
 #include "ps_nccl_abi.h"
 
-#define PS_FI_VERSION FI_VERSION(1, 14)
+/* The libfabric API version asked for: 1.20 where the library is that new
+ * and the provider is a NIC (providers read a dma-buf registration only
+ * from 1.20 callers), else 1.14. */
+uint32_t ps_fabric_api_version(void);
+
+#include "ps_fi_dmabuf.h"
+
+/* A GPU buffer NCCL exported as a dma-buf (regMrDmaBuf, regMrSymDmaBuf):
+ * its fd, and the buffer's offset in the dma-buf. */
+typedef struct ps_dmabuf {
+  int fd;
+  uint64_t offset;
+} ps_dmabuf_t;
 #define PS_MAX_DEVICES 32
 
 typedef struct {
@@ -38,7 +51,8 @@ typedef struct {
   size_t cq_data_size;    /* remote CQ data bytes a write can carry */
   uint32_t rma_inflight;  /* default bound on posted one-sided ops per peer, 0 = none */
   int hmem;               /* registers CUDA memory itself (FI_HMEM, FI_MR_HMEM) */
-  int cuda_reg;           /* two-sided: 1 a CUDA buffer registered, -1 not, 0 not asked yet */
+  int cuda_reg;           /* 1 a CUDA buffer registered, -1 not, 0 not asked yet */
+  int dmabuf_reg;         /* the same for a CUDA buffer registered by its dma-buf */
 } ps_device_t;
 
 /* Opens the devices on first use; later calls return the cached result. */

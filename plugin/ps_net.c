@@ -9,6 +9,7 @@
 #include "ps_comm.h"
 #include "ps_cuda.h"
 #include "ps_fabric.h"
+#include "ps_gpumem.h"
 #include "ps_log.h"
 #include "ps_stripe.h"
 #include "ps_version.h"
@@ -45,32 +46,6 @@ static size_t max_p2p_bytes(const ps_device_t *d) {
   return cap < (1UL << 30) ? cap : (1UL << 30);
 }
 
-/* Whether NCCL may hand this device CUDA buffers (ptrSupport CUDA): the
- * provider lists FI_HMEM and a small allocation on the caller's GPU
- * registers. A provider may list FI_HMEM and still refuse (a libfabric built
- * without CUDA), and NCCL must not learn that only at its first regMr. Asked
- * once per device (getProperties or a CUDA regMr, with a current GPU). */
-static int registers_cuda(ps_device_t *d) {
-  if (!d->hmem || ps_fabric_config()->staging == PS_STAGING_ALWAYS) return 0;
-  int known = __atomic_load_n(&d->cuda_reg, __ATOMIC_ACQUIRE);
-  if (known) return known > 0;
-  void *buf;
-  int ordinal;
-  if (ps_cuda_probe_alloc(4096, &ordinal, &buf) != ncclSuccess) return 0; /* ask again later */
-  struct fid_mr *mr;
-  int rc = ps_dev_try_reg(d, NULL, buf, 4096, FI_SEND | FI_RECV, ordinal, &mr);
-  if (mr) fi_close(&mr->fid);
-  __atomic_store_n(&d->cuda_reg, rc ? -1 : 1, __ATOMIC_RELEASE);
-  ps_cuda_probe_free(ordinal, buf);
-  PS_INFO(NCCL_INIT | NCCL_NET, "net device %s: %s", d->name,
-          rc ? "lists FI_HMEM but does not register CUDA memory: NCCL stages through host buffers"
-             : "registers CUDA memory (FI_HMEM): NCCL may send from and receive into GPU buffers");
-  if (rc && ps_fabric_config()->staging == PS_STAGING_NEVER)
-    PS_WARN("PERSEUS_STAGING=never: %s cannot register CUDA memory (%s): NCCL will stage through "
-            "host buffers on the two-sided path", d->name, fi_strerror(-rc));
-  return !rc;
-}
-
 ncclResult_t ps_net_get_properties(int dev, ps_props_t *p) {
   ps_device_t *d = ps_fabric_dev(dev);
   if (!d || !p) {
@@ -82,7 +57,8 @@ ncclResult_t ps_net_get_properties(int dev, ps_props_t *p) {
   p->name = d->name;
   p->pci_path = d->pci_path;
   p->guid = d->guid;
-  p->ptr_support = NCCL_PTR_HOST | (registers_cuda(d) ? NCCL_PTR_CUDA : 0);
+  p->ptr_support = NCCL_PTR_HOST | (ps_gpumem_registers_cuda(d) ? NCCL_PTR_CUDA : 0) |
+                   (ps_gpumem_dmabuf(d) ? NCCL_PTR_DMABUF : 0);
   p->reg_is_global = !d->mr_endpoint;
   p->speed = d->speed_mbps;
   p->port = 0;
@@ -95,33 +71,46 @@ ncclResult_t ps_net_get_properties(int dev, ps_props_t *p) {
   return ncclSuccess;
 }
 
-ncclResult_t ps_net_reg_mr(void *comm, void *data, size_t size, int type, void **mh) {
+/* A CUDA buffer registers by its dma-buf where NCCL exported one and the
+ * provider takes them (ptrSupport DMABUF), by address otherwise. */
+static ncclResult_t reg_mr(void *comm, void *data, size_t size, int type,
+                           const ps_dmabuf_t *dmabuf, void **mh) {
   ps_comm_t *c = ps_comm_get(comm, PS_COMM_SEND | PS_COMM_RECV);
+  const char *fn = dmabuf ? "regMrDmaBuf" : "regMr";
   if (!c || !mh) {
     if (c)
-      PS_WARN("regMr: NULL memory handle pointer");
+      PS_WARN("%s: NULL memory handle pointer", fn);
     else
-      ps_comm_refused("regMr", comm, PS_COMM_SEND | PS_COMM_RECV);
+      ps_comm_refused(fn, comm, PS_COMM_SEND | PS_COMM_RECV);
     return ncclInvalidArgument;
   }
-  int cuda_ok = type == NCCL_PTR_CUDA && registers_cuda(c->ep.dev);
+  int cuda_ok = type == NCCL_PTR_CUDA && ps_gpumem_registers_cuda(c->ep.dev);
   int cuda = type == NCCL_PTR_CUDA && cuda_ok ? ps_cuda_ptr_ordinal(data) : -1;
   if (type != NCCL_PTR_HOST && !(type == NCCL_PTR_CUDA && cuda_ok)) {
-    PS_WARN("regMr: pointer type %d not supported on %s (ptrSupport %s)", type, c->ep.dev->name,
-            registers_cuda(c->ep.dev) ? "HOST|CUDA" : "HOST");
+    PS_WARN("%s: pointer type %d not supported on %s (ptrSupport %s)", fn, type, c->ep.dev->name,
+            ps_gpumem_registers_cuda(c->ep.dev) ? "HOST|CUDA" : "HOST");
     return ncclInvalidArgument;
   }
   if (type == NCCL_PTR_CUDA && cuda < 0) {
-    PS_WARN("regMr: %p (%zu B) was registered as CUDA memory but is not device memory", data, size);
+    PS_WARN("%s: %p (%zu B) was registered as CUDA memory but is not device memory", fn, data, size);
     return ncclInvalidArgument;
   }
   if (!data && size) {
-    PS_WARN("regMr: NULL buffer of %zu bytes", size);
+    PS_WARN("%s: NULL buffer of %zu bytes", fn, size);
+    return ncclInvalidArgument;
+  }
+  /* host memory, and GPU memory where the provider takes no dma-buf,
+   * registers by address (the fd is not needed then) */
+  if (dmabuf && !(cuda >= 0 && ps_gpumem_dmabuf(c->ep.dev))) dmabuf = NULL;
+  if (dmabuf && (dmabuf->fd < 0 || dmabuf->offset > (uintptr_t)data)) {
+    PS_WARN("%s: dma-buf fd %d at offset %llu does not describe %p (expected an open fd and an "
+            "offset no larger than the address)", fn, dmabuf->fd,
+            (unsigned long long)dmabuf->offset, data);
     return ncclInvalidArgument;
   }
   ps_mr_t *m = calloc(1, sizeof *m);
   if (!m) {
-    PS_WARN("regMr: out of memory");
+    PS_WARN("%s: out of memory", fn);
     return ncclSystemError;
   }
   *m = (ps_mr_t){.type = type, .base = data, .size = size};
@@ -132,7 +121,7 @@ ncclResult_t ps_net_reg_mr(void *comm, void *data, size_t size, int type, void *
   }
   /* CUDA buffers always carry a registration (FI_MR_HMEM), host ones where
    * the provider asks for it */
-  rc = cuda >= 0 ? ps_ep_reg_dev(&c->ep, data, size, FI_SEND | FI_RECV, cuda, &m->mr)
+  rc = cuda >= 0 ? ps_ep_reg_dev(&c->ep, data, size, FI_SEND | FI_RECV, cuda, dmabuf, &m->mr)
                  : ps_ep_reg_local(&c->ep, data, size, &m->mr);
   if (rc != ncclSuccess) {
     ps_htab_release(&mr_tab, m->slot, 1);
@@ -143,10 +132,14 @@ ncclResult_t ps_net_reg_mr(void *comm, void *data, size_t size, int type, void *
   return ncclSuccess;
 }
 
+ncclResult_t ps_net_reg_mr(void *comm, void *data, size_t size, int type, void **mh) {
+  return reg_mr(comm, data, size, type, NULL, mh);
+}
+
 ncclResult_t ps_net_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset,
                                   int fd, void **mh) {
-  (void)offset, (void)fd; /* host memory is registered by address */
-  return ps_net_reg_mr(comm, data, size, type, mh);
+  ps_dmabuf_t db = {.fd = fd, .offset = offset};
+  return reg_mr(comm, data, size, type, &db, mh);
 }
 
 ncclResult_t ps_net_dereg_mr(void *comm, void *mh) {
@@ -411,7 +404,15 @@ ncclResult_t ps_net_irecv(void *recv_comm, int n, void **data, const size_t *siz
   }
   for (; r->posted < n; r->posted++) {
     int i = r->posted, ok = 0;
-    PS_CHECK(ps_comm_post_recv(c, r, i, &ok));
+    ncclResult_t rc = ps_comm_post_recv(c, r, i, &ok);
+    if (rc != ncclSuccess) {
+      /* Sub-receives already posted would still write NCCL's buffers:
+       * failing the comm closes its endpoints, which discards them, and
+       * then the request can go back. */
+      if (r->posted) rc = ps_comm_fail(c, rc, "irecv: a grouped receive could not be posted whole");
+      req_put(r);
+      return rc;
+    }
     if (ok) continue;
     if (r->posted == 0) { /* nothing posted yet: plain backpressure */
       req_put(r);

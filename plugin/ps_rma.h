@@ -37,9 +37,11 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
                             void **coll_comm);
 /* Collective: every rank registers its region of one symmetric window.
  * A window flagged NCCL_NET_MR_FLAG_FORCE_SO (signal words) must be 8-byte
- * aligned. */
+ * aligned. `dmabuf` (NULL: none): the GPU window as NCCL exported it
+ * (regMrSymDmaBuf), used where the provider takes dma-bufs (ps_ep.h). */
+typedef struct ps_dmabuf ps_dmabuf_t;
 ncclResult_t ps_rma_reg_sym(void *coll, void *data, size_t size, int type, uint64_t mr_flags,
-                            void **mh);
+                            const ps_dmabuf_t *dmabuf, void **mh);
 ncclResult_t ps_rma_dereg_sym(void *coll, void *mh);
 /* Operations never return a NULL request: what the provider cannot take yet
  * is queued in order and posted by progress (NCCL's GIN proxy does not

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "ps_clock.h"
+#include "ps_gpumem.h"
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
@@ -289,7 +290,8 @@ static void close_comm(ps_rma_comm_t *c, int report) {
  * is its registration made already, which the region takes over) and
  * allgathers it. */
 static ncclResult_t reg_region(ps_rma_comm_t *c, void *data, size_t size, int staged,
-                               int cuda_device, struct fid_mr *mr, ps_rma_region_t **out) {
+                               int cuda_device, const ps_dmabuf_t *dmabuf, struct fid_mr *mr,
+                               ps_rma_region_t **out) {
   ps_rma_region_t *r = NULL;
   size_t P = (size_t)c->nranks;
   if (c->nregions == c->cap_regions) {
@@ -311,7 +313,8 @@ static ncclResult_t reg_region(ps_rma_comm_t *c, void *data, size_t size, int st
                          .gpu = cuda_device >= 0};
   r->handle = ps_htab_bind(&ps_rma_win_tab, r->slot, r);
   if (!staged && !r->mr &&
-      ps_ep_reg_dev(&c->ep, data, size ? size : 1, PS_RMA_WINDOW_ACCESS, cuda_device, &r->mr) !=
+      ps_ep_reg_dev(&c->ep, data, size ? size : 1, PS_RMA_WINDOW_ACCESS, cuda_device, dmabuf,
+                    &r->mr) !=
           ncclSuccess) {
     dereg_region(c, r);
     return ncclSystemError;
@@ -327,13 +330,14 @@ static ncclResult_t reg_region(ps_rma_comm_t *c, void *data, size_t size, int st
  * registers CUDA memory (FI_HMEM), unless staging is asked for; never
  * staging on a provider that cannot is an error naming it. */
 static ncclResult_t choose_staging(ps_rma_comm_t *c) {
-  int mode = ps_fabric_config()->staging;
-  if (mode == PS_STAGING_NEVER && !c->ep.dev->hmem) {
-    PS_WARN("PERSEUS_STAGING=never is not possible on %s: the provider does not register CUDA "
-            "memory (no FI_HMEM with FI_MR_HMEM); use auto or always", c->ep.dev->name);
+  const char *why;
+  c->gpu_direct = ps_gpumem_direct(c->ep.dev, &why);
+  c->staged_why = why;
+  if (!c->gpu_direct && ps_fabric_config()->staging == PS_STAGING_NEVER) {
+    PS_WARN("PERSEUS_STAGING=never is not possible on %s: %s; use auto or always", c->ep.dev->name,
+            why);
     return ncclInvalidUsage;
   }
-  c->gpu_direct = c->ep.dev->hmem && mode != PS_STAGING_ALWAYS;
   return ncclSuccess;
 }
 
@@ -341,10 +345,10 @@ static ncclResult_t choose_staging(ps_rma_comm_t *c) {
  * the window being registered) every rank's receive slots become a symmetric
  * region the origins write into. */
 static ncclResult_t stage_setup(ps_rma_comm_t *c, const void *gpu_ptr, size_t size,
-                               struct fid_mr **direct_mr) {
-  PS_CHECK(ps_stage_init(c, gpu_ptr, size, direct_mr));
+                               const ps_dmabuf_t *dmabuf, struct fid_mr **direct_mr) {
+  PS_CHECK(ps_stage_init(c, gpu_ptr, size, dmabuf, direct_mr));
   ps_rma_region_t *rx;
-  ncclResult_t rc = reg_region(c, c->stage->rx_pool, c->stage->rx_bytes, 0, -1, NULL, &rx);
+  ncclResult_t rc = reg_region(c, c->stage->rx_pool, c->stage->rx_bytes, 0, -1, NULL, NULL, &rx);
   if (rc != ncclSuccess)
     ps_stage_free(c);
   else
@@ -359,9 +363,17 @@ static ncclResult_t stage_setup(ps_rma_comm_t *c, const void *gpu_ptr, size_t si
 }
 
 static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, uint64_t mr_flags,
-                            void **mh) {
+                                 const ps_dmabuf_t *dmabuf, void **mh) {
   ps_rma_comm_t *c = coll;
   if (!c || !mh) return ncclInvalidArgument; /* gin_abi.c logged it */
+  /* A failed comm closed its endpoint (a failed exchange does): nothing
+   * collective can run on it any more. */
+  ncclResult_t err = ps_rma_error(c);
+  if (err) {
+    PS_WARN("regMrSym: the comm failed earlier (error %d, logged then): no window can be "
+            "registered on it; close it", err);
+    return err;
+  }
   if (!data && size) {
     PS_WARN("regMrSym: NULL buffer of %zu bytes", size);
     return ncclInvalidArgument;
@@ -383,8 +395,17 @@ static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, 
   /* GPU windows need the staging set-up either way: a staged one for its
    * data, a direct one for the signals into it (the copy stream). */
   int gpu = type == NCCL_PTR_CUDA;
+  /* A dma-buf is used where the window goes to a provider that takes one;
+   * elsewhere (host memory, staging) the address is all that is needed. */
+  if (dmabuf && !(gpu && ps_gpumem_dmabuf(c->ep.dev))) dmabuf = NULL;
+  if (dmabuf && (dmabuf->fd < 0 || dmabuf->offset > (uintptr_t)data)) {
+    PS_WARN("regMrSymDmaBuf: dma-buf fd %d at offset %llu does not describe %p (expected an open "
+            "fd and an offset no larger than the address)", dmabuf->fd,
+            (unsigned long long)dmabuf->offset, data);
+    return ncclInvalidArgument;
+  }
   struct fid_mr *mr = NULL; /* the first direct GPU window's, made while checking the provider */
-  if (gpu && !c->stage) PS_CHECK(stage_setup(c, data, size, &mr)); /* settles c->gpu_direct */
+  if (gpu && !c->stage) PS_CHECK(stage_setup(c, data, size, dmabuf, &mr)); /* settles c->gpu_direct */
   int staged = gpu && !c->gpu_direct;
   if (gpu && size && !ps_cuda_owns(c->stage->cu, data, size)) {
     PS_WARN("regMrSym: %p + %zu B is not device memory of the GPU this comm stages for (GPU %d)",
@@ -393,7 +414,8 @@ static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, 
     return ncclInvalidArgument;
   }
   ps_rma_region_t *r;
-  PS_CHECK(reg_region(c, data, size, staged, gpu ? ps_cuda_ordinal(c->stage->cu) : -1, mr, &r));
+  PS_CHECK(reg_region(c, data, size, staged, gpu ? ps_cuda_ordinal(c->stage->cu) : -1,
+                      staged ? NULL : dmabuf, mr, &r));
   *mh = r->handle;
   return ncclSuccess;
 }
@@ -433,10 +455,10 @@ static ncclResult_t dereg_sym_body(void *coll, void *mh) {
  * data calls read without the comm's lock when an engine thread runs:
  * both hold win_lock for writing. */
 static ncclResult_t reg_sym_locked(void *coll, void *data, size_t size, int type,
-                                   uint64_t mr_flags, void **mh) {
+                                   uint64_t mr_flags, const ps_dmabuf_t *dmabuf, void **mh) {
   ps_rma_comm_t *c = coll;
   pthread_rwlock_wrlock(&c->win_lock);
-  ncclResult_t rc = reg_sym_body(coll, data, size, type, mr_flags, mh);
+  ncclResult_t rc = reg_sym_body(coll, data, size, type, mr_flags, dmabuf, mh);
   pthread_rwlock_unlock(&c->win_lock);
   return rc;
 }
@@ -558,8 +580,8 @@ static void print_stats(ps_rma_comm_t *c) {
 }
 
 ncclResult_t ps_rma_reg_sym(void *coll, void *data, size_t size, int type, uint64_t mr_flags,
-                            void **mh) {
-  PS_RMA_LOCKED(coll, reg_sym_locked(coll, data, size, type, mr_flags, mh));
+                            const ps_dmabuf_t *dmabuf, void **mh) {
+  PS_RMA_LOCKED(coll, reg_sym_locked(coll, data, size, type, mr_flags, dmabuf, mh));
 }
 ncclResult_t ps_rma_dereg_sym(void *coll, void *mh) {
   PS_RMA_LOCKED(coll, dereg_sym_locked(coll, mh));

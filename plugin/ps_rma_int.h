@@ -325,6 +325,7 @@ struct ps_rma_comm {
   ps_ordering_t ordering;
   int sig_atomic; /* signals go as atomic adds (ps_order_sig_atomic; ordered: until staging) */
   int gpu_direct; /* GPU windows registered with the provider (FI_HMEM), not staged */
+  const char *staged_why; /* why they are staged, where they are */
   ps_rma_region_t **regions;
   uint32_t nregions, cap_regions;
   ps_stage_t *stage;    /* NULL until a GPU window is staged */
@@ -529,11 +530,12 @@ void ps_rma_target_progress(ps_rma_comm_t *c);
   (FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV)
 
 /* Sets up c->stage for GPU memory like gpu_ptr: checks, pools allocated.
- * Where c->gpu_direct, first registers [gpu_ptr, +size) with the provider:
- * that registration goes to *direct_mr, or, where the provider cannot,
- * c->gpu_direct is cleared (auto) or it fails (never). */
+ * Where c->gpu_direct, first registers [gpu_ptr, +size) with the provider
+ * (by `dmabuf` where not NULL): that registration goes to *direct_mr, or,
+ * where the provider cannot, c->gpu_direct is cleared (auto) or it fails
+ * (never). */
 ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr, size_t size,
-                           struct fid_mr **direct_mr);
+                           const ps_dmabuf_t *dmabuf, struct fid_mr **direct_mr);
 /* Takes rx, the receive pools registered as a symmetric region, checking
  * they are the same size on every rank; frees the staging when not. */
 ncclResult_t ps_stage_attach_rx(ps_rma_comm_t *c, ps_rma_region_t *rx);

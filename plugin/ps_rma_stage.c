@@ -73,10 +73,17 @@ static ncclResult_t staging_refused(ps_rma_comm_t *c) {
 /* A provider may list FI_HMEM and still not register CUDA memory (libfabric
  * built without CUDA: shm in Debian's 1.17 does so). The first GPU window's
  * registration tells: where it fails, auto stages, never is an error. */
-static ncclResult_t check_direct(ps_rma_comm_t *c, void *gpu_ptr, size_t size, struct fid_mr **mr) {
+static ncclResult_t check_direct(ps_rma_comm_t *c, void *gpu_ptr, size_t size,
+                                 const ps_dmabuf_t *dmabuf, struct fid_mr **mr) {
   int rc = ps_ep_try_reg(&c->ep, gpu_ptr, size, PS_RMA_WINDOW_ACCESS,
-                         ps_cuda_ordinal(c->stage->cu), mr);
+                         ps_cuda_ordinal(c->stage->cu), dmabuf, mr);
   if (!rc) return ncclSuccess;
+  if (dmabuf) { /* the provider took a dma-buf when asked (ps_gpumem_dmabuf): this one is bad */
+    PS_WARN("regMrSymDmaBuf: %s refused GPU window %p (%zu B) by dma-buf fd %d at offset %llu: %s",
+            c->ep.dev->name, gpu_ptr, size, dmabuf->fd, (unsigned long long)dmabuf->offset,
+            fi_strerror(-rc));
+    return ncclInvalidArgument;
+  }
   if (ps_fabric_config()->staging == PS_STAGING_NEVER) {
     PS_WARN("PERSEUS_STAGING=never: %s lists FI_HMEM but cannot register CUDA memory (%s): it "
             "was built without CUDA support", c->ep.dev->name, fi_strerror(-rc));
@@ -85,6 +92,7 @@ static ncclResult_t check_direct(ps_rma_comm_t *c, void *gpu_ptr, size_t size, s
   PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: %s lists FI_HMEM but cannot register CUDA memory "
           "(%s): GPU windows are staged", c->ep.dev->name, fi_strerror(-rc));
   c->gpu_direct = 0;
+  c->staged_why = "the provider lists FI_HMEM but refused a GPU window";
   return ncclSuccess;
 }
 
@@ -132,7 +140,7 @@ static ncclResult_t alloc_pools(ps_rma_comm_t *c, ps_stage_t *st) {
 }
 
 ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr, size_t size,
-                           struct fid_mr **direct_mr) {
+                           const ps_dmabuf_t *dmabuf, struct fid_mr **direct_mr) {
   *direct_mr = NULL;
   PS_CHECK(need_cuda());
   ps_stage_t *st = calloc(1, sizeof *st);
@@ -140,7 +148,7 @@ ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr, size_t size,
   c->stage = st;
   ncclResult_t rc = ps_cuda_open(gpu_ptr, &st->cu);
   if (rc == ncclSuccess && c->gpu_direct)
-    rc = check_direct(c, (void *)gpu_ptr, size ? size : 1, direct_mr);
+    rc = check_direct(c, (void *)gpu_ptr, size ? size : 1, dmabuf, direct_mr);
   if (rc == ncclSuccess && !c->gpu_direct) rc = staging_refused(c);
   if (rc == ncclSuccess) rc = size_pools(st, c->nranks);
   if (rc == ncclSuccess) rc = alloc_pools(c, st);
@@ -174,8 +182,8 @@ ncclResult_t ps_stage_attach_rx(ps_rma_comm_t *c, ps_rma_region_t *rx) {
             "staging set-up carries signal updates into GPU memory only", c->ep.dev->name);
   else
     PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: GPU windows staged through pinned host memory "
-            "(%s: no FI_HMEM, or PERSEUS_STAGING=always): chunks of %zu B, %u receive slots per "
-            "peer, %u send slots, %.1f MiB", c->ep.dev->name, st->chunk, st->per_peer, st->nsend,
+            "(%s: %s): chunks of %zu B, %u receive slots per peer, %u send slots, %.1f MiB",
+            c->ep.dev->name, c->staged_why ? c->staged_why : "?", st->chunk, st->per_peer, st->nsend,
             (double)((size_t)st->nsend * st->slot_bytes + st->rx_bytes) / (1 << 20));
   return ncclSuccess;
 }

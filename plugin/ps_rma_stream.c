@@ -80,12 +80,20 @@ struct ps_rma_streams {
 };
 
 /* The thread's side: an event for the engine. A full queue waits for the
- * engine's next pass (it drains every queue each pass). */
+ * engine's next pass (it drains every queue each pass); one that stays full
+ * (a failed comm's engine drains nothing until close) waits in naps, not
+ * on a core. */
 static void push_event(stream_t *st, const stream_event_t *e) {
   uint64_t head = st->ev_head;
-  while (head - __atomic_load_n(&st->ev_tail, __ATOMIC_ACQUIRE) == PS_STREAM_RING) {
+  for (unsigned spins = 0; head - __atomic_load_n(&st->ev_tail, __ATOMIC_ACQUIRE) == PS_STREAM_RING;
+       spins++) {
     if (__atomic_load_n(&st->owner->stop, __ATOMIC_ACQUIRE)) return;
-    sched_yield();
+    if (spins < 1000) {
+      sched_yield();
+    } else {
+      struct timespec nap = {0, 100000};
+      nanosleep(&nap, NULL);
+    }
   }
   st->ev[head % PS_STREAM_RING] = *e;
   __atomic_store_n(&st->ev_head, head + 1, __ATOMIC_RELEASE);

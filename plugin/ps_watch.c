@@ -16,6 +16,7 @@
 #include "ps_log.h"
 
 #define PS_WATCH_LOOK_NS 50000000ULL /* how often one watch's socket is looked at */
+#define PS_WATCH_MAX_ACCEPTED 4096 /* peers' watches of us held at most; more are closed */
 
 enum { W_CONNECTING, W_UP, W_NEVER, W_BROKEN };
 
@@ -77,6 +78,22 @@ static void addr_str(const struct sockaddr_storage *a, char *out, size_t n) {
   snprintf(out, n, a->ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", ip, port);
 }
 
+static int set_int(int fd, int level, int name, int v) {
+  return setsockopt(fd, level, name, &v, sizeof v);
+}
+
+/* Keepalive every second after PERSEUS_KEEPALIVE_MS idle, and the socket
+ * given up once nothing was acknowledged for PERSEUS_PEER_TIMEOUT_MS. */
+static int keep_alive(int fd) {
+  const ps_config_t *cfg = ps_fabric_config();
+  long long idle_s = cfg->keepalive_ms / 1000 > 0 ? cfg->keepalive_ms / 1000 : 1;
+  long long timeout_ms = cfg->peer_timeout_ms < 0x7fffffff ? cfg->peer_timeout_ms : 0x7fffffff;
+  return set_int(fd, SOL_SOCKET, SO_KEEPALIVE, 1) ||
+         set_int(fd, IPPROTO_TCP, TCP_KEEPIDLE, (int)idle_s) ||
+         set_int(fd, IPPROTO_TCP, TCP_KEEPINTVL, 1) ||
+         set_int(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, (int)timeout_ms);
+}
+
 /* Takes the peers' new watches of us, and closes those whose peer closed
  * them (under lock, at most every PS_WATCH_LOOK_NS). */
 static void service(uint64_t now) {
@@ -85,9 +102,15 @@ static void service(uint64_t now) {
   for (int i = 0; i < nlisteners; i++) {
     for (int fd; listeners[i].fd >= 0 &&
                  (fd = accept4(listeners[i].fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0;) {
+      /* the other end's host may die without closing: keepalive and a
+       * user timeout end the socket then, as on the watching side */
+      if (naccepted == PS_WATCH_MAX_ACCEPTED || keep_alive(fd)) {
+        close(fd); /* the peer's watch sees us close it: it stops counting on it */
+        continue;
+      }
       if (naccepted == cap_accepted) {
         int cap = cap_accepted ? 2 * cap_accepted : 16, *n = realloc(accepted, cap * sizeof *n);
-        if (!n) { /* the peer's watch sees us close it: it stops counting on it */
+        if (!n) {
           close(fd);
           break;
         }
@@ -146,15 +169,9 @@ uint16_t ps_watch_port(ps_device_t *d) {
   return port;
 }
 
-static int set_int(int fd, int level, int name, int v) {
-  return setsockopt(fd, level, name, &v, sizeof v);
-}
-
-/* A fresh watch: a non-blocking connect from our device's address, with
- * keepalive every second and the connection given up once nothing was
- * acknowledged for PERSEUS_PEER_TIMEOUT_MS. */
+/* A fresh watch: a non-blocking connect from our device's address, kept
+ * alive (keep_alive). */
 static ps_watch_t *watch_new(ps_device_t *d, const struct sockaddr_storage *peer, socklen_t plen) {
-  const ps_config_t *cfg = ps_fabric_config();
   struct sockaddr_storage src;
   socklen_t slen;
   ps_watch_t *w = calloc(1, sizeof *w);
@@ -165,14 +182,8 @@ static ps_watch_t *watch_new(ps_device_t *d, const struct sockaddr_storage *peer
   w->peer = *peer, w->peer_len = plen, w->refs = 1, w->state = W_CONNECTING;
   char where[96];
   addr_str(peer, where, sizeof where);
-  long long idle_s = cfg->keepalive_ms / 1000 > 0 ? cfg->keepalive_ms / 1000 : 1;
-  long long timeout_ms = cfg->peer_timeout_ms < 0x7fffffff ? cfg->peer_timeout_ms : 0x7fffffff;
   w->fd = socket(peer->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (w->fd < 0 || set_int(w->fd, SOL_SOCKET, SO_KEEPALIVE, 1) ||
-      set_int(w->fd, IPPROTO_TCP, TCP_KEEPIDLE, (int)idle_s) ||
-      set_int(w->fd, IPPROTO_TCP, TCP_KEEPINTVL, 1) ||
-      set_int(w->fd, IPPROTO_TCP, TCP_USER_TIMEOUT, (int)timeout_ms) ||
-      bind(w->fd, (struct sockaddr *)&src, slen) ||
+  if (w->fd < 0 || keep_alive(w->fd) || bind(w->fd, (struct sockaddr *)&src, slen) ||
       (connect(w->fd, (const struct sockaddr *)peer, plen) && errno != EINPROGRESS)) {
     PS_INFO(NCCL_NET, "link watch of %s not started (%s): a cut link to it is seen only when "
             "the provider reports it", where, strerror(errno));

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "ps_driver.h"
+#include "ps_fake_dmabuf.h"
 
 
 typedef struct {
@@ -35,11 +36,21 @@ static uint64_t msg_id(int src, int dst, int idx) {
 }
 
 static int cuda_buffers; /* -C */
+static int dmabuf_buffers; /* -D: CUDA buffers by (fake) dma-buf, DMABUF offered */
 
-/* Registers buf with comm as NCCL does before every transfer. */
+/* Registers buf with comm as NCCL does before every transfer: under -D as
+ * a dma-buf over the page-widened range (as the CUDA driver exports it),
+ * the fd closed once registered. */
 static int reg(drv_rank_t *r, void *comm, void *buf, size_t n, void **mh) {
   int type = cuda_buffers ? NCCL_PTR_CUDA : NCCL_PTR_HOST;
-  return r->net.reg_mr(comm, buf, n ? n : 1, type, mh) == ncclSuccess ? 0 : -1;
+  if (!n) n = 1;
+  if (!dmabuf_buffers) return r->net.reg_mr(comm, buf, n, type, mh) == ncclSuccess ? 0 : -1;
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)buf & ~(page - 1);
+  int fd = ps_fake_dmabuf_create((void *)start, ((uintptr_t)buf + n - start + page - 1) & ~(page - 1));
+  if (fd < 0) return -1;
+  ncclResult_t rc = r->net.reg_mr_dmabuf(comm, buf, n, type, (uintptr_t)buf - start, fd, mh);
+  close(fd);
+  return rc == ncclSuccess ? 0 : -1;
 }
 
 /* Sends one message to each peer and receives one from each, all in flight
@@ -298,7 +309,7 @@ static int scenario_props(drv_rank_t *r, void *arg) {
   CHECK(r->net.devices(&n) == ncclSuccess && n >= 1, "devices");
   CHECK(r->net.get_props(0, &p) == ncclSuccess, "getProperties");
   CHECK(!strcmp(r->net.name, "Perseus"), "plugin name '%s', expected 'Perseus'", r->net.name);
-  int want = NCCL_PTR_HOST | (cuda_buffers ? NCCL_PTR_CUDA : 0);
+  int want = NCCL_PTR_HOST | (cuda_buffers ? NCCL_PTR_CUDA : 0) | (dmabuf_buffers ? NCCL_PTR_DMABUF : 0);
   CHECK(p.ptr_support == want, "ptrSupport %d, expected %d", p.ptr_support, want);
   CHECK(p.max_recvs >= 1 && p.max_recvs <= 8, "maxRecvs %d", p.max_recvs);
   CHECK(p.speed > 0 && p.max_comms > 0, "speed %d maxComms %d", p.speed, p.max_comms);
@@ -321,7 +332,7 @@ int main(int argc, char **argv) {
   args_t a = {.max_bytes = 64u << 20, .iters = 2000};
   const char *scen = "sizes";
   int c;
-  while ((c = getopt(argc, argv, "v:r:s:m:i:p:Ch")) != -1) {
+  while ((c = getopt(argc, argv, "v:r:s:m:i:p:CDh")) != -1) {
     switch (c) {
       case 'v': o.version = atoi(optarg); break;
       case 'r': o.nranks = atoi(optarg); break;
@@ -330,9 +341,10 @@ int main(int argc, char **argv) {
       case 'i': a.iters = atoi(optarg); break;
       case 'p': o.plugin = optarg; break;
       case 'C': cuda_buffers = 1; break;
+      case 'D': cuda_buffers = dmabuf_buffers = 1; break;
       default:
         fprintf(stderr, "usage: %s -v 8..12 -r RANKS -s sizes|many|backpressure|truncate|props "
-                        "[-m MAXBYTES] [-i ITERS] [-p PLUGIN] [-C: CUDA buffers]\n", argv[0]);
+                        "[-m MAXBYTES] [-i ITERS] [-p PLUGIN] [-C: CUDA buffers] [-D: CUDA buffers by dma-buf]\n", argv[0]);
         return c == 'h' ? 0 : 2;
     }
   }

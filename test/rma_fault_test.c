@@ -353,6 +353,12 @@ static int lonely_reg(drv_rank_t *r, const args_t *a, shared_t *fs) {
     CHECK(took <= a->limit_s, "the lonely registration failed after %.2f s, over %.2f s", took,
           a->limit_s);
     snprintf(fs->note, sizeof fs->note, "refused after %.2f s", took);
+    /* the failed exchange closed the endpoint: later registrations, host
+     * or GPU, are refused too (not a crash on the closed endpoint) */
+    for (int type = NCCL_PTR_HOST; type <= NCCL_PTR_CUDA; type++) {
+      rc = w.g.reg_sym(w.cc, extra, SZ, type, 0, &mh);
+      CHECK(rc != ncclSuccess && !mh, "registration (type %d) on the failed comm returned %d", type, rc);
+    }
     free(extra);
   } else {
     for (double end = drv_now() + a->limit_s + 10; !atomic_load(&fs->done);) {

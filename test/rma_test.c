@@ -38,7 +38,11 @@
  * exercises staging on hosts without a GPU. m: every odd tile goes to a
  * second destination window registered as GPU memory, the rest to the host
  * one, so a batch mixes direct writes with staged ones (and a signal that
- * rides in a staged write must still wait for the direct writes it covers). */
+ * rides in a staged write must still wait for the direct writes it covers).
+ * -D y|n: the GPU windows register through regMrSymDmaBuf, each exported as
+ * a (fake) dma-buf as NCCL exports its buffers; y: ptrSupport must name
+ * DMABUF (the provider takes them), n: it must not (the call still works,
+ * by address). */
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -48,6 +52,7 @@
 #include <unistd.h>
 
 #include "ps_driver_gin.h"
+#include "ps_fake_dmabuf.h"
 #include "ps_gin_abi.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -75,6 +80,7 @@ const char *__asan_default_options(void) { return "quarantine_size_mb=0"; }
 typedef struct {
   const char *abi, *plugin, *scenario;
   const char *gpu; /* -G: which windows are registered as GPU memory */
+  int dmabuf;      /* -D: 'y' or 'n' (GPU windows by dma-buf; DMABUF expected or not), else 0 */
   int batches;
   int expect_refusal; /* -R */
   int reuse;          /* -u */
@@ -99,6 +105,23 @@ static int ptr_type(const args_t *a, char which) {
   return a->gpu && strchr(a->gpu, which) ? NCCL_PTR_CUDA : NCCL_PTR_HOST;
 }
 
+/* A window as NCCL registers it: GPU ones by dma-buf under -D (the fd
+ * covers the page-widened range, as the CUDA driver's does, and is closed
+ * once registered, as NCCL closes its). */
+static ncclResult_t reg_win(drv_gin_t *g, void *cc, const args_t *a, void *data, size_t size,
+                            int type, uint64_t flags, void **mh) {
+  if (!a->dmabuf || type != NCCL_PTR_CUDA) return g->reg_sym(cc, data, size, type, flags, mh);
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)data & ~(page - 1);
+  int fd = ps_fake_dmabuf_create((void *)start, ((uintptr_t)data + size - start + page - 1) & ~(page - 1));
+  if (fd < 0) {
+    perror("memfd_create");
+    return ncclSystemError;
+  }
+  ncclResult_t rc = g->reg_sym_dmabuf(cc, data, size, type, (uintptr_t)data - start, fd, flags, mh);
+  close(fd);
+  return rc;
+}
+
 static int invariant(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
   int P = r->nranks, me = r->rank, B = a->batches;
   const char *want = getenv("PERSEUS_ORDERING"), *got = g->ordering ? g->ordering(cc) : NULL;
@@ -111,11 +134,20 @@ static int invariant(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
   uint64_t *sig = calloc((size_t)P, 8);
   void *data_mh, *data2_mh = NULL, *src_mh, *sig_mh;
   CHECK(data && data2 && src && sig, "oom");
-  CHECK(g->reg_sym(cc, data, data_bytes, ptr_type(a, 'd'), 0, &data_mh) == ncclSuccess, "reg data");
+  if (a->dmabuf == 'y' && ptr_type(a, 'd') == NCCL_PTR_CUDA) { /* refused by name, comm unharmed */
+    int pfd[2];
+    CHECK(!pipe(pfd), "pipe");
+    CHECK(g->reg_sym_dmabuf(cc, data, data_bytes, NCCL_PTR_CUDA, 0, -1, 0, &data_mh) == ncclInvalidArgument,
+          "regMrSymDmaBuf with fd -1 was not refused");
+    CHECK(g->reg_sym_dmabuf(cc, data, data_bytes, NCCL_PTR_CUDA, 0, pfd[0], 0, &data_mh) == ncclInvalidArgument,
+          "regMrSymDmaBuf with a pipe for a dma-buf was not refused");
+    close(pfd[0]), close(pfd[1]);
+  }
+  CHECK(reg_win(g, cc, a, data, data_bytes, ptr_type(a, 'd'), 0, &data_mh) == ncclSuccess, "reg data");
   if (mixed)
-    CHECK(g->reg_sym(cc, data2, data_bytes, NCCL_PTR_CUDA, 0, &data2_mh) == ncclSuccess, "reg data (GPU)");
-  CHECK(g->reg_sym(cc, src, src_bytes, ptr_type(a, 's'), 0, &src_mh) == ncclSuccess, "reg src");
-  CHECK(g->reg_sym(cc, sig, (size_t)P * 8, ptr_type(a, 'g'), NCCL_NET_MR_FLAG_FORCE_SO, &sig_mh) == ncclSuccess, "reg sig");
+    CHECK(reg_win(g, cc, a, data2, data_bytes, NCCL_PTR_CUDA, 0, &data2_mh) == ncclSuccess, "reg data (GPU)");
+  CHECK(reg_win(g, cc, a, src, src_bytes, ptr_type(a, 's'), 0, &src_mh) == ncclSuccess, "reg src");
+  CHECK(reg_win(g, cc, a, sig, (size_t)P * 8, ptr_type(a, 'g'), NCCL_NET_MR_FLAG_FORCE_SO, &sig_mh) == ncclSuccess, "reg sig");
   /* what each source has been seen to cover so far */
   int verified[16] = {0};
   uint64_t cum[16][MAX_BATCHES + 1];
@@ -454,6 +486,9 @@ static int rank_fn(drv_rank_t *r, void *arg) {
     return 0;
   }
   CHECK(crc == ncclSuccess, "connect returned %d", crc);
+  CHECK(!a->dmabuf || !(g.ptr_support & NCCL_PTR_DMABUF) == (a->dmabuf == 'n'),
+        "ptrSupport %d %s DMABUF (-D %c)", g.ptr_support,
+        g.ptr_support & NCCL_PTR_DMABUF ? "names" : "lacks", a->dmabuf);
   int rc = !strcmp(a->scenario, "api")      ? api(r, &g, cc)
            : !strcmp(a->scenario, "cycles") ? cycles(r, &g, cc, a)
            : !strcmp(a->scenario, "close") || !strcmp(a->scenario, "gone") ? closing(r, &g, &cc, a)
@@ -473,8 +508,10 @@ static int props(const args_t *a) {
   if (drv_gin_load(a->plugin, a->abi, &g)) return 1;
   /* GPU windows are taken wherever CUDA runs (staged or direct): -G says
    * this plugin has it (the fake-CUDA one), so ptrSupport must name CUDA */
-  int ptrs_ok = (g.ptr_support & NCCL_PTR_HOST) && !(g.ptr_support & ~(NCCL_PTR_HOST | NCCL_PTR_CUDA)) &&
-                (!a->gpu || (g.ptr_support & NCCL_PTR_CUDA));
+  int ptrs_ok = (g.ptr_support & NCCL_PTR_HOST) &&
+                !(g.ptr_support & ~(NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF)) &&
+                (!a->gpu || (g.ptr_support & NCCL_PTR_CUDA)) &&
+                (!a->dmabuf || !(g.ptr_support & NCCL_PTR_DMABUF) == (a->dmabuf == 'n'));
   int ok = g.net_device_type == NCCL_NET_DEVICE_GIN_PROXY && g.name && !strcmp(g.name, "Perseus") &&
            g.peer_stats && g.ordering && (g.iget != NULL) == (strcmp(a->abi, "gin11") && strcmp(a->abi, "gin12")) &&
            ptrs_ok;
@@ -492,7 +529,7 @@ int main(int argc, char **argv) {
    * rank starved by a loaded machine (an ASan pass on 2 cores) dead. Liveness
    * has its own tests (rma_fault_test, hostile_rma); a value set outside wins. */
   setenv("PERSEUS_PEER_TIMEOUT_MS", "60000", 0);
-  while ((c = getopt(argc, argv, "a:p:s:r:b:G:e:Ruh")) != -1) {
+  while ((c = getopt(argc, argv, "a:p:s:r:b:G:D:e:Ruh")) != -1) {
     if (drv_gin_opt(c, optarg, &a.abi, &a.plugin, &a.scenario, &o.nranks)) continue;
     char *colon = c == 'e' ? strchr(optarg, ':') : NULL;
     if (c == 'e' && (a.nenv == 8 || !colon || !strchr(colon, '=') || colon == optarg)) {
@@ -504,9 +541,10 @@ int main(int argc, char **argv) {
     else if (c == 'u') a.reuse = 1;
     else if (c == 'b') a.batches = atoi(optarg);
     else if (c == 'G') a.gpu = optarg;
+    else if (c == 'D' && (!strcmp(optarg, "y") || !strcmp(optarg, "n"))) a.dmabuf = optarg[0];
     else {
       fprintf(stderr, "usage: %s [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-s invariant|props|api|cycles|close|gone] "
-              "[-r RANKS 2..16] [-b BATCHES 1..%d] [-G dsgm: GPU windows] [-e RANK:NAME=VALUE: one rank's "
+              "[-r RANKS 2..16] [-b BATCHES 1..%d] [-G dsgm: GPU windows] [-D y|n: GPU windows by dma-buf, DMABUF offered or not] [-e RANK:NAME=VALUE: one rank's "
               "setting] [-R: expect the ordering to be refused] [-u: reuse the source once reported]\n",
               argv[0], MAX_BATCHES);
       return c == 'h' ? 0 : 2;

@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "pm.h"
+#include "ps_fake_dmabuf.h"
+#include "ps_fi_dmabuf.h"
 
 uint64_t pm_now_ns(void) {
   struct timespec t;
@@ -52,6 +54,7 @@ static void params_load(void) {
   params.ordered = order != 0, params.reorder = order != 1;
   params.atomics = env_num("PERSEUS_MODEL_ATOMICS", 1, 0, 1) != 0;
   params.hmem = env_num("PERSEUS_MODEL_HMEM", 0, 0, 1) != 0;
+  params.dmabuf = params.hmem && env_num("PERSEUS_MODEL_DMABUF", 1, 0, 1) != 0;
   double nt = env_num("PERSEUS_MODEL_NIC_THREADS", 1, 1, PM_MAX_NIC_THREADS);
   if (nt != (int)nt) {
     fprintf(stderr, "model fabric: PERSEUS_MODEL_NIC_THREADS=%g is invalid: expected an integer\n", nt);
@@ -287,14 +290,29 @@ static int mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access,
 
 /* Host memory, and with PERSEUS_MODEL_HMEM=1 "CUDA" memory too (the fake
  * CUDA driver's device memory is host memory; a real GPU's is not, and
- * writes into it then fail with an error completion). */
+ * writes into it then fail with an error completion). With
+ * PERSEUS_MODEL_DMABUF (on by default with HMEM) CUDA memory also by its
+ * dma-buf (FI_MR_DMABUF): the fd is resolved to the memory it stands for
+ * (ps_fake_dmabuf.h), as a NIC driver resolves a real one to pages, so a
+ * wrong offset registers the wrong bytes and a stray fd is refused. */
 static int mr_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_t flags,
                       struct fid_mr **out) {
   if (attr->iov_count != 1) return -FI_EINVAL;
   if (attr->iface != FI_HMEM_SYSTEM && !(attr->iface == FI_HMEM_CUDA && pm_params()->hmem))
     return -FI_ENOSYS;
-  return mr_reg(fid, attr->mr_iov[0].iov_base, attr->mr_iov[0].iov_len, attr->access, attr->offset,
-                attr->requested_key, flags, out, attr->context);
+  if (!(flags & PS_FI_MR_DMABUF))
+    return mr_reg(fid, attr->mr_iov[0].iov_base, attr->mr_iov[0].iov_len, attr->access,
+                  attr->offset, attr->requested_key, flags, out, attr->context);
+  if (attr->iface != FI_HMEM_CUDA || !pm_params()->dmabuf) return -FI_ENOSYS;
+  const ps_fi_mr_dmabuf_t *db = (const void *)attr->mr_iov;
+  ps_fake_dmabuf_t rec;
+  int rc = ps_fake_dmabuf_read(db->fd, &rec);
+  if (rc) return rc == -EBADF ? -FI_EBADF : -FI_EINVAL;
+  if (db->offset > rec.len || db->len > rec.len - db->offset ||
+      (db->base_addr && (uintptr_t)db->base_addr != rec.base))
+    return -FI_EINVAL;
+  return mr_reg(fid, (const void *)(uintptr_t)(rec.base + db->offset), db->len, attr->access,
+                attr->offset, attr->requested_key, flags & ~PS_FI_MR_DMABUF, out, attr->context);
 }
 
 static struct fi_ops_mr mr_ops = {.size = sizeof(struct fi_ops_mr), .reg = mr_reg,
