@@ -11,7 +11,7 @@ static _Thread_local char ps_decode_err[256];
 
 const char *ps_decode_last_error(void) { return ps_decode_err; }
 
-static int fail(const char *fmt, ...) {
+int ps_decode_fail(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(ps_decode_err, sizeof ps_decode_err, fmt, ap);
@@ -21,25 +21,25 @@ static int fail(const char *fmt, ...) {
 
 int ps_decode_check_config(const ps_decode_config_t *c, int nranks) {
   ps_decode_err[0] = '\0';
-  if (!c) return fail("no config");
-  if (nranks < 1) return fail("%d ranks: expected at least 1", nranks);
-  if (c->batch < 1) return fail("batch %d: expected at least 1 sequence", c->batch);
-  if (c->kv_heads < 1) return fail("kv_heads %d: expected at least 1", c->kv_heads);
+  if (!c) return ps_decode_fail("no config");
+  if (nranks < 1) return ps_decode_fail("%d ranks: expected at least 1", nranks);
+  if (c->batch < 1) return ps_decode_fail("batch %d: expected at least 1 sequence", c->batch);
+  if (c->kv_heads < 1) return ps_decode_fail("kv_heads %d: expected at least 1", c->kv_heads);
   if (c->q_heads < 1 || c->q_heads % c->kv_heads)
-    return fail("q_heads %d: expected a positive multiple of kv_heads (%d)", c->q_heads, c->kv_heads);
+    return ps_decode_fail("q_heads %d: expected a positive multiple of kv_heads (%d)", c->q_heads, c->kv_heads);
   if (c->head_dim < 8 || c->head_dim % 8 || c->head_dim > PS_DECODE_MAX_HEAD_DIM)
-    return fail("head_dim %d: expected a multiple of 8 from 8 to %d", c->head_dim,
+    return ps_decode_fail("head_dim %d: expected a multiple of 8 from 8 to %d", c->head_dim,
                 PS_DECODE_MAX_HEAD_DIM);
-  if (c->max_context < 1) return fail("max_context %d: expected at least 1 token", c->max_context);
+  if (c->max_context < 1) return ps_decode_fail("max_context %d: expected at least 1 token", c->max_context);
   return 0;
 }
 
 int ps_decode_check_lengths(const ps_decode_config_t *c, const int *len) {
   ps_decode_err[0] = '\0';
-  if (!len) return fail("no sequence lengths");
+  if (!len) return ps_decode_fail("no sequence lengths");
   for (int b = 0; b < c->batch; b++)
     if (len[b] < 1 || len[b] > c->max_context)
-      return fail("sequence %d has %d tokens: expected 1 to max_context (%d)", b, len[b],
+      return ps_decode_fail("sequence %d has %d tokens: expected 1 to max_context (%d)", b, len[b],
                   c->max_context);
   return 0;
 }

@@ -18,6 +18,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define PS_DECODE_MAX_HEAD_DIM 256
 
 typedef struct {
@@ -34,6 +38,8 @@ int ps_decode_check_config(const ps_decode_config_t *cfg, int nranks);
 /* 0, or -1 (reason as above) for a step's sequence lengths: each 1..max_context. */
 int ps_decode_check_lengths(const ps_decode_config_t *cfg, const int *len);
 const char *ps_decode_last_error(void);
+/* Sets the reason ps_decode_last_error() gives (printf format); returns -1. */
+int ps_decode_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Rank r's shard of a sequence of `len` tokens over `nranks`: [*start, *end),
  * contiguous, in rank order, sizes differing by at most one, covering
@@ -52,5 +58,9 @@ void ps_decode_ref_partial(const ps_decode_config_t *cfg, double scale, const do
 /* The combine of `nranks` partials (o_parts[r], lse_parts[r]) into out. */
 void ps_decode_ref_combine(const ps_decode_config_t *cfg, int nranks, const double *const *o_parts,
                            const double *const *lse_parts, double *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

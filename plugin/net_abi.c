@@ -194,7 +194,10 @@ static ncclResult_t irecv_v8(void *rc, int n, void **data, int *sizes, int *tags
                              void **req) {
   size_t s[8];
   if (n < 1 || n > 8 || !sizes) {
-    PS_WARN("irecv: %d grouped receives, expected 1..8", n);
+    if (!sizes)
+      PS_WARN("irecv: NULL sizes array");
+    else
+      PS_WARN("irecv: %d grouped receives, expected 1..8", n);
     return ncclInvalidArgument;
   }
   for (int i = 0; i < n; i++) {

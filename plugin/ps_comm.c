@@ -158,6 +158,10 @@ static void probe_tx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int e
   ps_comm_t *c = op->owner;
   (void)e;
   c->probe_inflight = 0;
+  if (c->probe_to_listener && !c->awaiting_accept) { /* it says nothing of the accepted peer */
+    c->probe_to_listener = 0;
+    return;
+  }
   uint64_t now = ps_now_ns();
   if (ps_model_nic && ps_model_nic->probe_done) /* a test plugin's model NIC may fail it */
     err = ps_model_nic->probe_done(err, c->probe_behind, c->probe_failures, PS_PROBE_TRIES, &errstr);
@@ -195,7 +199,7 @@ static int comm_busy(const ps_comm_t *c) { return c->nfree < c->nreqs; }
  * an idle one costs nothing. A dead peer shows up as a failed probe (the
  * provider reports the broken connection) or as no completion in time. */
 static void check_liveness(ps_comm_t *c, uint64_t now) {
-  if (c->kind == PS_COMM_LISTEN || c->peer == FI_ADDR_UNSPEC || !comm_busy(c)) {
+  if (c->kind == PS_COMM_LISTEN || c->peer == FI_ADDR_UNSPEC || (!comm_busy(c) && !c->awaiting_accept)) {
     /* idle time counts against nothing, not even a probe still in flight */
     c->last_activity_ns = c->probe_sent_ns = now;
     c->probe_refused_since_ns = 0;
@@ -240,6 +244,7 @@ static void check_liveness(ps_comm_t *c, uint64_t now) {
   }
   if (posted) {
     c->probe_inflight = 1;
+    c->probe_to_listener = c->awaiting_accept;
     c->probe_sent_ns = now;
     c->probe_after_tx = c->tx_posted;
     c->probe_behind = c->tx_finished < c->tx_posted;
@@ -259,6 +264,18 @@ static void check_liveness(ps_comm_t *c, uint64_t now) {
              (long long)c->cfg->peer_timeout_ms);
     fail_comm(c, ncclRemoteError, msg);
   }
+}
+
+ncclResult_t ps_comm_check_listener(ps_comm_t *c) {
+  uint64_t now = ps_now_ns();
+  if (!c->awaiting_accept) { /* the first look: probe at once */
+    c->awaiting_accept = 1;
+    c->probe_tx = (ps_op_t){.cb = probe_tx_done, .owner = c};
+    c->last_activity_ns = now - (uint64_t)c->cfg->keepalive_ms * 1000000ULL;
+    c->probe_sent_ns = now;
+  }
+  check_liveness(c, now);
+  return c->failed;
 }
 
 ncclResult_t ps_comm_post_recv(ps_comm_t *c, ps_req_t *r, int i, int *posted) {

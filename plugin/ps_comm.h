@@ -65,6 +65,8 @@ struct ps_comm {
   int probe_failures;              /* probes queued behind our own sends failed in a row */
   int probe_behind;                /* the probe in flight was posted behind sends of ours */
   int probe_inflight;
+  int awaiting_accept; /* a connect whose listener is probed while ACCEPT is late */
+  int probe_to_listener; /* the probe in flight went to the listener, not the peer */
   /* sends posted / finished on this comm: a probe is queued behind the data
    * posted before it, so its clock starts only once that data has left */
   uint64_t tx_posted, tx_finished, probe_after_tx;
@@ -98,6 +100,12 @@ ncclResult_t ps_comm_progress(ps_comm_t *c);
 /* Fails the comm (the first reason is logged and kept) and closes its
  * endpoints; returns the comm's failure. */
 ncclResult_t ps_comm_fail(ps_comm_t *c, ncclResult_t rc, const char *why);
+/* A connect whose CONNECT the listener's endpoint took, with no ACCEPT
+ * after PERSEUS_PEER_TIMEOUT_MS: the listener's process is probed as an
+ * established comm's peer is (a listener that merely accepts late answers
+ * the probes), so a dead one fails the connect rather than leaving NCCL a
+ * NULL comm for ever. Returns the comm's failure, if any. */
+ncclResult_t ps_comm_check_listener(ps_comm_t *c);
 /* Posts what is left of a partly posted grouped receive, in order. Returns
  * the comm's failure, if any; c->pending stays set while the provider refuses. */
 ncclResult_t ps_comm_flush_pending(ps_comm_t *c);

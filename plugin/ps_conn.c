@@ -287,7 +287,8 @@ static int ctrl_tx_overdue(const ps_comm_t *c) {
  * means no perseus listener is there (port closed, listener closed, another
  * program on the port): an error, not a NULL comm NCCL would retry for ever
  * (tcp;ofi_rxm retries a refused connection silently). Once delivered, the
- * listener exists and answers when its owner calls accept, however late. */
+ * listener exists and answers when its owner calls accept, however late,
+ * unless its process died: past the timeout it is probed for that. */
 static ncclResult_t connect_poll(ps_comm_t *c, int *ready) {
   *ready = 0;
   PS_CHECK(handshake_progress(c));
@@ -296,6 +297,13 @@ static ncclResult_t connect_poll(ps_comm_t *c, int *ready) {
             "(PERSEUS_PEER_TIMEOUT_MS): closed, unreachable, or not a perseus listener",
             c->peer_str, (long long)c->cfg->peer_timeout_ms);
     return ncclRemoteError;
+  }
+  if (c->ctrl_tx.done && !c->ctrl_rx.done &&
+      ps_now_ns() - c->connect_ns > (uint64_t)c->cfg->peer_timeout_ms * 1000000ULL &&
+      ps_comm_check_listener(c) != ncclSuccess) {
+    PS_WARN("connect: the listener at %s took our CONNECT but is gone (no ACCEPT, and its "
+            "process does not answer)", c->peer_str);
+    return c->failed;
   }
   if (c->ctrl_rx.done == 0 || c->ctrl_tx.done == 0) return ncclSuccess;
   ps_ctrl_msg_t m;
@@ -312,6 +320,7 @@ static ncclResult_t connect_poll(ps_comm_t *c, int *ready) {
     return ncclRemoteError;
   }
   /* From now on the peer is the recv comm's own endpoint. */
+  c->awaiting_accept = 0;
   PS_CHECK(ps_ep_insert_len(&c->ep, m.addr, m.addrlen, &c->peer));
   if (m.nstreams) {
     if (!c->stripe) {

@@ -49,6 +49,7 @@ static void cu_load(void) {
   }
   if (cu_sym(lib, "cuInit", &ps_cu.init) || cu_sym(lib, "cuGetErrorString", &ps_cu.get_error_string) ||
       cu_sym(lib, "cuDeviceGetCount", &ps_cu.device_get_count) || cu_sym(lib, "cuDeviceGet", &ps_cu.device_get) ||
+      cu_sym(lib, "cuDeviceGetAttribute", &ps_cu.device_get_attribute) ||
       cu_sym(lib, "cuDevicePrimaryCtxRetain", &ps_cu.primary_ctx_retain) ||
       cu_sym(lib, "cuDevicePrimaryCtxRelease_v2", &ps_cu.primary_ctx_release) ||
       cu_sym(lib, "cuCtxPushCurrent_v2", &ps_cu.ctx_push) || cu_sym(lib, "cuCtxPopCurrent_v2", &ps_cu.ctx_pop) ||
@@ -274,6 +275,16 @@ void ps_cuda_probe_free(int ordinal, void *ptr) {
   CUdeviceptr p = ps_cu_dptr(ptr);
   CUresult rc = ptr ? in_primary(ordinal, &p, 0, NULL) : CUDA_SUCCESS;
   if (rc != CUDA_SUCCESS) PS_WARN("cuMemFree(%p) on GPU %d failed: %s", ptr, ordinal, ps_cu_err(rc));
+}
+
+int ps_cuda_compute_major(int ordinal) {
+  CUdevice dev;
+  int major = -1;
+  if (!ps_cuda_available() || ps_cu.device_get(&dev, ordinal) != CUDA_SUCCESS ||
+      ps_cu.device_get_attribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) !=
+          CUDA_SUCCESS)
+    return -1;
+  return major;
 }
 
 ncclResult_t ps_cuda_dmabuf_export(int ordinal, const void *ptr, size_t size, int *fd,

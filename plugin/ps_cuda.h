@@ -57,6 +57,8 @@ int ps_cuda_ptr_ordinal(const void *ptr);
  * without a driver, a GPU or a current context. */
 ncclResult_t ps_cuda_probe_alloc(size_t size, int *ordinal, void **out);
 void ps_cuda_probe_free(int ordinal, void *p);
+/* GPU `ordinal`'s major compute capability (9: Hopper), or -1. */
+int ps_cuda_compute_major(int ordinal);
 /* A dma-buf file descriptor for device memory [ptr, ptr + size) of GPU
  * `ordinal`, exported as NCCL exports one for regMrDmaBuf: the range widened
  * to whole host pages, *offset the distance of ptr from its start. The

@@ -198,6 +198,8 @@ void ps_cuda_probe_free(int ordinal, void *p) {
   free(p);
 }
 
+int ps_cuda_compute_major(int ordinal) { return ordinal >= 0 ? 9 : -1; }
+
 /* Page-widened as the driver's; the record names the widened range. */
 ncclResult_t ps_cuda_dmabuf_export(int ordinal, const void *ptr, size_t size, int *fd,
                                    uint64_t *offset) {

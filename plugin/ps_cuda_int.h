@@ -52,6 +52,7 @@ enum {
   CU_MEM_LOCATION_TYPE_DEVICE = 1,
   CU_MEM_LOCATION_TYPE_HOST = 2,
   CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1,
+  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
   /* with its memory barrier: earlier writes of the stream are visible first */
   CU_STREAM_WRITE_VALUE_DEFAULT = 0,
 };
@@ -63,6 +64,7 @@ typedef struct {
   CUresult (*get_error_string)(CUresult, const char **);
   CUresult (*device_get_count)(int *);
   CUresult (*device_get)(CUdevice *, int);
+  CUresult (*device_get_attribute)(int *, int, CUdevice);
   CUresult (*primary_ctx_retain)(CUcontext *, CUdevice);
   CUresult (*primary_ctx_release)(CUdevice);
   CUresult (*ctx_push)(CUcontext);

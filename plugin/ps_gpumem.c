@@ -54,6 +54,19 @@ int ps_gpumem_registers_cuda(ps_device_t *d) {
   void *buf;
   int ordinal;
   if (!probe_alloc(&buf, &ordinal)) return 0;
+  /* Before Hopper NCCL follows a receive into GPU memory with iflush, to
+   * make a NIC's PCIe writes visible to the GPU; perseus' two-sided iflush
+   * reads nothing back, so NCCL gets host buffers there instead. A provider
+   * that copies with cudaMemcpy needs no flush. */
+  int major = ps_cuda_compute_major(ordinal);
+  if (!d->rma && major >= 0 && major < 9 && !ps_gpumem_host_copier(d->info->fabric_attr->prov_name)) {
+    ps_cuda_probe_free(ordinal, buf);
+    settle(&d->cuda_reg, 0);
+    PS_INFO(NCCL_INIT | NCCL_NET, "net device %s: GPU %d is compute capability %d.x, whose "
+            "receives NCCL flushes, and perseus' iflush makes no flush: NCCL stages through host "
+            "buffers", d->name, ordinal, major);
+    return 0;
+  }
   struct fid_mr *mr;
   int rc = ps_dev_try_reg(d, NULL, buf, 4096, FI_SEND | FI_RECV, ordinal, NULL, &mr);
   if (mr) fi_close(&mr->fid);

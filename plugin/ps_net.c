@@ -24,6 +24,8 @@ typedef struct {
   char *base;
   size_t size;
   struct fid_mr *mr; /* NULL when the provider needs no registration */
+  const ps_device_t *dev;  /* the domain it is registered in */
+  const struct fid_ep *ep; /* the endpoint it is bound to (FI_MR_ENDPOINT), else NULL */
 } ps_mr_t;
 
 ncclResult_t ps_net_init(ncclDebugLogger_t log) {
@@ -113,7 +115,8 @@ static ncclResult_t reg_mr(void *comm, void *data, size_t size, int type,
     PS_WARN("%s: out of memory", fn);
     return ncclSystemError;
   }
-  *m = (ps_mr_t){.type = type, .base = data, .size = size};
+  *m = (ps_mr_t){.type = type, .base = data, .size = size, .dev = c->ep.dev,
+                 .ep = c->ep.dev->mr_endpoint ? c->ep.ep : NULL};
   ncclResult_t rc = ps_htab_reserve(&mr_tab, 1, &m->slot);
   if (rc != ncclSuccess) {
     free(m);
@@ -169,6 +172,15 @@ static ncclResult_t mr_desc(const ps_comm_t *c, void *mh, const void *data, size
   }
   if (mh && !m) {
     ps_htab_refused(&mr_tab, mh, c->kind == PS_COMM_SEND ? "isend" : "irecv");
+    return ncclInvalidArgument;
+  }
+  /* A handle works on the device it was registered on (regIsGlobal), and
+   * where the provider binds registrations to an endpoint, on that comm
+   * only: another's descriptor would reach the provider unchecked. */
+  if (m && (m->dev != c->ep.dev || (m->ep && m->ep != c->ep.ep))) {
+    PS_WARN("%s: memory handle %p was registered %s%s, not for this comm on %s",
+            c->kind == PS_COMM_SEND ? "isend" : "irecv", mh, m->dev != c->ep.dev ? "on " : "with another comm of ",
+            m->dev->name, c->ep.dev->name);
     return ncclInvalidArgument;
   }
   if (!size) return ncclSuccess;
@@ -383,9 +395,13 @@ ncclResult_t ps_net_irecv(void *recv_comm, int n, void **data, const size_t *siz
                           void **mhs, void **req) {
   ps_comm_t *c = data_call_comm("irecv", recv_comm, PS_COMM_RECV, req);
   if (!c) return ncclInvalidArgument;
-  if (n < 1 || n > c->cfg->max_recvs || !data || !sizes || !tags) {
+  if (n < 1 || n > c->cfg->max_recvs) {
     PS_WARN("irecv: %d grouped receives, this device takes 1..%lld", n,
             (long long)c->cfg->max_recvs);
+    return ncclInvalidArgument;
+  }
+  if (!data || !sizes || !tags) {
+    PS_WARN("irecv: NULL %s array", !data ? "data" : !sizes ? "sizes" : "tags");
     return ncclInvalidArgument;
   }
   PS_CHECK(ps_comm_flush_pending(c));

@@ -7,7 +7,8 @@
  * each other before a flush (overlapping ones, a read of what a write
  * before it wrote) in call order; tickets one up per mark and no growth
  * over 10000 cycles; bad arguments refused; every call from a thread with no
- * (or another) context current. Exits 77 without a GPU. */
+ * (or another) context current; the compute capability, and a dma-buf export
+ * where the host has one. Exits 77 without a GPU. */
 #ifndef _GNU_SOURCE /* meson passes it; a bare -std=c11 compile needs POSIX */
 #define _POSIX_C_SOURCE 200809L
 #endif
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ps_cuda.h"
 #include "unit_check.h"
@@ -446,6 +448,20 @@ int main(void) {
   EXPECT(ps_cuda_open(host, &bad) != ncclSuccess && !bad, "open of malloc memory accepted");
   ps_cuda_host_free(d, pinned);
   free(host);
+  EXPECT(ps_cuda_compute_major(ordinal) >= 7 && ps_cuda_compute_major(ndev) == -1,
+         "compute capability %d of GPU %d, %d of a GPU that does not exist",
+         ps_cuda_compute_major(ordinal), ordinal, ps_cuda_compute_major(ndev));
+  /* a dma-buf where the driver, GPU and kernel export one; a page inside,
+   * at an offset (the allocation is page-aligned) */
+  int fd = -1;
+  uint64_t off = 0;
+  if (ps_cuda_dmabuf_export(ordinal, at(dev, 4096 + 100), 200, &fd, &off) == ncclSuccess) {
+    EXPECT(fd >= 0 && off == 100, "dma-buf fd %d at offset %llu, expected 100", fd, (unsigned long long)off);
+    if (fd >= 0) close(fd);
+  } else {
+    EXPECT(fd == -1, "a failed dma-buf export returned fd %d", fd);
+    printf("cuda_shim_test: no dma-buf export here (NCCL_DEBUG=INFO says why)\n");
+  }
 
   round_trips(d, dev, DEV_BYTES, 200, "main thread");
   write64_ordering(d, dev);

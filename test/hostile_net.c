@@ -12,7 +12,11 @@
  *     registration); a foreign pointer as memory handle;
  *   - (-s half_open, 3 ranks) a connector that dies after its CONNECT left:
  *     the listener never returns an error for it and still accepts a live
- *     connector afterwards, within PERSEUS_PEER_TIMEOUT_MS + 5 s.
+ *     connector afterwards, within PERSEUS_PEER_TIMEOUT_MS + 5 s;
+ *   - (-s dead_listener, 2 ranks) a listener whose endpoint took our CONNECT
+ *     and whose process then dies without accepting: connect fails, within
+ *     PERSEUS_PEER_TIMEOUT_MS + PERSEUS_KEEPALIVE_MS + 5 s, instead of
+ *     returning a NULL comm for ever.
  * Stale objects, each on a connection within this one process; the object
  * is freed, then (where it says so) its memory or slot is taken by a new one
  * of the same kind, so a check that relied on freed memory being
@@ -224,6 +228,43 @@ static int half_open(drv_rank_t *r, void *arg) {
   }
   atomic_store(&h->live_done, 1);
   CHECK(r->net.close_send(sc) == ncclSuccess, "closeSend");
+  return 0;
+}
+
+/* Rank 1 listens and, once rank 0's CONNECT had time to reach its endpoint,
+ * dies without accepting; rank 0 keeps calling connect, as NCCL does. */
+static int dead_listener(drv_rank_t *r, void *arg) {
+  half_open_t *h = r->user;
+  (void)arg;
+  const char *tmo = getenv("PERSEUS_PEER_TIMEOUT_MS"), *ka = getenv("PERSEUS_KEEPALIVE_MS");
+  double limit = (tmo ? atof(tmo) : 5000) / 1000 + (ka ? atof(ka) : 1000) / 1000 + 5;
+  double end = drv_now() + limit + 10;
+  if (r->rank == 1) {
+    void *lc = NULL;
+    drv_mark_killable(r, 1);
+    CHECK(r->net.listen(r->dev, h->handle, &lc) == ncclSuccess, "listen");
+    atomic_store(&h->listening, 1);
+    while (!atomic_load(&h->doomed_sent)) CHECK(drv_now() < end, "rank 0 never connected");
+    atomic_store(&h->doomed_dead, 1);
+    raise(SIGKILL);
+  }
+  while (!atomic_load(&h->listening)) CHECK(drv_now() < end, "no listener");
+  void *sc = NULL;
+  ncclResult_t rc = ncclSuccess;
+  for (double t = drv_now() + 0.5; rc == ncclSuccess && !sc && drv_now() < t;) /* the CONNECT lands */
+    rc = r->net.connect(r->dev, h->handle, &sc);
+  CHECK(rc == ncclSuccess && !sc, "connect before the listener died: rc %d, comm %p", rc, sc);
+  atomic_store(&h->doomed_sent, 1);
+  while (!atomic_load(&h->doomed_dead)) CHECK(drv_now() < end, "rank 1 never died");
+  double t0 = drv_now();
+  while (rc == ncclSuccess && !sc && drv_now() - t0 < limit + 5) {
+    rc = r->net.connect(r->dev, h->handle, &sc);
+    if (rc == ncclSuccess && !sc) nap_ms(1);
+  }
+  CHECK(rc != ncclSuccess && !sc, "connect to a listener that died: rc %d, comm %p after %.1f s",
+        rc, sc, drv_now() - t0);
+  CHECK(drv_now() - t0 <= limit, "the dead listener was found after %.1f s (limit %.1f s)",
+        drv_now() - t0, limit);
   return 0;
 }
 
@@ -469,18 +510,19 @@ int main(int argc, char **argv) {
     }
     if (c != 'v') {
       fprintf(stderr,
-              "usage: %s [-v 8..12] [-s calls|half_open|stale_req|double_close|double_dereg|"
+              "usage: %s [-v 8..12] [-s calls|half_open|dead_listener|stale_req|double_close|double_dereg|"
               "stale_mh|reconnect|abandon|finalize|wrong_id|shm_stale|shm_addr|shm_dead_peer]\n",
               argv[0]);
       return 2;
     }
     version = atoi(optarg);
   }
-  if (!strcmp(scenario, "half_open")) {
-    drv_opts_t o = {.nranks = 3, .version = version, .timeout_s = 120, .no_mesh = 1,
+  if (!strcmp(scenario, "half_open") || !strcmp(scenario, "dead_listener")) {
+    int half = !strcmp(scenario, "half_open");
+    drv_opts_t o = {.nranks = half ? 3 : 2, .version = version, .timeout_s = 120, .no_mesh = 1,
                     .shared_bytes = sizeof(half_open_t)};
-    int rc = drv_run(&o, half_open, NULL);
-    printf("hostile_net half_open v%d: %s\n", version, rc ? "FAIL" : "ok");
+    int rc = drv_run(&o, half ? half_open : dead_listener, NULL);
+    printf("hostile_net %s v%d: %s\n", scenario, version, rc ? "FAIL" : "ok");
     return rc ? 1 : 0;
   }
   int conn = hostile_conn_scenario(version, scenario);
