@@ -72,7 +72,9 @@ static int set_colls(const char *arg)
     }
     if (!found) return -1;
   }
-  return 0;
+  for (int c = 0; c < C_N; c++)
+    if (coll_cfg.coll_on[c]) return 0;
+  return -1; /* no collective named: a run would measure nothing */
 }
 
 static int find_plugin(const char *arg)
@@ -169,7 +171,8 @@ static int parse_args(int argc, char **argv)
     default: usage(stderr); return -1;
     }
     if (bad) {
-      fprintf(stderr, "perseus_coll_perf: bad value for -%c: '%s'\n", opt, optarg);
+      fprintf(stderr, "perseus_coll_perf: bad value for -%c: '%s' (see -h for what it takes)\n",
+              opt, optarg);
       return -1;
     }
   }

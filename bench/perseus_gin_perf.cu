@@ -239,13 +239,17 @@ static int parse_args(perf_cfg *c, int argc, char **argv)
     PS_OPT_STR('S', &strat, "ordered,target,deferred,drain"),
     PS_OPT_INT('T', &c->stall_s, "300", 1, 7 * 24 * 3600),
   };
-  ps_opts_parse(argc, argv, "perseus_gin_perf", opts, PS_OPTS_N(opts), usage, 0);
-  if (optind < argc) return -1;
+  ps_opts_parse(argc, argv, "perseus_gin_perf", opts, PS_OPTS_N(opts), usage, 1);
   if (bmin > bmax) {
     fprintf(stderr, "perseus_gin_perf: need -b <= -e\n");
     return -1;
   }
-  for (size_t s = bmin; s <= bmax && c->nsizes < MAX_SIZES; s *= (size_t)factor) {
+  for (size_t s = bmin; s <= bmax; s *= (size_t)factor) {
+    if (c->nsizes == MAX_SIZES) {
+      fprintf(stderr, "perseus_gin_perf: -b %zu -e %zu -f %d give more than %d sizes: raise -f or "
+              "narrow -b..-e\n", bmin, bmax, factor, MAX_SIZES);
+      return -1;
+    }
     c->sizes[c->nsizes++] = s;
     if (s > SIZE_MAX / (size_t)factor) break;
   }
@@ -257,11 +261,26 @@ static int parse_args(perf_cfg *c, int argc, char **argv)
     fprintf(stderr, "perseus_gin_perf: bad -P list '%s'\n", peers);
     return -1;
   }
+  /* a name the plugin would refuse is a typo, not a strategy the provider lacks */
+  static const char *const known[] = {"auto", "ordered", "fence", "target", "deferred", "drain"};
   char buf[256], *save = NULL;
   snprintf(buf, sizeof(buf), "%s", strat);
-  for (char *t = strtok_r(buf, ",", &save); t && c->nstrat < MAX_LIST; t = strtok_r(NULL, ",", &save))
+  for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    int ok = 0;
+    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) ok |= !strcmp(t, known[i]);
+    if (!ok || c->nstrat == MAX_LIST) {
+      fprintf(stderr, "perseus_gin_perf: -S '%s': %s '%s' (expected at most %d of auto, ordered, "
+              "fence, target, deferred, drain)\n", strat, ok ? "too many entries at" : "unknown strategy",
+              t, MAX_LIST);
+      return -1;
+    }
     snprintf(c->strat[c->nstrat++], sizeof(c->strat[0]), "%s", t);
-  return c->nstrat > 0 ? 0 : -1;
+  }
+  if (!c->nstrat) {
+    fprintf(stderr, "perseus_gin_perf: -S '%s': no strategy named\n", strat);
+    return -1;
+  }
+  return 0;
 }
 
 static void print_tables(const perf_cfg *c, const int *refused, const int *failed, int host_set)

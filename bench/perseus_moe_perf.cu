@@ -386,7 +386,11 @@ int main(int argc, char **argv)
     snprintf(buf, sizeof(buf), "%s", mlist);
     for (char *sv = NULL, *t = strtok_r(buf, ",", &sv); t; t = strtok_r(NULL, ",", &sv)) {
       const ps_moe_preset_t *p = ps_moe_preset_find(t);
-      if (!p || c.npresets == MP_MAX) {
+      if (c.npresets == MP_MAX) {
+        fprintf(stderr, "perseus_moe_perf: -m '%s': at most %d presets\n", mlist, MP_MAX);
+        return 1;
+      }
+      if (!p) {
         fprintf(stderr, "perseus_moe_perf: unknown preset '%s' (-m): expected one of", t);
         for (int i = 0; i < np; i++) fprintf(stderr, " %s", all[i].name);
         fprintf(stderr, "\n");
@@ -398,11 +402,20 @@ int main(int argc, char **argv)
   snprintf(buf, sizeof(buf), "%s", tlist);
   for (char *sv = NULL, *t = strtok_r(buf, ",", &sv); t; t = strtok_r(NULL, ",", &sv)) {
     int v = !strcmp(t, "decode") ? PS_MOE_DECODE_TOKENS : !strcmp(t, "prefill") ? PS_MOE_PREFILL_TOKENS : 0;
-    if ((!v && gp_parse_int(t, 1, 1 << 20, &v)) || c.nregimes == MP_MAX) {
+    if (c.nregimes == MP_MAX) {
+      fprintf(stderr, "perseus_moe_perf: -t '%s': at most %d regimes\n", tlist, MP_MAX);
+      return 1;
+    }
+    if (!v && gp_parse_int(t, 1, 1 << 20, &v)) {
       fprintf(stderr, "perseus_moe_perf: bad -t entry '%s': decode, prefill or a token count\n", t);
       return 1;
     }
     c.tokens[c.nregimes++] = v;
+  }
+  if (!c.npresets || !c.nregimes) {
+    fprintf(stderr, "perseus_moe_perf: -%c '%s': nothing named\n", !c.npresets ? 'm' : 't',
+            !c.npresets ? mlist : tlist);
+    return 1;
   }
   if (gp_init("perseus_moe_perf")) return 1;
   int rc = tt_start(c.path, 0, 1, &c.ngpus, c.watchdog_s, 1);

@@ -172,11 +172,11 @@ int main(int argc, char **argv) {
     switch (c) {
       case 'b': o.minb = drv_parse_size("-b", optarg, 0, (size_t)1 << 40); break;
       case 'e': o.maxb = drv_parse_size("-e", optarg, 0, (size_t)1 << 40); break;
-      case 'f': o.factor = atof(optarg); break;
+      case 'f': o.factor = drv_parse_factor("-f", optarg, 1024); break;
       case 'n': o.iters = drv_parse_int("-n", optarg, 1, 1 << 24); break;
       case 'w': o.warmup = drv_parse_int("-w", optarg, 0, 1 << 24); break;
       case 'c': o.check = drv_parse_int("-c", optarg, 0, 1); break;
-      case 'r': d.nranks = drv_parse_int("-r", optarg, 2, 64); break;
+      case 'r': d.nranks = drv_parse_int("-r", optarg, 2, 32); break;
       case 'C': o.chunk = drv_parse_size("-C", optarg, 1, (size_t)1 << 40); break;
       case 'W': o.window = drv_parse_int("-W", optarg, 1, 64); break;
       case 'v': d.version = drv_parse_int("-v", optarg, 8, 12); break;
@@ -193,10 +193,22 @@ int main(int argc, char **argv) {
       default: usage(argv[0]); return 2;
     }
   }
-  if (o.minb > o.maxb || o.factor <= 1 || o.iters < 1 || o.warmup < 0 || o.window < 1 ||
-      o.window > 64 || o.chunk < 1 || d.nranks < 2) {
-    fprintf(stderr, "invalid options: need -b <= -e, -f > 1, -n >= 1, -w >= 0, 1 <= -W <= 64, "
-                    "-C >= 1, -r >= 2\n");
+  if (optind < argc) {
+    fprintf(stderr, "unexpected argument '%s' (see -h)\n", argv[optind]);
+    return 2;
+  }
+  if (o.minb > o.maxb) {
+    fprintf(stderr, "-b %zu is larger than -e %zu\n", o.minb, o.maxb);
+    return 2;
+  }
+  int sizes = 0; /* the sweep must fit the table: no size dropped unsaid */
+  for (size_t n = o.minb; n <= o.maxb; sizes++) {
+    size_t next = (size_t)((double)n * o.factor);
+    n = next > n ? next : n + 1;
+  }
+  if (sizes > MAX_ROWS) {
+    fprintf(stderr, "-b %zu -e %zu -f %g give %d sizes, at most %d: raise -f or narrow -b..-e\n",
+            o.minb, o.maxb, o.factor, sizes, MAX_ROWS);
     return 2;
   }
   setenv("PERSEUS_PROVIDER", "tcp;ofi_rxm", 0); /* the embedded default: loopback TCP */

@@ -441,15 +441,7 @@ int main(int argc, char **argv) {
       case 'b': o.minb = drv_parse_size("-b", optarg, 1, 1ULL << 32); break;
       case 'e': o.maxb = drv_parse_size("-e", optarg, 1, 1ULL << 32); break;
       case 'z': o.fitb = drv_parse_size("-z", optarg, 1, 1ULL << 32); break;
-      case 'f': {
-        char *end;
-        o.factor = strtod(optarg, &end);
-        if (end == optarg || *end || !(o.factor > 1)) {
-          fprintf(stderr, "-f '%s': expected a factor > 1\n", optarg);
-          return 2;
-        }
-        break;
-      }
+      case 'f': o.factor = drv_parse_factor("-f", optarg, 1024); break;
       case 'n': o.iters = drv_parse_int("-n", optarg, 1, 1000000); break;
       case 'w': o.warmup = drv_parse_int("-w", optarg, 0, 1000000); break;
       case 'c': o.check = drv_parse_int("-c", optarg, 0, 1); break;

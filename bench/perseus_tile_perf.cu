@@ -233,7 +233,10 @@ int main(int argc, char **argv)
     }
     c.paths[c.npaths++] = pth;
   }
-  if (c.npaths == 0) return 1;
+  if (c.npaths == 0) {
+    fprintf(stderr, "perseus_tile_perf: -p '%s': no path named (lsa, tma, gin)\n", plist);
+    return 1;
+  }
   if (gp_init("perseus_tile_perf")) return 1;
   /* the probe needs EAGER too (GIN's environment); each set sets its own */
   int rc0 = tt_start(TT_GIN, 0, 2, &c.ngpus, c.stall_s, 0);

@@ -94,5 +94,7 @@ int gt_set_modes(void *cfg, const char *arg)
       if (all || !strcmp(t, gt_mode_names[m])) c->mode_on[m] = found = 1;
     if (!found) return -1;
   }
-  return 0;
+  for (int m = 0; m < GT_MODE_N; m++)
+    if (c->mode_on[m]) return 0;
+  return -1; /* no mode named: a test of nothing would pass */
 }

@@ -40,6 +40,31 @@ static int parse_one(const ps_opt_t *o, const char *arg)
   return -1;
 }
 
+/* What option o takes, for a refusal. */
+static void expected(FILE *f, const ps_opt_t *o)
+{
+  switch (o->kind) {
+  case PS_OPTK_INT:
+    fprintf(f, "expected an integer from %lld to %lld", o->lo, o->hi);
+    break;
+  case PS_OPTK_SIZE:
+    fprintf(f, "expected a size from %lld bytes", o->lo);
+    if (o->hi > 0) fprintf(f, " to %lld", o->hi);
+    fprintf(f, ", digits with an optional K, M or G");
+    break;
+  case PS_OPTK_SEED:
+    fprintf(f, "expected an unsigned number");
+    break;
+  case PS_OPTK_NAME:
+    fprintf(f, "expected one of");
+    for (long long i = 0; i < o->hi; i++) fprintf(f, "%s %s", i ? "," : "", o->names[i]);
+    break;
+  default:
+    fprintf(f, "see -h");
+    break;
+  }
+}
+
 void ps_opts_parse(int argc, char **argv, const char *prog, const ps_opt_t *opts, int n,
                    void (*usage)(FILE *), int no_args)
 {
@@ -75,7 +100,9 @@ void ps_opts_parse(int argc, char **argv, const char *prog, const ps_opt_t *opts
       exit(1);
     }
     if (parse_one(o, optarg)) {
-      fprintf(stderr, "%s: bad value for -%c: '%s'\n", prog, opt, optarg);
+      fprintf(stderr, "%s: bad value for -%c: '%s' (", prog, opt, optarg);
+      expected(stderr, o);
+      fprintf(stderr, ")\n");
       exit(1);
     }
   }

@@ -96,6 +96,8 @@ double drv_now(void);
  * exit(2). */
 size_t drv_parse_size(const char *flag, const char *s, size_t lo, size_t hi);
 int drv_parse_int(const char *flag, const char *s, int lo, int hi);
+/* A size sweep's growth factor: above 1, at most hi, finite. */
+double drv_parse_factor(const char *flag, const char *s, double hi);
 /* "<host> (<cores> cores, <cpu model>), <date>": the machine line benchmarks print. */
 void drv_describe_host(char *out, size_t n);
 /* Deterministic pattern of message `id` (fill and verify; verify returns the

@@ -33,7 +33,7 @@ int drv_gin_opt(int opt, const char *arg, const char **abi, const char **plugin,
   case 'a': *abi = arg; return 1;
   case 'p': *plugin = arg; return 1;
   case 's': *scenario = arg; return 1;
-  case 'r': *nranks = atoi(arg); return 1;
+  case 'r': *nranks = drv_parse_int("-r", arg, 1, 32); return 1; /* each test bounds it further */
   default: return 0;
   }
 }

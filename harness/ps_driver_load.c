@@ -145,12 +145,13 @@ static ncclResult_t fin_v12(void) { return T(12)->finalize(ctx); }
     out->close_recv = closer_v##v, out->close_listen = closel_v##v, out->finalize = fin;  \
   } while (0)
 
-/* PERSEUS_PLUGIN_PATH; else the plugin of the build tree this program runs
+/* PERSEUS_PLUGIN_PATH (set and not empty: dlopen("") would name the
+ * program itself); else the plugin of the build tree this program runs
  * from (<build>/{test,bench}/prog -> <build>/plugin/); else the loader's
  * search by name, as NCCL does for an installed plugin. */
 const char *drv_default_plugin(void) {
   const char *p = getenv("PERSEUS_PLUGIN_PATH");
-  if (p) return p;
+  if (p && *p) return p;
   static char path[4200];
   char exe[4096];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);

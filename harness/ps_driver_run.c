@@ -287,6 +287,15 @@ size_t drv_parse_size(const char *flag, const char *s, size_t lo, size_t hi) {
   return v;
 }
 
+double drv_parse_factor(const char *flag, const char *s, double hi) {
+  double v;
+  if (sp_parse_factor(s, hi, &v)) {
+    fprintf(stderr, "%s '%s': expected a factor above 1 and at most %g\n", flag, s, hi);
+    exit(2);
+  }
+  return v;
+}
+
 int drv_parse_int(const char *flag, const char *s, int lo, int hi) {
   int v;
   if (sp_parse_int(s, lo, hi, &v)) {

@@ -1,6 +1,7 @@
 /* size_parse.c: option value parsers (see size_parse.h). */
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -34,6 +35,8 @@ int sp_parse_size(const char *s, int allow_t, size_t *out)
 int sp_parse_int(const char *s, long lo, long hi, int *out)
 {
   char *end;
+  /* digits, with a leading minus only: strtol would also take spaces and '+' */
+  if (!isdigit((unsigned char)s[s[0] == '-']) || (s[0] == '-' && lo >= 0)) return -1;
   errno = 0;
   long v = strtol(s, &end, 10);
   if (errno || end == s || *end || v < lo || v > hi) return -1;
@@ -44,9 +47,21 @@ int sp_parse_int(const char *s, long lo, long hi, int *out)
 int sp_parse_u64(const char *s, uint64_t *out)
 {
   char *end;
+  if (!isdigit((unsigned char)s[0])) return -1; /* strtoull takes "-1" as 2^64 - 1 */
   errno = 0;
   unsigned long long v = strtoull(s, &end, 0);
   if (errno || end == s || *end) return -1;
   *out = (uint64_t)v;
+  return 0;
+}
+
+int sp_parse_factor(const char *s, double hi, double *out)
+{
+  char *end;
+  if (!isdigit((unsigned char)s[0])) return -1;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || *end || !isfinite(v) || !(v > 1) || v > hi) return -1;
+  *out = v;
   return 0;
 }

@@ -14,11 +14,16 @@ extern "C" {
  * 2; T too where allow_t is nonzero, any case), then an optional B or b.
  * Returns 0 and sets *out, or -1 on anything else or on overflow. */
 int sp_parse_size(const char *s, int allow_t, size_t *out);
-/* A decimal integer in [lo, hi]; returns 0 and sets *out, or -1. */
+/* A decimal integer in [lo, hi] (digits, a minus sign only where lo < 0; no
+ * spaces or '+'); returns 0 and sets *out, or -1. */
 int sp_parse_int(const char *s, long lo, long hi, int *out);
-/* Any unsigned 64-bit number strtoull reads (base 0: 0x.. hex, 0.. octal);
+/* An unsigned 64-bit number strtoull reads (base 0: 0x.. hex, 0.. octal),
+ * starting with a digit;
  * returns 0 and sets *out, or -1. */
 int sp_parse_u64(const char *s, uint64_t *out);
+/* A growth factor: a finite decimal number > 1 and <= hi; returns 0 and
+ * sets *out, or -1. */
+int sp_parse_factor(const char *s, double hi, double *out);
 
 #ifdef __cplusplus
 }

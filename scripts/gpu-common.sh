@@ -7,6 +7,9 @@
 # name column) and RUN_GREP (what a failed run's log shows); GPU_MIN (default
 # 2) is the fewest GPUs worth running on.
 
+# shellcheck source=scripts/args-common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/args-common.sh" || exit 1
+
 # gpu_paths KIND [LOGDIR [BUILDDIR]]: the script's arguments and where the
 # programs are: sets GPU_SCRIPT (gpu-KIND.sh, for messages), LOGDIR (default
 # ./KIND-logs), BUILD (default $PERSEUS_BUILD_DIR, else build), TEST_BIN
@@ -14,6 +17,8 @@
 # PLUGIN_DIR and PYTHON (default python3).
 gpu_paths() {
   GPU_SCRIPT=gpu-$1.sh
+  script_args "$GPU_SCRIPT" 2 "${@:2}"
+  case $1 in nccl) RUN_TIMEOUT_VAR=EP_RUN_TIMEOUT ;; *) RUN_TIMEOUT_VAR=${1^^}_RUN_TIMEOUT ;; esac
   LOGDIR=${2:-./$1-logs}
   BUILD=${3:-${PERSEUS_BUILD_DIR:-build}}
   TEST_BIN=$BUILD/test/gpu/perseus_$1_test
@@ -39,7 +44,7 @@ gpu_need_built() {
       exit 1
     fi
   done
-  mkdir -p "$LOGDIR" || exit 1
+  mkdir -p -- "$LOGDIR" || exit 1
 }
 
 # Sets nccl_lib: the override, else the PyTorch environment's wheel, else
@@ -47,6 +52,10 @@ gpu_need_built() {
 gpu_find_nccl() {
   local pkg
   nccl_lib=${PERSEUS_NCCL_LIB:-}
+  if [ -n "$nccl_lib" ] && [ ! -e "$nccl_lib/libnccl.so.2" ]; then
+    echo "$GPU_SCRIPT: PERSEUS_NCCL_LIB=$nccl_lib holds no libnccl.so.2" >&2
+    exit 1
+  fi
   if [ -z "$nccl_lib" ]; then
     pkg=$("$PYTHON" -c 'import nvidia.nccl as m, os
 f = getattr(m, "__file__", None)
@@ -115,6 +124,7 @@ gpu_start() {
 
 # run NAME COMMAND...: one logged run, its verdict in the summary
 run() {
+  need_uint "$GPU_SCRIPT" "$RUN_TIMEOUT_VAR" "$RUN_TIMEOUT"
   local name=$1; shift
   local log="$LOGDIR/$name.log" t0=$SECONDS rc verdict
   echo "# $*" >"$log"

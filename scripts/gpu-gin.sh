@@ -25,7 +25,8 @@ set -uo pipefail
 # shellcheck source=scripts/gpu-common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh" || exit 1
 gpu_paths gin "$@"
-STRATEGIES=${GIN_STRATEGIES:-ordered target deferred drain}
+STRATEGIES=${GIN_STRATEGIES-ordered target deferred drain}
+need_list gpu-gin.sh GIN_STRATEGIES "$STRATEGIES"
 RUN_TIMEOUT=${GIN_RUN_TIMEOUT:-1800} RUN_NAME_WIDTH=44 GPU_ENV_FABRIC=1
 RUN_GREP='mismatch|watchdog|failed|error|refused|where each rank'
 

@@ -154,6 +154,9 @@ if [ "$has_ep" = 0 ] && [ -z "$gin_build" ]; then
 fi
 
 iters=${EP_ITERS:-20}
+need_uint gpu-nccl.sh EP_ITERS "$iters"
+EP_STRATEGIES=${EP_STRATEGIES-ordered target drain}
+need_list gpu-nccl.sh EP_STRATEGIES "$EP_STRATEGIES"
 ranks=${EP_RANKS:-2}
 case " ${EP_ARGS:-} " in *" -a ht "*) hosts=${EP_HOSTS:-2} ;; *) hosts=${EP_HOSTS:-0} ;; esac
 if ! [[ $ranks =~ ^[1-9][0-9]*$ && $hosts =~ ^(0|[1-9][0-9]*)$ ]] || [ "$ranks" -gt "$ngpus" ] ||
@@ -205,7 +208,7 @@ else
 fi
 for pv in $plugins; do
   pname=${pv%%=*} path=${pv#*=}
-  for s in ${EP_STRATEGIES:-ordered target drain}; do
+  for s in $EP_STRATEGIES; do
     if [ "$hosts" -gt 0 ]; then # NVLink within a pretend host, perseus across
       ep "ep-$pname-$s" "$path" "" NCCL_GIN_TYPE=2 PERSEUS_ORDERING="$s"
     else

@@ -23,8 +23,10 @@ set -uo pipefail
 # shellcheck source=scripts/gpu-common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/gpu-common.sh" || exit 1
 gpu_paths tile "$@"
-STRATEGIES=${TILE_STRATEGIES:-ordered target}
-PERF_STRATEGIES=${TILE_PERF_STRATEGIES:-ordered deferred drain}
+STRATEGIES=${TILE_STRATEGIES-ordered target}
+PERF_STRATEGIES=${TILE_PERF_STRATEGIES-ordered deferred drain}
+need_list gpu-tile.sh TILE_STRATEGIES "$STRATEGIES"
+need_list gpu-tile.sh TILE_PERF_STRATEGIES "$PERF_STRATEGIES"
 RUN_TIMEOUT=${TILE_RUN_TIMEOUT:-1800} RUN_NAME_WIDTH=40 GPU_ENV_FABRIC=0
 RUN_GREP='mismatch|signal|watchdog|failed|error|overlap|where each rank'
 

@@ -34,15 +34,24 @@
 # thread: a host with fewer than 2 (P + 1) cores measures its scheduler, and
 # the script says so.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+# shellcheck source=scripts/args-common.sh
+. scripts/args-common.sh || exit 1
+script_args model-bench.sh 1 "$@"
 LOGDIR=${1:-model-logs}
 B=${PERSEUS_BUILD_DIR:-build}
-PEERS=${MODEL_PEERS:-8}
-LATS=${MODEL_LAT_US:-2 5}
-BWS=${MODEL_GBPS:-12.5 25}
+PEERS=${MODEL_PEERS-8}
+LATS=${MODEL_LAT_US-2 5}
+BWS=${MODEL_GBPS-12.5 25}
 SIZE=${MODEL_SIZE:-16K}
 T=${MODEL_T:-8}
 ITERS=${MODEL_ITERS:-2000}
+need_list model-bench.sh MODEL_PEERS "$PEERS"
+need_list model-bench.sh MODEL_LAT_US "$LATS"
+need_list model-bench.sh MODEL_GBPS "$BWS"
+for p in $PEERS; do need_uint model-bench.sh "MODEL_PEERS entry" "$p" 1 31; done
+need_uint model-bench.sh MODEL_T "$T" 1 4096
+need_uint model-bench.sh MODEL_ITERS "$ITERS"
 BIND=${MODEL_BIND:-0}
 LATENCY=${MODEL_LATENCY:-1}
 case $BIND in 0) BIND_ARG="" ;; 1) BIND_ARG="-A" ;; *) echo "model-bench.sh: MODEL_BIND=$BIND: 0 or 1 expected" >&2; exit 1 ;; esac
@@ -50,7 +59,7 @@ case $LATENCY in 0 | 1) ;; *) echo "model-bench.sh: MODEL_LATENCY=$LATENCY: 0 or
 bench=$B/bench/perseus_put_signal_perf
 [ -x "$bench" ] || { echo "model-bench.sh: no $bench (build first)" >&2; exit 1; }
 [ -f "$B/test/model/libmodel-fi.so" ] || { echo "model-bench.sh: no model fabric in $B/test/model" >&2; exit 1; }
-mkdir -p "$LOGDIR"
+mkdir -p -- "$LOGDIR" || exit 1
 export FI_PROVIDER_PATH=$PWD/$B/test/model PERSEUS_PROVIDER=model PERSEUS_IFACE=model0
 bytes=$(numfmt --from=iec "$SIZE") || { echo "model-bench.sh: MODEL_SIZE=$SIZE is not a size" >&2; exit 1; }
 cores=$(nproc)

@@ -15,13 +15,18 @@
 # and the script says when it has fewer.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+# shellcheck source=scripts/args-common.sh
+. scripts/args-common.sh || exit 1
+script_args stripe-bench.sh 1 "$@"
 LOGDIR=${1:-stripe-logs}
 B=${PERSEUS_BUILD_DIR:-build}
-COUNTS=${STRIPE_COUNTS:-1 2 4 8}
+COUNTS=${STRIPE_COUNTS-1 2 4 8}
+need_list stripe-bench.sh STRIPE_COUNTS "$COUNTS"
+for n in $COUNTS; do need_uint stripe-bench.sh "STRIPE_COUNTS entry" "$n" 1 8; done
 ARGS=${NET_PERF_ARGS:--b 256K -e 256M -f 4 -t sendrecv -n 20 -w 3}
 bench=$B/bench/perseus_net_perf
 [ -x "$bench" ] || { echo "stripe-bench.sh: no $bench (build first)" >&2; exit 1; }
-mkdir -p "$LOGDIR"
+mkdir -p -- "$LOGDIR" || exit 1
 export PERSEUS_PROVIDER=${PERSEUS_PROVIDER:-tcp;ofi_rxm} PERSEUS_IFACE=${PERSEUS_IFACE:-lo}
 cores=$(nproc)
 echo "# stripe-bench: $(hostname), $cores cores, $(date -u '+%F %H:%M') UTC, $(git describe --always --dirty 2>/dev/null)"

@@ -334,11 +334,11 @@ int main(int argc, char **argv) {
   int c;
   while ((c = getopt(argc, argv, "v:r:s:m:i:p:CDh")) != -1) {
     switch (c) {
-      case 'v': o.version = atoi(optarg); break;
-      case 'r': o.nranks = atoi(optarg); break;
+      case 'v': o.version = drv_parse_int("-v", optarg, 8, 12); break;
+      case 'r': o.nranks = drv_parse_int("-r", optarg, 1, 32); break;
       case 's': scen = optarg; break;
-      case 'm': a.max_bytes = strtoull(optarg, NULL, 0); break;
-      case 'i': a.iters = atoi(optarg); break;
+      case 'm': a.max_bytes = drv_parse_size("-m", optarg, 1, (size_t)1 << 32); break;
+      case 'i': a.iters = drv_parse_int("-i", optarg, 1, 1 << 24); break;
       case 'p': o.plugin = optarg; break;
       case 'C': cuda_buffers = 1; break;
       case 'D': cuda_buffers = dmabuf_buffers = 1; break;

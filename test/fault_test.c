@@ -401,7 +401,7 @@ int main(int argc, char **argv) {
   const char *scen = NULL, *plugin = NULL;
   while ((c = getopt(argc, argv, "v:s:p:h")) != -1) {
     switch (c) {
-      case 'v': version = atoi(optarg); break;
+      case 'v': version = drv_parse_int("-v", optarg, 8, 12); break;
       case 's': scen = optarg; break;
       case 'p': plugin = optarg; break;
       default:

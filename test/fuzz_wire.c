@@ -347,9 +347,33 @@ int main(int argc, char **argv) {
   int verbose = 0, c;
   while ((c = getopt(argc, argv, "t:n:s:vh")) != -1) {
     switch (c) {
-      case 't': seconds = atof(optarg); break;
-      case 'n': max_iter = atoll(optarg); break;
-      case 's': seed = strtoull(optarg, NULL, 0); break;
+      case 't': {
+        char *end;
+        seconds = strtod(optarg, &end);
+        if (end == optarg || *end || !(seconds > 0 && seconds <= 86400)) {
+          fprintf(stderr, "-t '%s': expected seconds, above 0 and at most 86400\n", optarg);
+          return 2;
+        }
+        break;
+      }
+      case 'n': {
+        char *end;
+        max_iter = strtoll(optarg, &end, 10);
+        if (end == optarg || *end || max_iter < 1) {
+          fprintf(stderr, "-n '%s': expected a number of iterations, at least 1\n", optarg);
+          return 2;
+        }
+        break;
+      }
+      case 's': {
+        char *end;
+        seed = strtoull(optarg, &end, 0);
+        if (end == optarg || *end || optarg[0] == '-') {
+          fprintf(stderr, "-s '%s': expected an unsigned seed\n", optarg);
+          return 2;
+        }
+        break;
+      }
       case 'v': verbose = 1; break;
       default:
         fprintf(stderr, "usage: %s [-t SECONDS] [-n ITERATIONS] [-s SEED] [-v]\n", argv[0]);

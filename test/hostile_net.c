@@ -515,7 +515,7 @@ int main(int argc, char **argv) {
               argv[0]);
       return 2;
     }
-    version = atoi(optarg);
+    version = drv_parse_int("-v", optarg, 8, 12);
   }
   if (!strcmp(scenario, "half_open") || !strcmp(scenario, "dead_listener")) {
     int half = !strcmp(scenario, "half_open");

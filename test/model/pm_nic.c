@@ -377,12 +377,14 @@ static int to_link(pm_ep_t *e, pm_op_t *op) {
   if (op->fence && l->last_done_ns > start) start = l->last_done_ns;
   l->free_ns = start + (uint64_t)(op->len * p->ns_per_byte);
   op->arrive_ns = l->free_ns + p->latency_ns;
-  /* A NIC that claims order and lies: every RMA operation falls 10 ms behind
-   * what follows it, long enough for a target descheduled on a busy host to
-   * see the overtaking signal. One that says nothing: each operation its own
-   * path through the fabric, up to a latency and 200 us more. */
+  /* A NIC that claims order and lies: every RMA operation falls 100 ms
+   * behind what follows it, long enough for a target descheduled on a busy
+   * host (2 cores, ASan, a parallel test run) to still see the overtaking
+   * signal first: at 10 ms a loaded run once saw none in 64 batches. One
+   * that says nothing: each operation its own path through the fabric, up
+   * to a latency and 200 us more. */
   if (p->reorder && p->ordered)
-    op->arrive_ns += is_rma(op) ? p->latency_ns + 10000000 : 0;
+    op->arrive_ns += is_rma(op) ? p->latency_ns + 100000000 : 0;
   else if (p->reorder)
     op->arrive_ns += (e->rnd = e->rnd * 1103515245 + 12345) % (p->latency_ns + 200000);
   if (op->arrive_ns + p->latency_ns > l->last_done_ns) l->last_done_ns = op->arrive_ns + p->latency_ns;

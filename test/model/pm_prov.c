@@ -1,8 +1,10 @@
 /* The model fabric's provider objects: fi_getinfo, fabric, domain,
  * registrations, address vector, completion queue (pm.h says what it is). */
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <rdma/providers/fi_prov.h>
 #include <stdio.h>
@@ -32,7 +34,8 @@ static double env_num(const char *name, double def, double lo, double hi) {
   if (!v || !*v) return def;
   char *end;
   double x = strtod(v, &end);
-  if (*end || x < lo || x > hi) {
+  /* a plain decimal number: strtod also takes spaces, "nan" and "inf" */
+  if ((!isdigit((unsigned char)v[0]) && v[0] != '.') || *end || !isfinite(x) || x < lo || x > hi) {
     fprintf(stderr, "model fabric: %s='%s' is invalid: expected a number in [%g, %g] (default %g)\n",
             name, v, lo, hi, def);
     params_bad = 1;
