@@ -7,7 +7,7 @@
 #   - the Debian packages, built and checked (scripts/check-package.sh)
 # Ends with "N passed, N failed, N skipped". GPU tests skip (77) without a GPU.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 PERSEUS_WITH_CLANG=1 PERSEUS_WITH_VALGRIND=1 scripts/install-deps.sh || { echo "dependency install failed"; echo "0 passed, 1 failed"; exit 1; }
 JOBS="${PERSEUS_TEST_JOBS:-$(nproc)}"
 passed=0 failed=0 skipped=0
@@ -36,7 +36,9 @@ suite() { # builddir, log name, meson test args...
   grep -q '^Ok:' "$LOGDIR/$log.log" || { tail -40 "$LOGDIR/$log.log"; failed=$((failed + 1)); }
   # each failed test's name, result and the tail of what it printed, kept for
   # the end of the output, where a CI excerpt shows it
-  python3 - "$dir/meson-logs/$log.json" "$log" >>"$LOGDIR/failures.txt" <<'PY' || true
+  # (meson names the log <logbase>-<wrapper> under --wrapper: the newest match)
+  json=$(ls -t "$dir/meson-logs/$log"*.json 2>/dev/null | head -n 1) # names are ours: no odd characters
+  if [ -n "$json" ]; then python3 - "$json" "$log" >>"$LOGDIR/failures.txt" <<'PY' || true
 import json, sys
 for line in open(sys.argv[1]):
     t = json.loads(line)
@@ -50,6 +52,7 @@ for line in open(sys.argv[1]):
             for l in lines[-30:]:
                 print("  | " + l[:300])
 PY
+  fi
   tally "$LOGDIR/$log.log"
 }
 
