@@ -227,8 +227,9 @@ static int parse_args(perf_cfg *c, int argc, char **argv)
   int factor;
   const char *tps, *peers = NULL, *strat;
   const ps_opt_t opts[] = {
-    PS_OPT_SIZE('b', &bmin, "1K", 1, 0),
-    PS_OPT_SIZE('e', &bmax, "1M", 1, 0),
+    /* at most 1 GiB a tile: -k tiles from each of 32 ranks stay far from size_t's range */
+    PS_OPT_SIZE('b', &bmin, "1K", 1, 1 << 30),
+    PS_OPT_SIZE('e', &bmax, "1M", 1, 1 << 30),
     PS_OPT_INT('f', &factor, "4", 2, 1 << 20),
     PS_OPT_INT('k', &c->ntiles, "64", 1, 1 << 16),
     PS_OPT_INT('n', &c->iters, "20", 1, 1 << 24),
