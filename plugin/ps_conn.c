@@ -103,6 +103,10 @@ ncclResult_t ps_net_listen(int dev, void *handle, void **listen_comm) {
   ncclResult_t rc = ps_handle_encode((ps_handle_t *)handle, ps_fabric_wire_hash(), (uint32_t)dev,
                                      c->listen_id, c->ep.addr, c->ep.addrlen);
   if (rc == ncclSuccess) rc = post_ctrl_recv(c, PS_TAG_CONNECT);
+  /* connectors waiting for a late ACCEPT probe us (ps_comm_check_listener):
+   * a standing receive takes their probes, which would otherwise pile up
+   * unmatched in the provider's receive buffers */
+  if (rc == ncclSuccess) rc = ps_comm_start_liveness(c);
   if (rc != ncclSuccess) {
     ps_comm_free(c);
     return rc;
