@@ -302,6 +302,46 @@ static int scenario_truncate(drv_rank_t *r, void *arg) {
   return 0;
 }
 
+/* Rank 0 registers a buffer with its comm to rank 1 and sends from it on
+ * its comm to rank 2. Where registrations are bound to an endpoint
+ * (regIsGlobal 0, FI_MR_ENDPOINT) isend must refuse the handle; where they
+ * are global the message must arrive whole. */
+static int scenario_foreign_mh(drv_rank_t *r, void *arg) {
+  (void)arg;
+  enum { SZ = 4096 };
+  static char buf[SZ];
+  drv_props_t p;
+  CHECK(r->nranks == 3, "foreign_mh needs 3 ranks");
+  CHECK(r->net.get_props(r->dev, &p) == ncclSuccess, "getProperties");
+  void *mh = NULL, *req = NULL;
+  ncclResult_t rc = ncclSuccess;
+  if (r->rank == 0) {
+    drv_fill(buf, SZ, 42);
+    CHECK(!reg(r, r->send[1], buf, SZ, &mh), "regMr");
+    rc = r->net.isend(r->send[2], buf, SZ, 7, mh, &req);
+    if (!p.reg_is_global) {
+      CHECK(rc == ncclInvalidArgument && !req, "isend with another comm's bound handle: rc %d, "
+            "request %p, expected ncclInvalidArgument", rc, req);
+      printf("foreign_mh: refused (regIsGlobal 0)\n");
+    } else {
+      CHECK(rc == ncclSuccess && !drv_wait(r, req, NULL, 60, &rc), "isend: rc %d", rc);
+    }
+    r->net.dereg_mr(r->send[1], mh);
+  } else if (r->rank == 2 && p.reg_is_global) {
+    CHECK(!reg(r, r->recv[0], buf, SZ, &mh), "regMr");
+    void *data = buf;
+    size_t size = SZ;
+    int tag = 7;
+    do {
+      CHECK(r->net.irecv(r->recv[0], 1, &data, &size, &tag, &mh, &req) == ncclSuccess, "irecv");
+    } while (!req);
+    CHECK(!drv_wait(r, req, NULL, 60, &rc), "irecv: rc %d", rc);
+    CHECK(drv_verify(buf, SZ, 42) < 0, "the message arrived wrong");
+    r->net.dereg_mr(r->recv[0], mh);
+  }
+  return drv_barrier(r, 60);
+}
+
 static int scenario_props(drv_rank_t *r, void *arg) {
   (void)arg;
   int n = 0;
@@ -324,7 +364,7 @@ static const struct {
   drv_rank_fn fn;
 } scenarios[] = {
     {"sizes", scenario_sizes}, {"many", scenario_many}, {"backpressure", scenario_backpressure},
-    {"truncate", scenario_truncate}, {"props", scenario_props},
+    {"truncate", scenario_truncate}, {"props", scenario_props}, {"foreign_mh", scenario_foreign_mh},
 };
 
 int main(int argc, char **argv) {
@@ -343,7 +383,7 @@ int main(int argc, char **argv) {
       case 'C': cuda_buffers = 1; break;
       case 'D': cuda_buffers = dmabuf_buffers = 1; break;
       default:
-        fprintf(stderr, "usage: %s -v 8..12 -r RANKS -s sizes|many|backpressure|truncate|props "
+        fprintf(stderr, "usage: %s -v 8..12 -r RANKS -s sizes|many|backpressure|truncate|props|foreign_mh "
                         "[-m MAXBYTES] [-i ITERS] [-p PLUGIN] [-C: CUDA buffers] [-D: CUDA buffers by dma-buf]\n", argv[0]);
         return c == 'h' ? 0 : 2;
     }

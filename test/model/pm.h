@@ -108,6 +108,7 @@ typedef struct {
   int hmem;           /* FI_HMEM offered: "CUDA" memory registered as host memory,
                        * which it is under the plugin's fake CUDA driver */
   int dmabuf;         /* with hmem: "CUDA" memory by its fake dma-buf too */
+  int mr_endpoint;    /* FI_MR_ENDPOINT: registrations bound and enabled before use */
   int nic_threads;    /* NIC threads per process: links are shared out among them */
 } pm_params_t;
 #define PM_MAX_NIC_THREADS 16

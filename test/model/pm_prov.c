@@ -58,6 +58,7 @@ static void params_load(void) {
   params.atomics = env_num("PERSEUS_MODEL_ATOMICS", 1, 0, 1) != 0;
   params.hmem = env_num("PERSEUS_MODEL_HMEM", 0, 0, 1) != 0;
   params.dmabuf = params.hmem && env_num("PERSEUS_MODEL_DMABUF", 1, 0, 1) != 0;
+  params.mr_endpoint = env_num("PERSEUS_MODEL_MR_ENDPOINT", 0, 0, 1) != 0;
   double nt = env_num("PERSEUS_MODEL_NIC_THREADS", 1, 1, PM_MAX_NIC_THREADS);
   if (nt != (int)nt) {
     fprintf(stderr, "model fabric: PERSEUS_MODEL_NIC_THREADS=%g is invalid: expected an integer\n", nt);
@@ -253,7 +254,13 @@ typedef struct {
   struct fid_mr mr;
   pm_domain_t *d;
   int slot;
+  struct fid *ep; /* PERSEUS_MODEL_MR_ENDPOINT: the endpoint it is bound to */
 } pm_mr_t;
+
+/* Under FI_MR_ENDPOINT a registration is bound to an endpoint and enabled
+ * before any peer may use its key: until then its slot holds the key with
+ * this bit flipped, so an origin that wrote with it early is refused. */
+#define PM_KEY_DISABLED (1ULL << 47)
 
 static int mr_close(struct fid *fid) {
   pm_mr_t *m = (pm_mr_t *)fid;
@@ -261,7 +268,25 @@ static int mr_close(struct fid *fid) {
   free(m);
   return 0;
 }
-static struct fi_ops mr_fi_ops = {.size = sizeof(struct fi_ops), .close = mr_close};
+static int mr_bind(struct fid *fid, struct fid *bfid, uint64_t flags) {
+  pm_mr_t *m = (pm_mr_t *)fid;
+  (void)flags;
+  if (!pm_params()->mr_endpoint || !bfid || bfid->fclass != FI_CLASS_EP || m->ep) return -FI_EINVAL;
+  m->ep = bfid;
+  return 0;
+}
+
+static int mr_control(struct fid *fid, int command, void *arg) {
+  pm_mr_t *m = (pm_mr_t *)fid;
+  (void)arg;
+  if (command != FI_ENABLE) return -FI_ENOSYS;
+  if (!pm_params()->mr_endpoint) return 0;
+  if (!m->ep) return -FI_ENOKEY; /* enable before bind */
+  atomic_store(&m->d->seg->mr[m->slot].key, m->mr.key);
+  return 0;
+}
+static struct fi_ops mr_fi_ops = {.size = sizeof(struct fi_ops), .close = mr_close, .bind = mr_bind,
+                                  .control = mr_control};
 
 static int mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access, uint64_t offset,
                   uint64_t requested_key, uint64_t flags, struct fid_mr **out, void *ctx) {
@@ -282,7 +307,7 @@ static int mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access,
   pm_mr_slot_t *s = &d->seg->mr[slot];
   s->addr = (uint64_t)(uintptr_t)buf, s->len = len, s->access = access;
   pm_window_find(buf, len, s->shm, &s->shm_off);
-  atomic_store(&s->key, key);
+  atomic_store(&s->key, pm_params()->mr_endpoint ? key ^ PM_KEY_DISABLED : key);
   pthread_mutex_unlock(&d->lock);
   m->d = d, m->slot = slot;
   m->mr = (struct fid_mr){.fid = {.fclass = FI_CLASS_MR, .context = ctx, .ops = &mr_fi_ops},
@@ -429,7 +454,8 @@ static int getinfo(uint32_t version, const char *node, const char *service, uint
   fi->domain_attr->resource_mgmt = FI_RM_ENABLED;
   fi->domain_attr->av_type = FI_AV_TABLE;
   fi->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
-                             ((fi->caps & FI_HMEM) ? FI_MR_HMEM : 0);
+                             ((fi->caps & FI_HMEM) ? FI_MR_HMEM : 0) |
+                             (pm_params()->mr_endpoint ? FI_MR_ENDPOINT : 0);
   fi->domain_attr->mr_key_size = 8;
   fi->domain_attr->cq_data_size = 8;
   fi->domain_attr->ep_cnt = 1 << 16;
