@@ -200,14 +200,12 @@ void ps_cuda_probe_free(int ordinal, void *p) {
 
 int ps_cuda_compute_major(int ordinal) { return ordinal >= 0 ? 9 : -1; }
 
-/* Page-widened as the driver's; the record names the widened range. */
+/* Page-widened as the driver's (ps_fake_dmabuf_export). */
 ncclResult_t ps_cuda_dmabuf_export(int ordinal, const void *ptr, size_t size, int *fd,
                                    uint64_t *offset) {
   (void)ordinal;
-  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)ptr & ~(page - 1);
-  size_t len = ((uintptr_t)ptr + size - start + page - 1) & ~(page - 1);
-  *offset = (uintptr_t)ptr - start;
-  *fd = ptr && size ? ps_fake_dmabuf_create((const void *)start, len) : -1;
+  *offset = 0;
+  *fd = ptr && size ? ps_fake_dmabuf_export(ptr, size, offset) : -1;
   if (*fd < 0) PS_INFO(NCCL_INIT | NCCL_NET, "fake dma-buf for %p (%zu B) failed", ptr, size);
   return *fd < 0 ? ncclSystemError : ncclSuccess;
 }

@@ -36,6 +36,16 @@ static inline int ps_fake_dmabuf_create(const void *base, size_t len) {
   return fd;
 }
 
+/* [ptr, ptr + size) exported as the CUDA driver exports a buffer for NCCL:
+ * the range widened to whole pages, *offset the distance of ptr from its
+ * start. The fd, or -1 with errno set. */
+static inline int ps_fake_dmabuf_export(const void *ptr, size_t size, uint64_t *offset) {
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)ptr & ~(page - 1);
+  *offset = (uintptr_t)ptr - start;
+  return ps_fake_dmabuf_create((const void *)start,
+                               ((uintptr_t)ptr + size - start + page - 1) & ~(page - 1));
+}
+
 /* 0 with *out, or a negative errno: EBADF not an open fd, EINVAL an fd that
  * is not a fake dma-buf. */
 static inline int ps_fake_dmabuf_read(int fd, ps_fake_dmabuf_t *out) {

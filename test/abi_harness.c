@@ -45,10 +45,10 @@ static int reg(drv_rank_t *r, void *comm, void *buf, size_t n, void **mh) {
   int type = cuda_buffers ? NCCL_PTR_CUDA : NCCL_PTR_HOST;
   if (!n) n = 1;
   if (!dmabuf_buffers) return r->net.reg_mr(comm, buf, n, type, mh) == ncclSuccess ? 0 : -1;
-  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)buf & ~(page - 1);
-  int fd = ps_fake_dmabuf_create((void *)start, ((uintptr_t)buf + n - start + page - 1) & ~(page - 1));
+  uint64_t off;
+  int fd = ps_fake_dmabuf_export(buf, n, &off);
   if (fd < 0) return -1;
-  ncclResult_t rc = r->net.reg_mr_dmabuf(comm, buf, n, type, (uintptr_t)buf - start, fd, mh);
+  ncclResult_t rc = r->net.reg_mr_dmabuf(comm, buf, n, type, off, fd, mh);
   close(fd);
   return rc == ncclSuccess ? 0 : -1;
 }

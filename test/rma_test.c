@@ -111,13 +111,13 @@ static int ptr_type(const args_t *a, char which) {
 static ncclResult_t reg_win(drv_gin_t *g, void *cc, const args_t *a, void *data, size_t size,
                             int type, uint64_t flags, void **mh) {
   if (!a->dmabuf || type != NCCL_PTR_CUDA) return g->reg_sym(cc, data, size, type, flags, mh);
-  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)data & ~(page - 1);
-  int fd = ps_fake_dmabuf_create((void *)start, ((uintptr_t)data + size - start + page - 1) & ~(page - 1));
+  uint64_t off;
+  int fd = ps_fake_dmabuf_export(data, size, &off);
   if (fd < 0) {
     perror("memfd_create");
     return ncclSystemError;
   }
-  ncclResult_t rc = g->reg_sym_dmabuf(cc, data, size, type, (uintptr_t)data - start, fd, flags, mh);
+  ncclResult_t rc = g->reg_sym_dmabuf(cc, data, size, type, off, fd, flags, mh);
   close(fd);
   return rc;
 }

@@ -19,17 +19,8 @@
 #include "ps_decode.h"
 #include "ps_decode_gpu.h"
 #include "ps_moe_ref.h" // bf16 conversions
+#include "unit_check.h"
 
-static int failures;
-#define EXPECT(cond, ...)                                          \
-  do {                                                             \
-    if (!(cond)) {                                                 \
-      failures++;                                                  \
-      fprintf(stderr, "decode_test:%d: ", __LINE__);               \
-      fprintf(stderr, __VA_ARGS__);                                \
-      fputc('\n', stderr);                                         \
-    }                                                              \
-  } while (0)
 #define CUDA_OK(call)                                                               \
   do {                                                                              \
     cudaError_t e_ = (call);                                                        \
@@ -196,6 +187,5 @@ int main() {
   EXPECT(ps_decode_partial_gpu(&ok, 1.f, dummy_h, dummy_h, dummy_h, 1, dummy_n, 0, dummy_f, dummy_f, 0) == -1 &&
              strstr(ps_decode_last_error(), "splits 0"),
          "zero chunks not refused by name (%s)", ps_decode_last_error());
-  printf("decode_test: %d failed\n", failures);
-  return failures ? 1 : 0;
+  return unit_report("decode_test");
 }
