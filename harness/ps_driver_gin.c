@@ -159,7 +159,8 @@ GET_FLUSH(14)
     if ((rc = T##v->init(&init_ctx, 0x1234, drv_logger)) == ncclSuccess &&                  \
         (rc = T##v->devices(&ndev)) == ncclSuccess && ndev > 0 &&                           \
         (rc = T##v->getProperties(0, &p)) == ncclSuccess)                                   \
-      out->net_device_type = (int)p.netDeviceType, out->ptr_support = p.ptrSupport;         \
+      out->net_device_type = (int)p.netDeviceType, out->ptr_support = p.ptrSupport,         \
+      out->max_recvs = p.maxRecvs;                                                          \
   } while (0)
 
 int drv_gin_load(const char *path, const char *abi, drv_gin_t *out) {

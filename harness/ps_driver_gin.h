@@ -15,6 +15,7 @@ typedef struct {
   const char *name;    /* the table's name */
   int net_device_type; /* getProperties' netDeviceType */
   int ptr_support;     /* getProperties' ptrSupport */
+  int max_recvs;       /* getProperties' maxRecvs: NCCL's proxy queue is 32 x this per peer */
   /* `coll` below is the collective comm for v11/v12 and the context made by
    * createContext for v13/v14: the adapter hides the difference. */
   ncclResult_t (*reg_sym)(void *coll, void *data, size_t size, int type, uint64_t flags, void **mh);

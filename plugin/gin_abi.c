@@ -173,6 +173,15 @@ static void gin_ptr_support(int dev, int *ptr_support) {
   if (d && ps_gpumem_dmabuf(d)) *ptr_support |= NCCL_PTR_DMABUF;
 }
 
+/* NCCL sizes its GIN/RMA proxy queue per peer as NCCL_NET_MAX_REQUESTS x the
+ * one-sided table's maxRecvs (which means nothing else there). A kernel that
+ * finds the queue full spins on a word in host memory, one thread per CTA:
+ * with many CTAs the staging copies and the proxy slow down together, so the
+ * queue is made deep enough for a burst of puts (PERSEUS_PROXY_QUEUE). */
+static int gin_max_recvs(void) {
+  return (int)(ps_fabric_config()->proxy_queue / NCCL_NET_MAX_REQUESTS);
+}
+
 /* The net properties, as a device NCCL drives through its GIN proxy. */
 static ncclResult_t gin_props_v11(int dev, ps_props_v11_t *props) {
   if (!props) {
@@ -181,6 +190,7 @@ static ncclResult_t gin_props_v11(int dev, ps_props_v11_t *props) {
   }
   PS_CHECK(ps_abi_props_v11(dev, props));
   props->netDeviceType = NCCL_NET_DEVICE_GIN_PROXY;
+  props->maxRecvs = gin_max_recvs();
   gin_ptr_support(dev, &props->ptrSupport);
   return ncclSuccess;
 }
@@ -192,6 +202,7 @@ static ncclResult_t gin_props_v12(int dev, ps_props_v12_t *props) {
   }
   PS_CHECK(ps_abi_props_v12(dev, props));
   props->netDeviceType = NCCL_NET_DEVICE_GIN_PROXY;
+  props->maxRecvs = gin_max_recvs();
   gin_ptr_support(dev, &props->ptrSupport);
   return ncclSuccess;
 }

@@ -112,5 +112,11 @@ ncclResult_t ps_config_load(ps_config_t *cfg) {
   static const char *const staging_choices[] = {"auto", "always", "never", NULL};
   PS_CHECK(ps_env_enum("PERSEUS_STAGING", staging_choices, PS_STAGING_AUTO, &cfg->staging));
   PS_CHECK(ps_env_int("PERSEUS_RMA_INFLIGHT", -1, 0, 65536, &cfg->rma_inflight));
+  PS_CHECK(ps_env_int("PERSEUS_PROXY_QUEUE", 1024, 32, 16384, &cfg->proxy_queue));
+  if (cfg->proxy_queue & (cfg->proxy_queue - 1)) {
+    PS_WARN("PERSEUS_PROXY_QUEUE='%lld' is invalid: expected a power of two from 32 to 16384 (NCCL "
+            "indexes its proxy queue with a mask)", (long long)cfg->proxy_queue);
+    return ncclInvalidArgument;
+  }
   return ncclSuccess;
 }

@@ -47,6 +47,8 @@ typedef struct {
                                  * one-sided progress passes */
   int64_t rma_inflight;    /* PERSEUS_RMA_INFLIGHT: posted one-sided ops per peer, 0 = no bound,
                             * -1 = unset (the provider's default, ps_fabric) */
+  int64_t proxy_queue;     /* PERSEUS_PROXY_QUEUE: entries per peer of NCCL's GIN/RMA proxy
+                            * queue (a power of two), told as maxRecvs * 32 */
 } ps_config_t;
 
 /* PERSEUS_STAGING: GPU windows through pinned host memory (always), registered

@@ -75,7 +75,7 @@ const char *__asan_default_options(void) { return "quarantine_size_mb=0"; }
 #define MAX_TILES 8
 #define TILE_MAX (SLOT / MAX_TILES)
 #define MAX_BATCHES 64
-#define MAX_OUT 256          /* outstanding requests per peer, as NCCL's queue (32 x maxRecvs) */
+#define MAX_OUT 256          /* outstanding requests per peer at most (NCCL's queue allows 32 x maxRecvs) */
 
 typedef struct {
   const char *abi, *plugin, *scenario;
@@ -512,11 +512,15 @@ static int props(const args_t *a) {
                 !(g.ptr_support & ~(NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF)) &&
                 (!a->gpu || (g.ptr_support & NCCL_PTR_CUDA)) &&
                 (!a->dmabuf || !(g.ptr_support & NCCL_PTR_DMABUF) == (a->dmabuf == 'n'));
+  /* NCCL's proxy queue per peer is 32 x maxRecvs: PERSEUS_PROXY_QUEUE, else 1024 */
+  const char *queue_env = getenv("PERSEUS_PROXY_QUEUE");
+  long queue = queue_env ? strtol(queue_env, NULL, 10) : 1024;
   int ok = g.net_device_type == NCCL_NET_DEVICE_GIN_PROXY && g.name && !strcmp(g.name, "Perseus") &&
            g.peer_stats && g.ordering && (g.iget != NULL) == (strcmp(a->abi, "gin11") && strcmp(a->abi, "gin12")) &&
-           ptrs_ok;
-  printf("%s: name %s, netDeviceType %d, ptrSupport %d, extensions %s\n", a->abi, g.name ? g.name : "?",
-         g.net_device_type, g.ptr_support, g.peer_stats && g.ordering ? "resolved" : "missing");
+           ptrs_ok && 32L * g.max_recvs == queue;
+  printf("%s: name %s, netDeviceType %d, ptrSupport %d, maxRecvs %d (expected %ld), extensions %s\n",
+         a->abi, g.name ? g.name : "?", g.net_device_type, g.ptr_support, g.max_recvs, queue / 32,
+         g.peer_stats && g.ordering ? "resolved" : "missing");
   if (drv_gin_close(&g, NULL) != ncclSuccess) ok = 0;
   return ok ? 0 : 1;
 }

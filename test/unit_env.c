@@ -136,7 +136,7 @@ static void test_enum(void) {
 static const char *const config_vars[] = {
     "PERSEUS_PROVIDER", "FI_PROVIDER", "PERSEUS_IFACE", "PERSEUS_NET_REQUESTS", "PERSEUS_MAX_RECVS",
     "PERSEUS_KEEPALIVE_MS", "PERSEUS_PEER_TIMEOUT_MS", "PERSEUS_EAGAIN_RETRIES", "PERSEUS_RMA_INFLIGHT",
-    "PERSEUS_NSTREAMS", "PERSEUS_STRIPE_MIN", "NCCL_SOCKET_IFNAME", NULL};
+    "PERSEUS_NSTREAMS", "PERSEUS_STRIPE_MIN", "PERSEUS_PROXY_QUEUE", "NCCL_SOCKET_IFNAME", NULL};
 
 static void clear_config_env(void) {
   for (int i = 0; config_vars[i]; i++) unsetenv(config_vars[i]);
@@ -158,6 +158,7 @@ static void test_config(void) {
   EXPECT(c.nstreams == -1, "PERSEUS_NSTREAMS unset must leave the count to the provider, got %lld",
          (long long)c.nstreams);
   EXPECT(c.stripe_min == 128 << 10, "default PERSEUS_STRIPE_MIN %lld", (long long)c.stripe_min);
+  EXPECT(c.proxy_queue == 1024, "default PERSEUS_PROXY_QUEUE %lld", (long long)c.proxy_queue);
 
   setenv("FI_PROVIDER", "sockets", 1);
   EXPECT(ps_config_load(&c) == ncclSuccess && c.provider && !strcmp(c.provider, "sockets"),
@@ -177,7 +178,9 @@ static void test_config(void) {
   setenv("PERSEUS_PEER_TIMEOUT_MS", "3600000", 1);
   setenv("PERSEUS_EAGAIN_RETRIES", "0", 1);
   setenv("PERSEUS_RMA_INFLIGHT", "0", 1);
+  setenv("PERSEUS_PROXY_QUEUE", "32", 1);
   EXPECT(ps_config_load(&c) == ncclSuccess, "valid values: load failed");
+  EXPECT(c.proxy_queue == 32, "PERSEUS_PROXY_QUEUE=32 not taken: %lld", (long long)c.proxy_queue);
   EXPECT(c.rma_inflight == 0, "PERSEUS_RMA_INFLIGHT=0 (no bound) not taken: %lld", (long long)c.rma_inflight);
   EXPECT(c.iface && !strcmp(c.iface, "lo,eth0"), "PERSEUS_IFACE");
   EXPECT(c.net_requests == 4096 && c.max_recvs == 1 && c.keepalive_ms == 10 &&
@@ -202,6 +205,8 @@ static void test_config(void) {
       {"PERSEUS_RMA_INFLIGHT", "65537"},  {"PERSEUS_RMA_INFLIGHT", "8 ops"},
       {"PERSEUS_NSTREAMS", "0"},          {"PERSEUS_NSTREAMS", "9"},
       {"PERSEUS_NSTREAMS", "auto"},       {"PERSEUS_STRIPE_MIN", "1023"},
+      {"PERSEUS_PROXY_QUEUE", "1000"},    {"PERSEUS_PROXY_QUEUE", "16"},
+      {"PERSEUS_PROXY_QUEUE", "32768"},   {"PERSEUS_PROXY_QUEUE", "deep"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     clear_config_env();
