@@ -6,7 +6,7 @@
 // partial output and log-sum-exp against the reference's for that shard,
 // and the combined bf16 output against attention over the whole sequence;
 // group sizes 1 to 16, head dims 8 to 256, lengths off any tile size. Also
-// refused, by name: a group size the kernel lacks, zero chunks. Exits 77
+// refused, by name: a group size the kernel lacks, zero chunks, misaligned rows. Exits 77
 // without a GPU.
 #include <cuda_runtime.h>
 #include <math.h>
@@ -70,10 +70,10 @@ static void run_case(const ps_decode_config_t &c, int R, const int *len, int sms
   // the shards: stride = the longest shard, each its own copy of its rows
   const size_t stride = (size_t)(maxlen + R - 1) / R;
   const int splits = ps_decode_splits(&c, (int)stride, sms);
-  const size_t part_o = B * Hq * splits * D, part_lse = B * Hq * splits;
-  float *o_all = NULL, *lse_all = NULL;
-  CUDA_OK(cudaMalloc(&o_all, R * part_o * sizeof(float)));
-  CUDA_OK(cudaMalloc(&lse_all, R * part_lse * sizeof(float)));
+  const size_t G = Hq / Hkv, RF = ps_decode_record_floats((int)G, (int)D);
+  const size_t part = ps_decode_records_floats(&c, splits);
+  float *recs_all = NULL;
+  CUDA_OK(cudaMalloc(&recs_all, R * part * sizeof(float)));
   uint16_t *q_dev = to_device(qb);
   int bad_partial = 0;
   for (int r = 0; r < R; r++) {
@@ -95,26 +95,27 @@ static void run_case(const ps_decode_config_t &c, int R, const int *len, int sms
     uint16_t *k_dev = to_device(ks), *v_dev = to_device(vs);
     int *n_dev = to_device(n);
     EXPECT(ps_decode_partial_gpu(&c, (float)scale, q_dev, k_dev, v_dev, stride, n_dev, splits,
-                                 o_all + r * part_o, lse_all + r * part_lse, 0) == 0,
+                                 recs_all + r * part, 0) == 0,
            "partial: %s", ps_decode_last_error());
     CUDA_OK(cudaDeviceSynchronize());
     // this shard against the reference: its chunks combined on the host
-    std::vector<float> o(part_o), lse(part_lse);
-    CUDA_OK(cudaMemcpy(o.data(), o_all + r * part_o, part_o * sizeof(float), cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(lse.data(), lse_all + r * part_lse, part_lse * sizeof(float),
-                       cudaMemcpyDeviceToHost));
+    std::vector<float> recs(part);
+    CUDA_OK(cudaMemcpy(recs.data(), recs_all + r * part, part * sizeof(float), cudaMemcpyDeviceToHost));
+    // row i = b * Hq + h's chunk s: record ((b * Hkv + h / G) * splits + s), head h % G
+    auto rec = [&](size_t i, int s) { return &recs[((i / Hq * Hkv + i % Hq / G) * splits + s) * RF]; };
+    auto lse = [&](size_t i, int s) { return rec(i, s)[G * D + i % Hq % G]; };
     std::vector<double> sref(B * Hq * D), sref_lse(B * Hq);
     ps_decode_ref_partial(&c, scale, qd.data(), kds.data(), vds.data(), stride, n.data(),
                           sref.data(), sref_lse.data());
     for (size_t i = 0; i < B * Hq; i++) {
       double m = -INFINITY, l = 0;
-      for (int s = 0; s < splits; s++) m = fmax(m, lse[i * splits + s]);
+      for (int s = 0; s < splits; s++) m = fmax(m, lse(i, s));
       std::vector<double> acc(D, 0.0);
       for (int s = 0; s < splits && m != -INFINITY; s++) {
-        if (lse[i * splits + s] == -INFINITY) continue;
-        const double w = exp(lse[i * splits + s] - m);
+        if (lse(i, s) == -INFINITY) continue;
+        const double w = exp(lse(i, s) - m);
         l += w;
-        for (size_t d = 0; d < D; d++) acc[d] += w * o[(i * splits + s) * D + d];
+        for (size_t d = 0; d < D; d++) acc[d] += w * rec(i, s)[i % Hq % G * D + d];
       }
       const double got_lse = l > 0 ? m + log(l) : -INFINITY;
       if (sref_lse[i] == -INFINITY ? got_lse != -INFINITY : fabs(got_lse - sref_lse[i]) > 1e-3)
@@ -129,7 +130,7 @@ static void run_case(const ps_decode_config_t &c, int R, const int *len, int sms
 
   uint16_t *out_dev = NULL;
   CUDA_OK(cudaMalloc(&out_dev, B * Hq * D * sizeof(uint16_t)));
-  EXPECT(ps_decode_combine_gpu(&c, R, splits, o_all, part_o, lse_all, part_lse, out_dev, 0) == 0,
+  EXPECT(ps_decode_combine_gpu(&c, R, splits, recs_all, part, out_dev, 0) == 0,
          "combine: %s", ps_decode_last_error());
   std::vector<uint16_t> out(B * Hq * D);
   CUDA_OK(cudaMemcpy(out.data(), out_dev, out.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
@@ -145,7 +146,7 @@ static void run_case(const ps_decode_config_t &c, int R, const int *len, int sms
          D, R, wrong, out.size(), worst);
   printf("decode_test: B %zu Hq %2zu Hkv %zu D %3zu ranks %d splits %3d max len %5d: %s (worst %.2g)\n",
          B, Hq, Hkv, D, R, splits, maxlen, wrong || bad_partial ? "FAIL" : "ok", worst);
-  cudaFree(o_all), cudaFree(lse_all), cudaFree(q_dev), cudaFree(out_dev);
+  cudaFree(recs_all), cudaFree(q_dev), cudaFree(out_dev);
 }
 
 int main() {
@@ -178,14 +179,17 @@ int main() {
   // refusals name the value
   ps_decode_config_t odd = {1, 12, 4, 64, 16}; // group 3
   float dummy_f[1];
-  uint16_t dummy_h[1];
+  alignas(16) uint16_t dummy_h[16];
   int dummy_n[1];
-  EXPECT(ps_decode_partial_gpu(&odd, 1.f, dummy_h, dummy_h, dummy_h, 1, dummy_n, 1, dummy_f, dummy_f, 0) == -1 &&
+  EXPECT(ps_decode_partial_gpu(&odd, 1.f, dummy_h, dummy_h, dummy_h, 1, dummy_n, 1, dummy_f, 0) == -1 &&
              strstr(ps_decode_last_error(), "= 3 query heads"),
          "group 3 not refused by name (%s)", ps_decode_last_error());
   ps_decode_config_t ok = {1, 8, 8, 64, 16};
-  EXPECT(ps_decode_partial_gpu(&ok, 1.f, dummy_h, dummy_h, dummy_h, 1, dummy_n, 0, dummy_f, dummy_f, 0) == -1 &&
+  EXPECT(ps_decode_partial_gpu(&ok, 1.f, dummy_h, dummy_h, dummy_h, 1, dummy_n, 0, dummy_f, 0) == -1 &&
              strstr(ps_decode_last_error(), "splits 0"),
          "zero chunks not refused by name (%s)", ps_decode_last_error());
+  EXPECT(ps_decode_partial_gpu(&ok, 1.f, dummy_h + 1, dummy_h, dummy_h, 1, dummy_n, 1, dummy_f, 0) == -1 &&
+             strstr(ps_decode_last_error(), "16-byte aligned"),
+         "a misaligned q not refused by name (%s)", ps_decode_last_error());
   return unit_report("decode_test");
 }

@@ -1,0 +1,329 @@
+// Flash-Decode in one kernel per step (ps_decode_fused.h): partials, their
+// exchange and the combine, with the blocks of a step handing records to
+// each other through counters instead of kernel boundaries.
+#include <nccl.h>
+#include <nccl_device.h>
+#include <perseus/device.cuh>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_decode_dev.cuh"
+#include "ps_decode_fused.h"
+
+struct ps_decode_fused {
+  ncclComm_t comm;
+  int rank, nranks, splits, mode, grid, have_dev;
+  ps_decode_config_t cfg;
+  int max_shard;
+  size_t part;        // floats of one rank's records
+  size_t smem;        // dynamic shared memory of a block
+  uint32_t batch;     // records per signal
+  uint64_t steps;
+  void *buf;
+  ncclWindow_t win;
+  ncclDevComm dev;
+  perseus_batch_handle h;
+  unsigned long long *local_done; // this rank's records written, over every step
+};
+
+namespace {
+
+using ps_decode_dev::kThreads;
+static_assert(kThreads == ps_decode_dev::kCombineThreads, "one block shape for both phases");
+
+struct fused_args {
+  ncclDevComm dc;
+  perseus_batch_handle h;
+  ncclWindow_t win;
+  int B, Hq, Hkv, D, splits, mode;
+  float scale;
+  const uint16_t *q, *k, *v;
+  size_t stride;
+  const int *n;
+  uint16_t *out;
+  size_t part;      // floats per rank's records
+  int half;         // the window half of this step
+  uint32_t batch;
+  uint64_t total;   // records from each NVLink peer (and this rank's), counted since the start
+  uint64_t steps;   // puts from each GIN peer since the start: one a step
+  unsigned long long *local_done;
+};
+
+// A pulling combiner reads rank r's records where r wrote them.
+struct pulled_recs {
+  ncclWindow_t win;
+  size_t first; // floats: the half's start
+  size_t part;
+  int me;
+  ncclDevComm const *dc;
+  __device__ const float *operator()(int r) const {
+    const size_t off = (first + (size_t)r * part) * sizeof(float);
+    if (r == me) return (const float *)ncclGetLocalPointer(win, off);
+    return (const float *)ncclGetLsaPointer(win, off, perseus_lsa_index(*dc, r));
+  }
+};
+
+// Polls `done` with naps of 32 ns growing to about a microsecond.
+template <typename Done>
+__device__ void backoff_until(Done done) {
+  for (unsigned ns = 32; !done(); ns = ns < 1024 ? 2 * ns : ns) __nanosleep(ns);
+}
+
+// Three blocks an SM where the group allows (as the standalone partial
+// kernel gets): the combine phase must not cost the partial phase a block.
+template <int G, int U>
+__global__ void __launch_bounds__(kThreads, G <= 4 ? 3 : 1) fused_kernel(fused_args a) {
+  extern __shared__ float sh[];
+  const int R = a.dc.nRanks, me = a.dc.rank, items = a.B * a.Hkv * a.splits;
+  const size_t RF = ps_decode_record_floats(G, a.D), first = (size_t)a.half * R * a.part;
+  const size_t mine = first + (size_t)me * a.part; // floats from the window's start
+  float *recs = (float *)ncclGetLocalPointer(a.win, mine * sizeof(float));
+  perseus_batch pb(a.dc, a.h, a.batch);
+
+  // 1. this block's chunks: partial, then to every peer
+  for (int it = blockIdx.x; it < items; it += gridDim.x) {
+    const int s = it % a.splits, hk = it / a.splits % a.Hkv, b = it / a.splits / a.Hkv;
+    const int len = a.n[b], per = (len + a.splits - 1) / a.splits;
+    const int t0 = min(len, s * per), t1 = min(len, t0 + per);
+    const size_t row = ((size_t)b * a.Hkv + hk) * a.stride * a.D;
+    ps_decode_dev::partial_chunk<G, U>(a.D, a.scale, a.q + ((size_t)b * a.Hq + (size_t)hk * G) * a.D,
+                                       a.k + row, a.v + row, t0, t1, recs + it * RF, sh);
+    const size_t off = (mine + it * RF) * sizeof(float);
+    for (int j = 1; j < R; j++) {
+      const int peer = (me + j) % R;
+      if (perseus_lsa_index(a.dc, peer) < 0) continue; // GIN peers: the whole block below
+      if (a.mode == PS_DECODE_PUSH) pb.put(ncclCoopCta(), peer, a.win, off, a.win, off, RF * sizeof(float));
+      else if (threadIdx.x == 0) pb.stored(peer); // it stays here; the peer reads it
+    }
+    if (threadIdx.x == 0) {
+      __threadfence();
+      // the block that writes the step's last record puts all of them to
+      // each GIN peer at once: one put and its signal per peer and step
+      if (atomicAdd(a.local_done, 1ULL) + 1 == a.total) {
+        __threadfence();
+        perseus_batch whole(a.dc, a.h, 1);
+        for (int j = 1; j < R; j++) {
+          const int peer = (me + j) % R;
+          if (perseus_lsa_index(a.dc, peer) < 0)
+            whole.put(ncclCoopThread(), peer, a.win, mine * sizeof(float), a.win, mine * sizeof(float),
+                      a.part * sizeof(float));
+        }
+      }
+    }
+  }
+
+  // 2. every record of the step: this rank's blocks' and every peer's. The
+  // grid is what the GPU holds at once, so every block is running. The
+  // waiting threads back off: spinning blocks would slow the L2 for the
+  // blocks still reading the cache.
+  if (threadIdx.x == 0) {
+    backoff_until([&] { return *(volatile unsigned long long *)a.local_done >= a.total; });
+    perseus_recv rv(a.dc, a.h);
+    for (int j = 1; j < R; j++) {
+      const int src = (me + j) % R;
+      const uint64_t want = perseus_lsa_index(a.dc, src) < 0 ? a.steps : a.total;
+      backoff_until([&] { return rv.poll(src, want); });
+    }
+    __threadfence();
+  }
+  __syncthreads();
+
+  // 3. the rows
+  for (int row = blockIdx.x; row < a.B * a.Hq; row += gridDim.x) {
+    const int b = row / a.Hq, h = row % a.Hq;
+    if (a.mode == PS_DECODE_PUSH)
+      ps_decode_dev::combine_row(a.Hq, a.Hkv, a.D, a.splits, R,
+                                 ps_decode_dev::rank_stride_recs{
+                                     (const float *)ncclGetLocalPointer(a.win, first * sizeof(float)), a.part},
+                                 b, h, a.out, sh);
+    else
+      ps_decode_dev::combine_row(a.Hq, a.Hkv, a.D, a.splits, R, pulled_recs{a.win, first, a.part, me, &a.dc},
+                                 b, h, a.out, sh);
+  }
+}
+
+template <int G> constexpr int ahead() { return G <= 4 ? 8 : G == 8 ? 4 : 2; }
+
+template <int G>
+cudaError_t launch(const fused_args &a, int grid, size_t smem, cudaStream_t st) {
+  fused_kernel<G, ahead<G>()><<<grid, kThreads, smem, st>>>(a);
+  return cudaGetLastError();
+}
+
+template <int G>
+cudaError_t prepare(size_t smem, int *per_sm) {
+  cudaError_t e = cudaSuccess;
+  if (smem > 48 * 1024)
+    e = cudaFuncSetAttribute(fused_kernel<G, ahead<G>()>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem);
+  if (e == cudaSuccess)
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, fused_kernel<G, ahead<G>()>, kThreads, smem);
+  return e;
+}
+
+// One CTA: this rank's GIN batch signals back to 0 (a devcomm may get
+// signals a destroyed one left).
+__global__ void reset_signals(ncclDevComm dc, perseus_batch_handle h) {
+  perseus_batch_reset(dc, h, threadIdx.x, blockDim.x);
+}
+
+int fail_nccl(const char *what, ncclResult_t rc, ncclComm_t comm) {
+  return ps_decode_fail("%s failed: %s (%s)", what, ncclGetErrorString(rc),
+                        comm ? ncclGetLastError(comm) : "");
+}
+
+// The largest divisor of n up to 64: a step's records to a peer fill whole
+// batches, so no flush is needed.
+uint32_t whole_batch(int n) {
+  for (int d = 64; d > 1; d--)
+    if (n % d == 0) return (uint32_t)d;
+  return 1;
+}
+
+int create_dev(ps_decode_fused_t *f, int gin) {
+  ncclDevResourceRequirements_t req;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
+  ncclDevCommRequirements_t reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+#else
+  ncclDevCommRequirements_t reqs;
+  memset(&reqs, 0, sizeof(reqs));
+#endif
+  reqs.ginForceEnable = gin;
+  reqs.ginContextCount = 1;
+  ncclResult_t rc = perseus_batch_requirement(f->comm, 0, gin, &reqs, &f->h, &req);
+  if (rc == ncclSuccess) rc = ncclDevCommCreate(f->comm, &reqs, &f->dev);
+  if (rc != ncclSuccess) return fail_nccl("ncclDevCommCreate (one perseus batch handle)", rc, f->comm);
+  f->have_dev = 1;
+  if (gin && f->dev.ginContextCount < 1)
+    return ps_decode_fail("%d of %d ranks are beyond NVLink but the devcomm has no GIN context",
+                          f->nranks - f->dev.lsaSize, f->nranks);
+  if (!gin) return 0;
+  // the reset, then a barrier: no peer adds to our signals before they are 0
+  void *word = NULL;
+  cudaError_t ce = cudaMalloc(&word, sizeof(int));
+  if (ce == cudaSuccess) {
+    reset_signals<<<1, 128>>>(f->dev, f->h);
+    ce = cudaGetLastError();
+  }
+  if (ce == cudaSuccess) ce = cudaMemset(word, 0, sizeof(int));
+  if (ce == cudaSuccess) rc = ncclAllReduce(word, word, 1, ncclInt32, ncclSum, f->comm, 0);
+  if (ce == cudaSuccess && rc == ncclSuccess) ce = cudaStreamSynchronize(0);
+  if (word) cudaFree(word);
+  if (ce != cudaSuccess) return ps_decode_fail("resetting the GIN batch signals: %s", cudaGetErrorString(ce));
+  return rc == ncclSuccess ? 0 : fail_nccl("ncclAllReduce (the barrier after the signal reset)", rc, f->comm);
+}
+
+} // namespace
+
+int ps_decode_fused_create(ncclComm_t comm, const ps_decode_config_t *cfg, int max_shard,
+                           int splits, int mode, ps_decode_fused_t **out) {
+  if (!out) return ps_decode_fail("no place for the operator (out is NULL)");
+  *out = NULL;
+  if (!comm || !cfg) return ps_decode_fail("no %s", comm ? "config" : "communicator");
+  int R = 0, rank = 0, dev = 0, sms = 0;
+  ncclResult_t rc = ncclCommCount(comm, &R);
+  if (rc == ncclSuccess) rc = ncclCommUserRank(comm, &rank);
+  if (rc != ncclSuccess) return fail_nccl("ncclCommCount/ncclCommUserRank", rc, comm);
+  if (ps_decode_check_config(cfg, R)) return -1;
+  const int G = cfg->q_heads / cfg->kv_heads;
+  if (G > PS_DECODE_MAX_GROUP || (G & (G - 1)))
+    return ps_decode_fail("q_heads / kv_heads = %d query heads per KV head: the kernel takes 1, 2, "
+                          "4, 8 or 16", G);
+  if (mode != PS_DECODE_PUSH && mode != PS_DECODE_PULL)
+    return ps_decode_fail("mode %d: expected PS_DECODE_PUSH (0) or PS_DECODE_PULL (1)", mode);
+  if (max_shard < 1) return ps_decode_fail("max_shard %d: expected at least 1 token", max_shard);
+  if (splits < 0 || splits > 65535) return ps_decode_fail("splits %d: expected 0 (automatic) to 65535", splits);
+  cudaError_t ce = cudaGetDevice(&dev);
+  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (ce != cudaSuccess) return ps_decode_fail("the current GPU: %s", cudaGetErrorString(ce));
+  const int lsa = ncclTeamLsa(comm).nRanks;
+  if (mode == PS_DECODE_PULL && lsa != R)
+    return ps_decode_fail("pull reads every peer's records over NVLink, but %d of %d ranks are "
+                          "beyond it (lsaSize %d): use push", R - lsa, R, lsa);
+  ps_decode_fused_t *f = (ps_decode_fused_t *)calloc(1, sizeof(*f));
+  if (!f) return ps_decode_fail("out of host memory");
+  f->comm = comm, f->rank = rank, f->nranks = R, f->mode = mode, f->cfg = *cfg, f->max_shard = max_shard;
+  f->splits = splits ? splits : ps_decode_splits(cfg, max_shard, sms);
+  f->part = ps_decode_records_floats(cfg, f->splits);
+  const int items = cfg->batch * cfg->kv_heads * f->splits;
+  f->batch = whole_batch(items);
+  f->smem = ps_decode_dev::partial_smem(G, cfg->head_dim);
+  if (f->smem < (kThreads + 32) * sizeof(float)) f->smem = (kThreads + 32) * sizeof(float);
+  int per_sm = 0;
+  switch (G) {
+    case 1: ce = prepare<1>(f->smem, &per_sm); break;
+    case 2: ce = prepare<2>(f->smem, &per_sm); break;
+    case 4: ce = prepare<4>(f->smem, &per_sm); break;
+    case 8: ce = prepare<8>(f->smem, &per_sm); break;
+    default: ce = prepare<16>(f->smem, &per_sm); break;
+  }
+  int err = 0;
+  if (ce != cudaSuccess || per_sm < 1) {
+    err = ps_decode_fail("the fused kernel fits no block on an SM (%zu B of shared memory): %s", f->smem,
+                         cudaGetErrorString(ce));
+  } else {
+    f->grid = per_sm * sms < items ? per_sm * sms : items;
+    const size_t bytes = 2 * (size_t)R * f->part * sizeof(float);
+    if ((rc = ncclMemAlloc(&f->buf, bytes)) != ncclSuccess) {
+      err = fail_nccl("ncclMemAlloc (the records window)", rc, comm);
+    } else if ((rc = ncclCommWindowRegister(comm, f->buf, bytes, &f->win, NCCL_WIN_COLL_SYMMETRIC)) !=
+               ncclSuccess) {
+      err = fail_nccl("ncclCommWindowRegister (the records window)", rc, comm);
+    } else if (!f->win) {
+      err = ps_decode_fail("ncclCommWindowRegister gave no window: NCCL has no symmetric memory on "
+                           "this communicator");
+    } else if ((ce = cudaMalloc(&f->local_done, sizeof(*f->local_done))) != cudaSuccess ||
+               (ce = cudaMemset(f->local_done, 0, sizeof(*f->local_done))) != cudaSuccess) {
+      err = ps_decode_fail("the records counter: %s", cudaGetErrorString(ce));
+    } else {
+      err = create_dev(f, lsa != R);
+    }
+  }
+  if (err) {
+    ps_decode_fused_destroy(f);
+    return -1;
+  }
+  *out = f;
+  return 0;
+}
+
+int ps_decode_fused_splits(const ps_decode_fused_t *f) { return f ? f->splits : 0; }
+
+int ps_decode_fused_step(ps_decode_fused_t *f, float scale, const uint16_t *q, const uint16_t *k,
+                         const uint16_t *v, size_t stride, const int *n, uint16_t *out, cudaStream_t st) {
+  if (!f) return ps_decode_fail("no operator");
+  if (!q || !k || !v || !n || !out) return ps_decode_fail("a NULL device pointer");
+  if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16)
+    return ps_decode_fail("q %p, k %p, v %p: expected 16-byte aligned rows", (const void *)q,
+                          (const void *)k, (const void *)v);
+  if (stride < 1 || stride > (size_t)f->max_shard)
+    return ps_decode_fail("stride %zu: expected 1 to max_shard (%d) tokens", stride, f->max_shard);
+  const ps_decode_config_t &c = f->cfg;
+  const int items = c.batch * c.kv_heads * f->splits;
+  fused_args a;
+  a.dc = f->dev, a.h = f->h, a.win = f->win;
+  a.B = c.batch, a.Hq = c.q_heads, a.Hkv = c.kv_heads, a.D = c.head_dim, a.splits = f->splits;
+  a.mode = f->mode, a.scale = scale, a.q = q, a.k = k, a.v = v, a.stride = stride, a.n = n, a.out = out;
+  a.part = f->part, a.half = (int)(f->steps % 2), a.batch = f->batch;
+  a.total = (f->steps + 1) * (uint64_t)items, a.steps = f->steps + 1, a.local_done = f->local_done;
+  cudaError_t e;
+  switch (c.q_heads / c.kv_heads) {
+    case 1: e = launch<1>(a, f->grid, f->smem, st); break;
+    case 2: e = launch<2>(a, f->grid, f->smem, st); break;
+    case 4: e = launch<4>(a, f->grid, f->smem, st); break;
+    case 8: e = launch<8>(a, f->grid, f->smem, st); break;
+    default: e = launch<16>(a, f->grid, f->smem, st); break;
+  }
+  if (e != cudaSuccess) return ps_decode_fail("fused kernel launch: %s", cudaGetErrorString(e));
+  f->steps++;
+  return 0;
+}
+
+void ps_decode_fused_destroy(ps_decode_fused_t *f) {
+  if (!f) return;
+  if (f->have_dev) (void)ncclDevCommDestroy(f->comm, &f->dev);
+  if (f->win) (void)ncclCommWindowDeregister(f->comm, f->win);
+  if (f->buf) (void)ncclMemFree(f->buf);
+  if (f->local_done) cudaFree(f->local_done);
+  free(f);
+}

@@ -1,0 +1,152 @@
+/* The fused Flash-Decode operator (decode/ps_decode_fused.h) on every
+ * visible GPU, one forked rank each, push and (over NVLink) pull: three
+ * steps a case, with new inputs each step (the window's halves alternate),
+ * every rank's output against attention over the whole sequences in fp64.
+ * Cases: group sizes 1 to 16, head dims 8 to 256, lengths off any tile and
+ * shorter than the rank count (empty shards). Refused by name: a bad mode,
+ * pull beyond NVLink, a shard longer than the operator was made for.
+ * -p lsa (default): NVLink; -p gin: P2P off, the records cross perseus.
+ * Exit: 0 passed, 1 failed, 77 fewer GPUs than -g asks (or none). */
+#include <string.h>
+
+#include <vector>
+
+#include "decode_inputs.cuh"
+#include "opts.h"
+#include "ps_decode_fused.h"
+#include "tile_comm.cuh"
+
+struct df_cfg {
+  int ngpus, path, watchdog_s;
+};
+
+struct df_case {
+  ps_decode_config_t c;
+  int lens[4];
+};
+
+static const df_case df_cases[] = {
+    {{3, 16, 2, 256, 2048}, {2048, 1, 1000}}, // group 8, the largest head dim, an empty shard
+    {{2, 8, 8, 64, 4099}, {4099, 3}},         // MHA, lengths off any tile
+    {{1, 32, 8, 128, 8192}, {8192}},          // GQA 4, the benchmark's shape
+    {{2, 16, 1, 128, 1024}, {1024, 513}},     // group 16
+    {{2, 4, 2, 8, 300}, {300, 3}},            // the smallest head dim
+};
+
+/* One case in one mode: 3 steps; returns the wrong outputs seen. */
+static long long df_case_run(gc_world &w, const df_case &k, int mode, int rank, int R)
+{
+  const ps_decode_config_t &dc = k.c;
+  const size_t B = dc.batch, Hq = dc.q_heads, Hkv = dc.kv_heads, D = dc.head_dim;
+  std::vector<int> len(k.lens, k.lens + B), first(B), shard(B);
+  size_t stride = 1;
+  for (size_t b = 0; b < B; b++) {
+    int s, e;
+    ps_decode_shard(len[b], R, rank, &s, &e);
+    first[b] = s, shard[b] = e - s;
+    stride = std::max(stride, (size_t)(len[b] + R - 1) / R);
+  }
+  ps_decode_fused_t *f = NULL;
+  if (ps_decode_fused_create(w.comm, &dc, (int)stride, 0, mode, &f))
+    gc_die(__FILE__, __LINE__, "fused create: %s", ps_decode_last_error());
+  uint16_t *q, *kk, *v, *out;
+  int *n;
+  GC_CUDA(cudaMalloc(&q, B * Hq * D * 2), "q");
+  GC_CUDA(cudaMalloc(&kk, B * Hkv * stride * D * 2), "k");
+  GC_CUDA(cudaMalloc(&v, B * Hkv * stride * D * 2), "v");
+  GC_CUDA(cudaMalloc(&out, B * Hq * D * 2), "out");
+  GC_CUDA(cudaMalloc(&n, B * sizeof(int)), "lengths");
+  GC_CUDA(cudaMemcpy(n, shard.data(), B * sizeof(int), cudaMemcpyHostToDevice), "lengths");
+  const float scale = 1.f / sqrtf((float)D);
+  long long wrong = 0;
+  for (int step = 0; step < 3; step++) {
+    const uint64_t seed = 0x5eed + 977 * step;
+    if (dp_fill_all(seed, dc, stride, first, q, kk, v, w.stream))
+      gc_die(__FILE__, __LINE__, "filling the inputs: %s", cudaGetErrorString(cudaGetLastError()));
+    GC_CUDA(cudaMemsetAsync(out, 0xff, B * Hq * D * 2, w.stream), "out"); /* NaN until written */
+    if (ps_decode_fused_step(f, scale, q, kk, v, stride, n, out, w.stream))
+      gc_die(__FILE__, __LINE__, "fused step: %s", ps_decode_last_error());
+    GC_CUDA(cudaStreamSynchronize(w.stream), "rank %d, step %d", rank, step);
+    std::vector<uint16_t> host(B * Hq * D);
+    GC_CUDA(cudaMemcpy(host.data(), out, host.size() * 2, cudaMemcpyDeviceToHost), "out");
+    const long long bad = dp_check(seed, dc, len, host, scale);
+    if (bad)
+      fprintf(stderr, "decode_fused_test: rank %d, %s, B %zu Hq %zu Hkv %zu D %zu, step %d: %lld of %zu "
+              "outputs wrong\n", rank, mode ? "pull" : "push", B, Hq, Hkv, D, step, bad, host.size());
+    wrong += bad;
+  }
+  /* a shard longer than the operator was made for */
+  if (ps_decode_fused_step(f, scale, q, kk, v, stride + 1, n, out, w.stream) != -1 ||
+      !strstr(ps_decode_last_error(), "max_shard")) {
+    fprintf(stderr, "decode_fused_test: rank %d: stride %zu past max_shard %zu not refused by name (%s)\n",
+            rank, stride + 1, stride, ps_decode_last_error());
+    wrong++;
+  }
+  GC_CUDA(cudaDeviceSynchronize(), "rank %d", rank);
+  ps_decode_fused_destroy(f);
+  cudaFree(q), cudaFree(kk), cudaFree(v), cudaFree(out), cudaFree(n);
+  return wrong;
+}
+
+static int df_child(int rank, void *arg)
+{
+  const df_cfg &c = *(const df_cfg *)arg;
+  const int R = c.ngpus;
+  gc_world w;
+  if (gc_world_init(&w, rank, R) != ncclSuccess) return GP_EXIT_REFUSED;
+  long long wrong = 0;
+  int checks = 0;
+  for (const df_case &k : df_cases)
+    for (int mode = PS_DECODE_PUSH; mode <= (c.path == TT_LSA ? PS_DECODE_PULL : PS_DECODE_PUSH); mode++) {
+      gp_progress("decode_fused", -1, "B %d Hq %d Hkv %d D %d, %s", k.c.batch, k.c.q_heads, k.c.kv_heads,
+                  k.c.head_dim, mode ? "pull" : "push");
+      const long long bad = df_case_run(w, k, mode, rank, R);
+      wrong += bad, checks++;
+      if (rank == 0)
+        printf("decode_fused_test: B %d Hq %2d Hkv %d D %3d ranks %d %s: %s\n", k.c.batch, k.c.q_heads,
+               k.c.kv_heads, k.c.head_dim, R, mode ? "pull" : "push", bad ? "FAIL" : "ok");
+    }
+  /* refusals, each naming what was wrong */
+  ps_decode_fused_t *f = NULL;
+  const ps_decode_config_t ok = {1, 8, 8, 64, 64};
+  if (ps_decode_fused_create(w.comm, &ok, 64, 0, 7, &f) != -1 || !strstr(ps_decode_last_error(), "mode 7")) {
+    fprintf(stderr, "decode_fused_test: mode 7 not refused by name (%s)\n", ps_decode_last_error());
+    wrong++;
+  }
+  if (c.path != TT_LSA &&
+      (ps_decode_fused_create(w.comm, &ok, 64, 0, PS_DECODE_PULL, &f) != -1 ||
+       !strstr(ps_decode_last_error(), "use push"))) {
+    fprintf(stderr, "decode_fused_test: pull beyond NVLink not refused by name (%s)\n", ps_decode_last_error());
+    wrong++;
+  }
+  if (rank == 0)
+    printf("decode_fused_test: %d cases on %d ranks (%s): %s\n", checks, R, tt_path_names[c.path],
+           wrong ? "FAILED" : "passed");
+  gc_world_destroy(&w);
+  return wrong ? 1 : 0;
+}
+
+static void df_usage(FILE *f)
+{
+  fprintf(f, "usage: perseus_decode_fused_test [-g GPUS] [-p lsa|gin] [-W SECS]\n"
+             "  -g GPUs, one process each (0: every visible one; at least 1)\n"
+             "  -p lsa: NVLink (push and pull); gin: P2P off, the records cross perseus (push)\n");
+}
+
+int main(int argc, char **argv)
+{
+  static df_cfg c;
+  static const char *const paths[] = {"lsa", "gin"};
+  static const int path_values[] = {TT_LSA, TT_GIN};
+  const ps_opt_t opts[] = {
+      PS_OPT_INT('g', &c.ngpus, "0", 0, GP_MAX_RANKS),
+      PS_OPT_NAME('p', &c.path, "lsa", paths, path_values, 2),
+      PS_OPT_INT('W', &c.watchdog_s, "120", 1, 86400),
+  };
+  ps_opts_parse(argc, argv, "perseus_decode_fused_test", opts, PS_OPTS_N(opts), df_usage, 1);
+  if (gp_init("perseus_decode_fused_test")) return 1;
+  int rc = tt_start(c.path, 0, 1, &c.ngpus, c.watchdog_s, 1);
+  if (rc >= 0) return rc;
+  int codes[GP_MAX_RANKS];
+  return gp_run(c.ngpus, 0, df_child, &c, c.watchdog_s, "decode fused test", NULL, NULL, codes) ? 1 : 0;
+}
