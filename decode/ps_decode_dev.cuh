@@ -49,7 +49,7 @@ __device__ __forceinline__ void unpack8(uint4 w, float f[8]) {
 // it; `sh` holds partial_smem(G, D) bytes. Each group keeps its own online
 // softmax over its tokens, so a tile needs no block-wide step; the groups
 // merge once at the end. U tokens a group loads before it computes keep
-// 2 * U 16-byte loads in flight per thread.
+// U 16-byte loads in flight per thread, and V's follow K's one by one.
 template <int G, int U>
 __device__ void partial_chunk(int D, float scale, const uint16_t *q, const uint16_t *k,
                               const uint16_t *v, int t0, int t1, float *rec, float *sh) {
@@ -71,15 +71,17 @@ __device__ void partial_chunk(int D, float scale, const uint16_t *q, const uint1
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const int t = base + grp + u * NG;
-      kw[u] = vw[u] = make_uint4(0, 0, 0, 0);
-      if (active && t < t1) {
-        kw[u] = __ldg((const uint4 *)(k + (size_t)t * D + c * 8));
-        vw[u] = __ldg((const uint4 *)(v + (size_t)t * D + c * 8));
-      }
+      kw[u] = make_uint4(0, 0, 0, 0);
+      if (active && t < t1) kw[u] = __ldg((const uint4 *)(k + (size_t)t * D + c * 8));
     }
     float s[U][G];
 #pragma unroll
     for (int u = 0; u < U; u++) {
+      // V rows load while the scores are computed; the K rows they replace
+      // are dead by then, so K and V never hold registers together
+      const int t = base + grp + u * NG;
+      vw[u] = make_uint4(0, 0, 0, 0);
+      if (active && t < t1) vw[u] = __ldg((const uint4 *)(v + (size_t)t * D + c * 8));
       float kf[8];
       unpack8(kw[u], kf);
       const bool live = base + grp + u * NG < t1;
