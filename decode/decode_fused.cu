@@ -4,6 +4,7 @@
 #include <nccl.h>
 #include <nccl_device.h>
 #include <perseus/device.cuh>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,7 +99,10 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 3 : 1) fused_kernel(fused_a
     if (threadIdx.x == 0) {
       __threadfence();
       // the block that writes the step's last record puts all of them to
-      // each GIN peer at once: one put and its signal per peer and step
+      // each GIN peer at once: one put and its signal per peer and step.
+      // Its source half is written again two steps later, after this put's
+      // signal let the peer finish the step and send the next one's: the
+      // put has read it by then, so no ncclGin::flush is needed.
       if (atomicAdd(a.local_done, 1ULL) + 1 == a.total) {
         __threadfence();
         perseus_batch whole(a.dc, a.h, 1);
@@ -191,8 +195,9 @@ int create_dev(ps_decode_fused_t *f, int gin) {
   reqs.ginForceEnable = gin;
   reqs.ginContextCount = 1;
   ncclResult_t rc = perseus_batch_requirement(f->comm, 0, gin, &reqs, &f->h, &req);
-  if (rc == ncclSuccess) rc = ncclDevCommCreate(f->comm, &reqs, &f->dev);
-  if (rc != ncclSuccess) return fail_nccl("ncclDevCommCreate (one perseus batch handle)", rc, f->comm);
+  if (rc != ncclSuccess) return fail_nccl("perseus_batch_requirement (GIN context 0)", rc, f->comm);
+  if ((rc = ncclDevCommCreate(f->comm, &reqs, &f->dev)) != ncclSuccess)
+    return fail_nccl("ncclDevCommCreate (one perseus batch handle)", rc, f->comm);
   f->have_dev = 1;
   if (gin && f->dev.ginContextCount < 1)
     return ps_decode_fail("%d of %d ranks are beyond NVLink but the devcomm has no GIN context",
@@ -244,8 +249,15 @@ int ps_decode_fused_create(ncclComm_t comm, const ps_decode_config_t *cfg, int m
   if (!f) return ps_decode_fail("out of host memory");
   f->comm = comm, f->rank = rank, f->nranks = R, f->mode = mode, f->cfg = *cfg, f->max_shard = max_shard;
   f->splits = splits ? splits : ps_decode_splits(cfg, max_shard, sms);
+  const long long all_items = (long long)cfg->batch * cfg->kv_heads * f->splits;
+  if (all_items > INT_MAX) {
+    const int chunks = f->splits;
+    free(f);
+    return ps_decode_fail("batch %d x kv_heads %d x splits %d = %lld chunks a step: expected at most %d",
+                          cfg->batch, cfg->kv_heads, chunks, all_items, INT_MAX);
+  }
   f->part = ps_decode_records_floats(cfg, f->splits);
-  const int items = cfg->batch * cfg->kv_heads * f->splits;
+  const int items = (int)all_items;
   f->batch = whole_batch(items);
   f->smem = ps_decode_dev::partial_smem(G, cfg->head_dim);
   if (f->smem < (kThreads + 32) * sizeof(float)) f->smem = (kThreads + 32) * sizeof(float);
@@ -258,9 +270,12 @@ int ps_decode_fused_create(ncclComm_t comm, const ps_decode_config_t *cfg, int m
     default: ce = prepare<16>(f->smem, &per_sm); break;
   }
   int err = 0;
-  if (ce != cudaSuccess || per_sm < 1) {
-    err = ps_decode_fail("the fused kernel fits no block on an SM (%zu B of shared memory): %s", f->smem,
+  if (ce != cudaSuccess) {
+    err = ps_decode_fail("sizing the fused kernel's grid (%zu B of shared memory a block): %s", f->smem,
                          cudaGetErrorString(ce));
+  } else if (per_sm < 1) {
+    err = ps_decode_fail("the fused kernel fits no block on an SM (%zu B of shared memory, %d threads)",
+                         f->smem, kThreads);
   } else {
     f->grid = per_sm * sms < items ? per_sm * sms : items;
     const size_t bytes = 2 * (size_t)R * f->part * sizeof(float);

@@ -1,7 +1,7 @@
 /* Flash-Decode's host side (issue 27): split-KV decode attention's shapes,
  * their checks, the split of a sequence's KV cache over ranks, and the fp64
- * reference the GPU operator will be tested against. Plain C11, no CUDA;
- * internal until the operator itself exists.
+ * reference the GPU kernels and the fused operator (ps_decode_fused.h) are
+ * tested against. Plain C11, no CUDA; internal (not installed).
  *
  * Decode attention for B sequences, one new query token each: query head h
  * (of Hq) attends over its sequence's KV cache through KV head

@@ -14,9 +14,15 @@
  *    Every peer must be in the NVLink domain (lsaSize = ranks).
  *
  * The blocks wait for each other inside the kernel, so the grid is at most
- * what the GPU holds at once; no other kernel may need those SMs to let a
- * step finish. Records go to a window of two halves used in turn, so a step
- * never overwrites records a peer may still read from the step before. */
+ * what the GPU holds at once (the occupancy calculator's blocks an SM), and
+ * it is launched as a plain kernel: while a step runs, no other work on the
+ * GPU may hold SMs that the step's blocks need, or the resident blocks wait
+ * for ever. Records go to a window of two halves used in turn, so a step
+ * never overwrites records a peer may still read from the step before; that
+ * needs each rank's steps to run one after another (one stream, or streams
+ * ordered by events): overlapping steps read each other's counts. The
+ * automatic chunk count comes from the GPU's SM count, so ranks on
+ * different GPU models must pass the same `splits`. */
 #ifndef PS_DECODE_FUSED_H
 #define PS_DECODE_FUSED_H
 

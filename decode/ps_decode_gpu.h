@@ -1,9 +1,9 @@
 /* Flash-Decode's GPU kernels (issue 27): split-KV decode attention over one
  * rank's shard of the KV cache, and the combine of partials. The baseline
  * (partials, ncclAllGather, combine) is built from these; the fused
- * operator will reuse the partial kernel's math. Layouts and the math are
- * ps_decode.h's; bf16 values are uint16_t bit patterns. Host code in a .cu
- * file, callable from C++ and CUDA. */
+ * operator (ps_decode_fused.h) shares their device code (ps_decode_dev.cuh).
+ * Layouts and the math are ps_decode.h's; bf16 values are uint16_t bit
+ * patterns. Host code in a .cu file, callable from C++ and CUDA. */
 #ifndef PS_DECODE_GPU_H
 #define PS_DECODE_GPU_H
 
@@ -18,9 +18,9 @@
 #define PS_DECODE_MAX_GROUP 16
 
 /* How many chunks to cut each (sequence, KV head) row of a shard of up to
- * max_tokens tokens into: B * Hkv * splits blocks fill `sms`
- * multiprocessors at least twice, a row gets at least 3 chunks where that
- * asks for fewer, and each chunk has at least 64 tokens; at least 1. */
+ * max_tokens tokens into: enough for B * Hkv * splits blocks to fill `sms`
+ * multiprocessors twice, and at least 3 a row, but no more than
+ * ceil(max_tokens / 64) (chunks of about 64 tokens or more); at least 1. */
 int ps_decode_splits(const ps_decode_config_t *cfg, int max_tokens, int sms);
 
 /* A record: one block's partials for (sequence, KV head, chunk), the

@@ -47,9 +47,11 @@ static inline int dp_fill_all(uint64_t seed, const ps_decode_config_t &dc, size_
 {
   int *dev_first = NULL;
   const size_t bytes = first.size() * sizeof(int);
-  if (cudaMalloc(&dev_first, bytes) != cudaSuccess ||
-      cudaMemcpy(dev_first, first.data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+  if (cudaMalloc(&dev_first, bytes) != cudaSuccess) return -1;
+  if (cudaMemcpy(dev_first, first.data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+    cudaFree(dev_first);
     return -1;
+  }
   int *zero = NULL; /* q: one row a sequence, at token 0 */
   if (cudaMalloc(&zero, bytes) != cudaSuccess || cudaMemset(zero, 0, bytes) != cudaSuccess) {
     cudaFree(dev_first);

@@ -43,7 +43,7 @@
 #define PS_RMA_SIG_SLOTS 64          /* signal receives kept posted */
 #define PS_RMA_NACK_SLOTS 4          /* receives kept posted for peers' refusals of our signals */
 #define PS_RMA_REQ_CHUNK 1024        /* requests are allocated (and registered) this many at a time */
-#define PS_RMA_MAX_REQS (1u << 20)   /* more outstanding than this is a caller bug */
+#define PS_RMA_MAX_REQS (1u << 20)   /* at least this many outstanding per comm are allowed (ps_rma_req.c) */
 #define PS_RMA_MAX_WINDOW (1u << 22) /* a peer's writes can be this far ahead of its oldest missing one */
 
 /* Tags of the engine's own messages (bit 63: control, as in ps_wire.h). */

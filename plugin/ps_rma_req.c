@@ -32,9 +32,20 @@ void ps_rma_window_refused(ps_rma_comm_t *c, const char *call, const char *role,
   PS_WARN("%s: %s window: %s", call, role, why);
 }
 
+/* NCCL's GIN proxy keeps up to PERSEUS_PROXY_QUEUE requests per peer in
+ * flight: a comm may need that many for every rank, beyond the floor that
+ * catches a caller that never tests (handle slots bound it from above). */
+static uint64_t most_reqs(const ps_rma_comm_t *c) {
+  uint64_t most = (uint64_t)ps_fabric_config()->proxy_queue * (uint64_t)c->nranks;
+  if (most < PS_RMA_MAX_REQS) most = PS_RMA_MAX_REQS;
+  return most < (1ull << PS_HTAB_IDX_BITS) ? most : (1ull << PS_HTAB_IDX_BITS);
+}
+
 static ncclResult_t grow_reqs(ps_rma_comm_t *c) {
-  if (c->nreqs >= PS_RMA_MAX_REQS) {
-    PS_WARN("one-sided comm: over %u operations outstanding; test() completed requests first",
+  if (c->nreqs >= most_reqs(c)) {
+    PS_WARN("one-sided comm: over %llu operations outstanding (PERSEUS_PROXY_QUEUE %lld x %d "
+            "ranks, at least %u); test() completed requests first",
+            (unsigned long long)most_reqs(c), (long long)ps_fabric_config()->proxy_queue, c->nranks,
             PS_RMA_MAX_REQS);
     return ncclInvalidUsage;
   }
