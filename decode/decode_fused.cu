@@ -186,12 +186,8 @@ uint32_t whole_batch(int n) {
 
 int create_dev(ps_decode_fused_t *f, int gin) {
   ncclDevResourceRequirements_t req;
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
-  ncclDevCommRequirements_t reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
-#else
   ncclDevCommRequirements_t reqs;
-  memset(&reqs, 0, sizeof(reqs));
-#endif
+  perseus_devcomm_requirements_init(&reqs);
   reqs.ginForceEnable = gin;
   reqs.ginContextCount = 1;
   ncclResult_t rc = perseus_batch_requirement(f->comm, 0, gin, &reqs, &f->h, &req);

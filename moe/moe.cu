@@ -163,14 +163,8 @@ static ncclResult_t ps_moe_devcomm(perseus_moe *m)
     ps_moe_set_error("out of host memory for %d resource requirements", nh);
     return ncclSystemError;
   }
-  /* NCCL 2.29 made the requirements a versioned struct: ncclDevCommCreate
-   * refuses one without NCCL's magic, so it starts from NCCL's initializer */
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
-  ncclDevCommRequirements_t reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
-#else
   ncclDevCommRequirements_t reqs;
-  memset(&reqs, 0, sizeof(reqs));
-#endif
+  perseus_devcomm_requirements_init(&reqs);
   reqs.ginForceEnable = m->gin;
   reqs.ginContextCount = 1;
   ncclResult_t rc = ncclSuccess;

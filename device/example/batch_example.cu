@@ -71,11 +71,8 @@ static int run(int rank, int n, ncclUniqueId *id, unsigned batch, bool gin) {
   ncclDevComm dc;
   perseus_batch_handle h;
   ncclDevResourceRequirements_t req;
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0) /* a versioned struct: NCCL checks its magic */
-  ncclDevCommRequirements_t reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
-#else
-  ncclDevCommRequirements_t reqs = {};
-#endif
+  ncclDevCommRequirements_t reqs;
+  perseus_devcomm_requirements_init(&reqs); /* 2.29+: NCCL's initializer, which it checks */
   unsigned *done;
   unsigned long long *bad, nbad = 0;
   cudaStream_t ps, cs;

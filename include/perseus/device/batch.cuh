@@ -51,6 +51,18 @@ enum {
   PERSEUS_BATCH_WORDS = 4
 };
 
+/* Host: fresh devcomm requirements for the NCCL these headers come from.
+ * From 2.29 the struct is versioned and ncclDevCommCreate refuses one
+ * without NCCL's magic, so it starts from NCCL's initializer (a zeroed one
+ * builds but fails at run time); before 2.29, all zero. */
+static inline void perseus_devcomm_requirements_init(ncclDevCommRequirements_t *reqs) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
+  *reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+#else
+  memset(reqs, 0, sizeof *reqs);
+#endif
+}
+
 /* Host: reserves the library's resources in the devcomm requirements
  * `reqs`, before ncclDevCommCreate(comm, reqs, ...):
  *   - its GIN signals (one per rank) as the next block of the user signal
