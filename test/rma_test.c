@@ -512,15 +512,16 @@ static int props(const args_t *a) {
                 !(g.ptr_support & ~(NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF)) &&
                 (!a->gpu || (g.ptr_support & NCCL_PTR_CUDA)) &&
                 (!a->dmabuf || !(g.ptr_support & NCCL_PTR_DMABUF) == (a->dmabuf == 'n'));
-  /* NCCL's proxy queue per peer is 32 x maxRecvs: PERSEUS_PROXY_QUEUE, else 1024 */
+  /* NCCL sizes its proxy queue per peer as NCCL_NET_MAX_REQUESTS x maxRecvs:
+   * PERSEUS_PROXY_QUEUE, else its documented default, 1024 */
   const char *queue_env = getenv("PERSEUS_PROXY_QUEUE");
   long queue = queue_env ? strtol(queue_env, NULL, 10) : 1024;
   int ok = g.net_device_type == NCCL_NET_DEVICE_GIN_PROXY && g.name && !strcmp(g.name, "Perseus") &&
            g.peer_stats && g.ordering && (g.iget != NULL) == (strcmp(a->abi, "gin11") && strcmp(a->abi, "gin12")) &&
-           ptrs_ok && 32L * g.max_recvs == queue;
+           ptrs_ok && (long)NCCL_NET_MAX_REQUESTS * g.max_recvs == queue;
   printf("%s: name %s, netDeviceType %d, ptrSupport %d, maxRecvs %d (expected %ld), extensions %s\n",
-         a->abi, g.name ? g.name : "?", g.net_device_type, g.ptr_support, g.max_recvs, queue / 32,
-         g.peer_stats && g.ordering ? "resolved" : "missing");
+         a->abi, g.name ? g.name : "?", g.net_device_type, g.ptr_support, g.max_recvs,
+         queue / NCCL_NET_MAX_REQUESTS, g.peer_stats && g.ordering ? "resolved" : "missing");
   if (drv_gin_close(&g, NULL) != ncclSuccess) ok = 0;
   return ok ? 0 : 1;
 }

@@ -69,7 +69,7 @@ static long long df_case_run(gc_world &w, const df_case &k, int mode, int rank, 
     GC_CUDA(cudaStreamSynchronize(w.stream), "rank %d, step %d", rank, step);
     std::vector<uint16_t> host(B * Hq * D);
     GC_CUDA(cudaMemcpy(host.data(), out, host.size() * 2, cudaMemcpyDeviceToHost), "out");
-    const long long bad = dp_check(seed, dc, len, host, scale);
+    const long long bad = dp_wrong(dp_reference(seed, dc, len, scale), host);
     if (bad)
       fprintf(stderr, "decode_fused_test: rank %d, %s, B %zu Hq %zu Hkv %zu D %zu, step %d: %lld of %zu "
               "outputs wrong\n", rank, mode ? "pull" : "push", B, Hq, Hkv, D, step, bad, host.size());
