@@ -11,7 +11,7 @@ static _Thread_local char ag_err[256];
 
 const char *ps_ag_gemm_last_error(void) { return ag_err; }
 
-static int fail(const char *fmt, ...) {
+int ps_ag_gemm_fail(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(ag_err, sizeof ag_err, fmt, ap);
@@ -21,11 +21,11 @@ static int fail(const char *fmt, ...) {
 
 int ps_ag_gemm_check(const ps_ag_gemm_shape_t *s, int nranks) {
   ag_err[0] = '\0';
-  if (!s) return fail("no shape");
-  if (nranks < 1) return fail("%d ranks: expected at least 1", nranks);
-  if (s->m < 1) return fail("m %d: expected at least 1 row", s->m);
-  if (s->n < 8 || s->n % 8) return fail("n %d: expected a positive multiple of 8", s->n);
-  if (s->k < 8 || s->k % 8) return fail("k %d: expected a positive multiple of 8", s->k);
+  if (!s) return ps_ag_gemm_fail("no shape");
+  if (nranks < 1) return ps_ag_gemm_fail("%d ranks: expected at least 1", nranks);
+  if (s->m < 1) return ps_ag_gemm_fail("m %d: expected at least 1 row", s->m);
+  if (s->n < 8 || s->n % 8) return ps_ag_gemm_fail("n %d: expected a positive multiple of 8", s->n);
+  if (s->k < 8 || s->k % 8) return ps_ag_gemm_fail("k %d: expected a positive multiple of 8", s->k);
   return 0;
 }
 

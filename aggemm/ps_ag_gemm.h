@@ -1,18 +1,22 @@
 /* Fused AllGather+GEMM's host side (issue 27): the shape checks, the rows of
  * A each rank holds, which ranks a block of C's rows waits for, and the
- * reference the GPU operator will be tested against. Plain C11, no CUDA;
- * internal until the operator itself exists.
+ * reference the GPU operator will be tested against. Plain C11, no CUDA.
  *
  * R ranks each hold a contiguous block of A's M rows (ps_ag_gemm_shard:
  * sizes within one of each other, in rank order; a block may be empty when
  * M < R) and all of B (K x N); every rank computes C = A x B (M x N). Values
  * are bf16 (uint16_t bit patterns, row-major), accumulated in fp32, C
- * rounded to bf16 (ps_float_to_bf16, round to nearest even). */
+ * rounded to bf16 (ps_float_to_bf16, round to nearest even). The GPU
+ * operator is ps_ag_gemm_fused.h. */
 #ifndef PS_AG_GEMM_H
 #define PS_AG_GEMM_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct {
   int m; /* rows of A and C over all ranks, >= 1 */
@@ -24,6 +28,8 @@ typedef struct {
  * ps_ag_gemm_last_error(). */
 int ps_ag_gemm_check(const ps_ag_gemm_shape_t *s, int nranks);
 const char *ps_ag_gemm_last_error(void);
+/* Sets that reason (printf-style) and returns -1. */
+int ps_ag_gemm_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Rank r's rows of A (and of C's gathered rows): [*start, *end). */
 void ps_ag_gemm_shard(int m, int nranks, int rank, int *start, int *end);
@@ -47,5 +53,9 @@ void ps_ag_gemm_ref(const ps_ag_gemm_shape_t *s, const uint16_t *a, const uint16
  * error over its bound. */
 long ps_ag_gemm_count_wrong(const ps_ag_gemm_shape_t *s, const uint16_t *a, const uint16_t *b,
                             const uint16_t *c, double *worst);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

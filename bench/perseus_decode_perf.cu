@@ -83,7 +83,7 @@ static int dp_child(int rank, void *arg)
       GC_CUDA(cudaMalloc(&all, R * part * 4), "gathered partials");
       GC_CUDA(cudaMalloc(&n, B * sizeof(int)), "lengths");
       std::vector<int> shard_len(B, end - start), len(B, dc.max_context), first(B, start);
-      GC_CUDA(cudaMemcpy(n, shard_len.data(), B * sizeof(int), cudaMemcpyHostToDevice), "lengths");
+      GC_CUDA(cudaMemcpyAsync(n, shard_len.data(), B * sizeof(int), cudaMemcpyHostToDevice, w.stream), "lengths");
       if (dp_fill_all(c.seed, dc, stride, first, q, k, v, w.stream))
         gc_die(__FILE__, __LINE__, "filling the inputs: %s", cudaGetErrorString(cudaGetLastError()));
       const float scale = 1.f / sqrtf((float)D);

@@ -165,53 +165,18 @@ cudaError_t prepare(size_t smem, int *per_sm) {
   return e;
 }
 
-// One CTA: this rank's GIN batch signals back to 0 (a devcomm may get
-// signals a destroyed one left).
-__global__ void reset_signals(ncclDevComm dc, perseus_batch_handle h) {
-  perseus_batch_reset(dc, h, threadIdx.x, blockDim.x);
-}
-
 int fail_nccl(const char *what, ncclResult_t rc, ncclComm_t comm) {
   return ps_decode_fail("%s failed: %s (%s)", what, ncclGetErrorString(rc),
                         comm ? ncclGetLastError(comm) : "");
 }
 
-// The largest divisor of n up to 64: a step's records to a peer fill whole
-// batches, so no flush is needed.
-uint32_t whole_batch(int n) {
-  for (int d = 64; d > 1; d--)
-    if (n % d == 0) return (uint32_t)d;
-  return 1;
-}
 
 int create_dev(ps_decode_fused_t *f, int gin) {
-  ncclDevResourceRequirements_t req;
-  ncclDevCommRequirements_t reqs;
-  perseus_devcomm_requirements_init(&reqs);
-  reqs.ginForceEnable = gin;
-  reqs.ginContextCount = 1;
-  ncclResult_t rc = perseus_batch_requirement(f->comm, 0, gin, &reqs, &f->h, &req);
-  if (rc != ncclSuccess) return fail_nccl("perseus_batch_requirement (GIN context 0)", rc, f->comm);
-  if ((rc = ncclDevCommCreate(f->comm, &reqs, &f->dev)) != ncclSuccess)
-    return fail_nccl("ncclDevCommCreate (one perseus batch handle)", rc, f->comm);
+  const char *what = "";
+  const ncclResult_t rc = perseus_batch_devcomm_create(f->comm, gin, &f->dev, &f->h, &what);
+  if (rc != ncclSuccess) return fail_nccl(what, rc, f->comm);
   f->have_dev = 1;
-  if (gin && f->dev.ginContextCount < 1)
-    return ps_decode_fail("%d of %d ranks are beyond NVLink but the devcomm has no GIN context",
-                          f->nranks - f->dev.lsaSize, f->nranks);
-  if (!gin) return 0;
-  // the reset, then a barrier: no peer adds to our signals before they are 0
-  void *word = NULL;
-  cudaError_t ce = cudaMalloc(&word, sizeof(int));
-  if (ce == cudaSuccess) {
-    reset_signals<<<1, 128>>>(f->dev, f->h);
-    ce = cudaGetLastError();
-  }
-  if (ce == cudaSuccess) ce = cudaMemset(word, 0, sizeof(int));
-  if (ce == cudaSuccess) rc = ncclAllReduce(word, word, 1, ncclInt32, ncclSum, f->comm, 0);
-  if (ce == cudaSuccess && rc == ncclSuccess) ce = cudaStreamSynchronize(0);
-  if (word) cudaFree(word);
-  if (ce != cudaSuccess) return ps_decode_fail("resetting the GIN batch signals: %s", cudaGetErrorString(ce));
-  return rc == ncclSuccess ? 0 : fail_nccl("ncclAllReduce (the barrier after the signal reset)", rc, f->comm);
+  return 0;
 }
 
 } // namespace
@@ -254,7 +219,7 @@ int ps_decode_fused_create(ncclComm_t comm, const ps_decode_config_t *cfg, int m
   }
   f->part = ps_decode_records_floats(cfg, f->splits);
   const int items = (int)all_items;
-  f->batch = whole_batch(items);
+  f->batch = perseus_batch_whole(items);
   f->smem = ps_decode_dev::partial_smem(G, cfg->head_dim);
   if (f->smem < (kThreads + 32) * sizeof(float)) f->smem = (kThreads + 32) * sizeof(float);
   int per_sm = 0;

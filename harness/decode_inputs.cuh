@@ -49,7 +49,8 @@ static inline int dp_fill_all(uint64_t seed, const ps_decode_config_t &dc, size_
   int *dev_first = NULL;
   const size_t bytes = first.size() * sizeof(int);
   if (cudaMalloc(&dev_first, bytes) != cudaSuccess) return -1;
-  if (cudaMemcpy(dev_first, first.data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+  /* on `st`: it need not wait for the legacy stream's copies */
+  if (cudaMemcpyAsync(dev_first, first.data(), bytes, cudaMemcpyHostToDevice, st) != cudaSuccess) {
     cudaFree(dev_first);
     return -1;
   }

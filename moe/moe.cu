@@ -194,18 +194,17 @@ static ncclResult_t ps_moe_devcomm(perseus_moe *m)
   return ncclSuccess;
 }
 
-/* One CTA per batch handle: this rank's GIN signals back to 0
- * (perseus_batch_reset: a devcomm may get signals a destroyed one left). */
+/* One CTA per batch handle: this rank's counts and GIN signals back to 0
+ * (perseus_batch_reset: a devcomm may get counts a destroyed one left). */
 __global__ void ps_moe_reset_signals(ncclDevComm dc, const perseus_batch_handle *h)
 {
   perseus_batch_reset(dc, h[blockIdx.x], threadIdx.x, blockDim.x);
 }
 
 /* The reset, then a barrier (a one-word all-reduce behind it): no peer adds
- * to our signals before they are 0. Collective, like perseus_moe_create. */
+ * to our counts before they are 0. Collective, like perseus_moe_create. */
 static ncclResult_t ps_moe_zero_signals(perseus_moe *m)
 {
-  if (!m->gin) return ncclSuccess;
   cudaStream_t s;
   PS_MOE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "rank %d", m->rank);
   ps_moe_reset_signals<<<m->L + PS_MOE_SHARED_HANDLES, 128, 0, s>>>(
@@ -220,7 +219,7 @@ static ncclResult_t ps_moe_zero_signals(perseus_moe *m)
   if (word) cudaFree(word);
   cudaStreamDestroy(s);
   if (ce != cudaSuccess) {
-    ps_moe_set_error("resetting the GIN signals of %d batch handles failed: %s", m->L + PS_MOE_SHARED_HANDLES,
+    ps_moe_set_error("resetting the counts of %d batch handles failed: %s", m->L + PS_MOE_SHARED_HANDLES,
                      cudaGetErrorString(ce));
     return ncclUnhandledCudaError;
   }

@@ -123,13 +123,16 @@ __device__ __forceinline__ void ps_tma_load(uint32_t dst, const CUtensorMap *map
 
 /* Where a tile's NB weight matrices come from: b[i] (rows ldb elements
  * apart, the first nrows existing) by cp.async, or, with a tensor map per
- * matrix, the box at row[i] by TMA (rows past the tensor read as zero). */
+ * matrix, the box at row[i] by TMA (rows past the tensor read as zero).
+ * The K elements summed start at column kbase of each row (a split of K:
+ * the rows of A the caller passes point at their column kbase). */
 template <int NB> struct ps_gemm_b {
   const __nv_bfloat16 *b[NB];
   int nrows;
   size_t ldb;
   const CUtensorMap *map[NB]; /* TMA (the tile's template flag) */
   int row[NB];
+  int kbase;
 };
 
 #if PS_GEMM_WGMMA
@@ -231,7 +234,7 @@ __device__ void ps_gemm_tile_prep(Prep prep, const __nv_bfloat16 *const *rows,
         ps_mbar_expect(bar0 + 8 * stage, NB * b_bytes);
 #pragma unroll
         for (int i = 0; i < NB; i++)
-          ps_tma_load(st + a_bytes + i * b_bytes, bs.map[i], k0, bs.row[i], bar0 + 8 * stage);
+          ps_tma_load(st + a_bytes + i * b_bytes, bs.map[i], bs.kbase + k0, bs.row[i], bar0 + 8 * stage);
       }
     } else {
 #pragma unroll
@@ -239,7 +242,7 @@ __device__ void ps_gemm_tile_prep(Prep prep, const __nv_bfloat16 *const *rows,
 #pragma unroll
         for (int i = 0; i < NB; i++)
           ps_cp_async16(st + a_bytes + i * b_bytes + ps_gemm_swz(lr + q * rstep, lc),
-                        bs.b[i] + boff[q] + k0 + lc * 8, bok[q]);
+                        bs.b[i] + boff[q] + bs.kbase + k0 + lc * 8, bok[q]);
     }
   };
   auto load_a = [&](int stage, int k0) { /* and closes the stage's group */

@@ -56,7 +56,7 @@ static long long df_case_run(gc_world &w, const df_case &k, int mode, int rank, 
   GC_CUDA(cudaMalloc(&v, B * Hkv * stride * D * 2), "v");
   GC_CUDA(cudaMalloc(&out, B * Hq * D * 2), "out");
   GC_CUDA(cudaMalloc(&n, B * sizeof(int)), "lengths");
-  GC_CUDA(cudaMemcpy(n, shard.data(), B * sizeof(int), cudaMemcpyHostToDevice), "lengths");
+  GC_CUDA(cudaMemcpyAsync(n, shard.data(), B * sizeof(int), cudaMemcpyHostToDevice, w.stream), "lengths");
   const float scale = 1.f / sqrtf((float)D);
   long long wrong = 0;
   for (int step = 0; step < 3; step++) {

@@ -76,7 +76,7 @@ static inline void perseus_devcomm_requirements_init(ncclDevCommRequirements_t *
  *   - its counters (32 bytes per rank) as a resource buffer: `req` (storage
  *     you keep until ncclDevCommCreate returns) is linked at the head of
  *     reqs->resourceRequirementsList and NCCL writes its handle into h->buf.
- *     NCCL zeroes resource buffers, so counts start at 0.
+ *     Reset them before first use (perseus_batch_reset).
  * `ctx` picks the GIN context every tile and signal uses (0 if unsure).
  * `gin`: 0 when the devcomm will have no GIN at all (every peer reachable by
  * NVLink stores): then no signals are reserved. Reserving signals does not
@@ -105,6 +105,14 @@ static inline ncclResult_t perseus_batch_requirement(ncclComm_t comm, int ctx, i
   return ncclSuccess;
 }
 
+/* Host: the largest batch up to 64 that divides n, for a producer that puts
+ * n tiles to a peer each round: whole batches only, so no flush is needed. */
+static inline uint32_t perseus_batch_whole(int n) {
+  for (int d = 64; d > 1; d--)
+    if (n % d == 0) return (uint32_t)d;
+  return 1;
+}
+
 #if __CUDACC__
 /* Wrap-safe "a has reached b" for cumulative counts. */
 __device__ __forceinline__ bool perseus_reached(uint64_t a, uint64_t b) {
@@ -123,16 +131,20 @@ __device__ __forceinline__ uint64_t *perseus_batch_word(ncclDevComm const &dc,
   return (uint64_t *)ncclGetResourceBufferLocalPointer(dc, h.buf) + (size_t)word * dc.nRanks + r;
 }
 
-/* Zeroes this rank's GIN batch signals of `h` (one per GIN source rank).
- * NCCL (2.28) gives a new devcomm GIN signals from a pool without clearing
- * them, so a range that a destroyed devcomm used starts with its old counts.
- * So before the first put or signal through `h`: every rank runs this (the
- * threads of one kernel, `tid` of `nthreads`), then every rank passes a
- * barrier (e.g. a one-word ncclAllReduce behind the kernel on its stream),
- * so that no peer's add can land before the reset. LSA counts live in the
- * resource buffer, which NCCL zeroes. */
+/* Zeroes this rank's counts of `h`: its resource-buffer words and its GIN
+ * batch signals (one per GIN source rank). A new devcomm's counts need not
+ * start at 0: NCCL (2.28) gives GIN signals from a pool without clearing
+ * them, so a range that a destroyed devcomm used starts with its old counts,
+ * and no NCCL version promises to order its own clearing of a resource
+ * buffer before a peer's first add. So before the first put or signal
+ * through `h`: every rank runs this (the threads of one kernel, `tid` of
+ * `nthreads`), then every rank passes a barrier (e.g. a one-word
+ * ncclAllReduce behind the kernel on its stream), so that no peer's add can
+ * land before the reset (perseus_batch_devcomm_create does all of it). */
 __device__ __forceinline__ void perseus_batch_reset(ncclDevComm const &dc, perseus_batch_handle h,
                                                     int tid, int nthreads) {
+  uint64_t *words = perseus_batch_word(dc, h, 0, 0);
+  for (int i = tid; i < PERSEUS_BATCH_WORDS * dc.nRanks; i += nthreads) words[i] = 0;
   if (dc.ginContextCount <= h.ctx) return; /* no GIN: no signals were reserved */
   ncclGin gin{dc, h.ctx};
   for (int r = tid; r < dc.nRanks; r += nthreads)
@@ -320,6 +332,60 @@ struct perseus_recv {
     return atomicAdd((unsigned long long *)perseus_batch_word(dc, h, PERSEUS_BATCH_SEEN, src), ntiles) + ntiles;
   }
 };
+
+/* One CTA: this rank's counts of `h` back to 0. */
+static __global__ void perseus_batch_reset_kernel(ncclDevComm dc, perseus_batch_handle h) {
+  perseus_batch_reset(dc, h, threadIdx.x, blockDim.x);
+}
+
+/* Host, collective over `comm` (the caller's GPU current): a devcomm whose
+ * only resource is one batching handle on GIN context 0, for operators that
+ * need nothing more. `gin` as in perseus_batch_requirement (when set, GIN is
+ * forced on). Every rank's counts are reset and a barrier (a one-word
+ * ncclAllReduce on the legacy stream) keeps any peer's add behind the
+ * reset. On failure nothing is left created and *failed (when not NULL)
+ * names the call that failed. */
+static inline ncclResult_t perseus_batch_devcomm_create(ncclComm_t comm, int gin, ncclDevComm *dev,
+                                                        perseus_batch_handle *h, const char **failed) {
+  ncclDevResourceRequirements_t req;
+  ncclDevCommRequirements_t reqs;
+  const char *what = "perseus_batch_requirement (GIN context 0)";
+  perseus_devcomm_requirements_init(&reqs);
+  reqs.ginForceEnable = gin;
+  reqs.ginContextCount = 1;
+  ncclResult_t rc = perseus_batch_requirement(comm, 0, gin, &reqs, h, &req);
+  if (rc == ncclSuccess) {
+    what = "ncclDevCommCreate (one perseus batch handle)";
+    rc = ncclDevCommCreate(comm, &reqs, dev);
+  }
+  if (rc != ncclSuccess) {
+    if (failed) *failed = what;
+    return rc;
+  }
+  void *word = NULL;
+  what = "resetting the batch counts";
+  if (gin && dev->ginContextCount < 1) {
+    what = "ncclDevCommCreate gave no GIN context";
+    rc = ncclInvalidUsage;
+  } else if (cudaMalloc(&word, sizeof(int)) != cudaSuccess) {
+    rc = ncclSystemError;
+  } else {
+    perseus_batch_reset_kernel<<<1, 128>>>(*dev, *h);
+    if (cudaGetLastError() != cudaSuccess || cudaMemset(word, 0, sizeof(int)) != cudaSuccess)
+      rc = ncclUnhandledCudaError;
+    if (rc == ncclSuccess) {
+      what = "ncclAllReduce (the barrier after the reset)";
+      rc = ncclAllReduce(word, word, 1, ncclInt32, ncclSum, comm, 0);
+    }
+    if (rc == ncclSuccess && cudaStreamSynchronize(0) != cudaSuccess) rc = ncclUnhandledCudaError;
+    cudaFree(word);
+  }
+  if (rc != ncclSuccess) {
+    (void)ncclDevCommDestroy(comm, dev);
+    if (failed) *failed = what;
+  }
+  return rc;
+}
 #endif /* __CUDACC__ */
 
 #endif
