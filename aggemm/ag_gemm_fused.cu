@@ -193,6 +193,15 @@ __global__ void __launch_bounds__(PS_GEMM_THREADS, 2) ag_gemm_kernel(const __gri
     });
     if (a.splits > 1) finish_split(a, tile, m0, mrows, n0, &last_split);
   }
+  // The step ends only once every peer counted this step, those whose rows
+  // no tile needed (empty shards) included: so no peer can be two steps
+  // ahead, writing a window half this rank may still read.
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    for (int s = 0; s < R; s++)
+      if (s != me) {
+        const uint64_t want = a.step1 * units_from(a, s);
+        backoff_until([&] { return rv.poll(s, want); });
+      }
 }
 
 typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,

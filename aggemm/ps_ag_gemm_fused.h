@@ -10,9 +10,7 @@
  *    riding in it.
  *  - pull: those blocks copy the shard into the own window and count it for
  *    every peer; the GEMM loads a peer's rows from its window over NVLink.
- *    Every peer must be in the NVLink domain. (docs/limitations.md: pull
- *    has shown a stale row of A in its first step after a push operator of
- *    the same shape; prefer push until that is found.)
+ *    Every peer must be in the NVLink domain.
  * Meanwhile the other blocks start on the tiles of C whose rows are this
  * rank's own (read from `a` itself), then go round the ranks; a tile
  * starts once every rank its rows come from delivered its whole shard.
@@ -25,7 +23,8 @@
  * other inside the kernel, so the grid is what the GPU holds at once and no
  * other work may hold the SMs a step needs; the window's two halves
  * alternate, so each rank's steps must run one after another (one stream,
- * or streams ordered by events). */
+ * or streams ordered by events), and a step ends only once every peer
+ * started it. */
 #ifndef PS_AG_GEMM_FUSED_H
 #define PS_AG_GEMM_FUSED_H
 
