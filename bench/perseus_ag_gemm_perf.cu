@@ -14,7 +14,6 @@
  * 77 no GPU. */
 #include <algorithm>
 #include <math.h>
-#include <string.h>
 #include <vector>
 
 #include <cublas_v2.h>
@@ -22,6 +21,7 @@
 
 #include "opts.h"
 #include "ps_ag_gemm_fused.h"
+#include "ps_moe_ref.h" /* ps_bf16_to_float */
 #include "tile_comm.cuh"
 
 #define AP_MAX 8
@@ -50,14 +50,6 @@ __global__ void ap_fill(__nv_bfloat16 *p, uint64_t seed, int what, size_t first_
   }
 }
 
-static float ap_bf16(uint16_t v)
-{
-  uint32_t u = (uint32_t)v << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 /* Elements of `got` ([M][N]) off the baseline's C (row i of C at row
  * owner * P + (i - owner's start) of `base`) by more than two bf16 steps of
  * the larger plus 1/64: two fp32-accumulated results differ by their
@@ -72,7 +64,8 @@ static long long ap_wrong(const std::vector<uint16_t> &got, const std::vector<ui
     ps_ag_gemm_shard(M, R, r, &s, &e);
     for (int i = s; i < e; i++)
       for (int j = 0; j < N; j++) {
-        const float x = ap_bf16(got[(size_t)i * N + j]), y = ap_bf16(base[((size_t)r * P + i - s) * N + j]);
+        const float x = ps_bf16_to_float(got[(size_t)i * N + j]);
+        const float y = ps_bf16_to_float(base[((size_t)r * P + i - s) * N + j]);
         if (!(fabsf(x - y) <= ldexpf(fmaxf(fabsf(x), fabsf(y)), -7) + 1.f / 64)) bad++;
       }
   }
