@@ -8,19 +8,24 @@
 #include <perseus/device.cuh>
 #include <stdlib.h>
 
-#include "moe_gemm.cuh"
+#include "ag_gemm_tile.cuh"
 #include "ps_ag_gemm_fused.h"
 
 namespace {
 
-constexpr int kBM = 128;                  // rows of a tile of C
-constexpr int kBN = 2 * PS_GEMM_N;        // its columns: the GEMM tile's two matrices side by side
-constexpr size_t kSmem = PS_GEMM_SMEM(kBM);
 constexpr size_t kPieceBytes = 64 * 1024; // what one block shares at a time
 constexpr int kMaxCommBlocks = 16;
+constexpr int kTmaRanks = 8; // pulling from more ranks gathers every row by cp.async
 
 struct ag_args {
-  CUtensorMap bmap; // B as [N][K], boxes of PS_GEMM_N rows x PS_GEMM_K
+  CUtensorMap bmap; // B as [N][K], boxes of ag::kBN rows x ag::kBK
+  // A's rows by TMA, in boxes of ag::kBM rows x ag::kBK: amap this rank's
+  // shard (the caller's a; set where the shard is not empty), wmap[0] the
+  // own window (push) or wmap[s] rank s's (pull, up to kTmaRanks ranks),
+  // both halves, [2M][K]. Tiles of rows from both (or, pulling, from two
+  // ranks) gather their rows by cp.async instead.
+  CUtensorMap amap, wmap[kTmaRanks];
+  int wmaps;
   ncclDevComm dc;
   perseus_batch_handle h;
   ncclWindow_t win;
@@ -33,8 +38,10 @@ struct ag_args {
   unsigned int *tickets; // [2]: the tiles handed out in the steps of each window half
   int splits;            // K splits a tile (1: none); more where tiles alone leave SMs idle
   float *ws;             // splits > 1: each split's sums in fp32, [splits][M][N]
-  unsigned int *tile_done; // splits > 1: the splits of each tile done (zero between steps)
+  unsigned int *tile_done; // splits > 1: per tile and 64-row half, the splits done over every step
 };
+
+static_assert(sizeof(ag_args) <= 4000, "the kernel's arguments exceed 4 KiB");
 
 __device__ __forceinline__ int shard_start(int m, int R, int r) { return (int)((long long)m * r / R); }
 
@@ -104,104 +111,248 @@ __device__ void share_shard(const ag_args &a, int r0, int mine) {
   }
 }
 
-// After a split's sums went into its slice of ws: the tile's last split
-// adds the slices, rounds into C and leaves the tile's count at zero for the
-// next step.
-__device__ void finish_split(const ag_args &a, int tile, int m0, int mrows, int n0, bool *last) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) *last = atomicAdd(&a.tile_done[tile], 1u) == (unsigned)a.splits - 1;
-  __syncthreads();
-  if (!*last) return;
-  __threadfence();
-  const int pairs = min(kBN, a.N - n0) / 2;
-  for (int i = threadIdx.x; i < mrows * pairs; i += blockDim.x) {
-    const size_t at = (size_t)(m0 + i / pairs) * a.N + n0 + 2 * (i % pairs), slice = (size_t)a.M * a.N;
-    float x = 0.f, y = 0.f;
-    for (int sp = 0; sp < a.splits; sp++) {
-      const float2 v = __ldcg((const float2 *)(a.ws + sp * slice + at));
-      x += v.x, y += v.y;
-    }
-    *(__nv_bfloat162 *)(a.c + at) = __floats2bfloat162_rn(x, y);
-  }
-  if (threadIdx.x == 0) a.tile_done[tile] = 0;
+// A ticket's tile: rows [m0, m0 + mrows) (this rank's own first, then round
+// the ranks), columns [n0, n0 + kBN), K steps [kb, kb + nk) of its split.
+struct tile_t {
+  int tile, m0, mrows, n0, kb, nk;
+};
+
+// The tensor map a tile's rows of A come from in one box (and the box's
+// first row in it), or NULL where they must be gathered.
+__device__ __forceinline__ const CUtensorMap *a_map(const ag_args &a, const tile_t &x, int *row) {
+  const int R = a.dc.nRanks, me = a.dc.rank, lo = owner(a.M, R, x.m0), hi = owner(a.M, R, x.m0 + x.mrows - 1);
+  if (lo == me && hi == me) return *row = x.m0 - shard_start(a.M, R, me), &a.amap;
+  if (lo <= me && me <= hi) return NULL; // own rows and others'
+  *row = a.half * a.M + x.m0;
+  if (a.mode == PS_AG_GEMM_PUSH) return &a.wmap[0];
+  return lo == hi && lo < a.wmaps ? &a.wmap[lo] : NULL;
 }
 
-__global__ void __launch_bounds__(PS_GEMM_THREADS, 2) ag_gemm_kernel(const __grid_constant__ ag_args a) {
-  extern __shared__ __align__(128) char smem[];
-  __shared__ const __nv_bfloat16 *rows[kBM];
-  __shared__ unsigned int ticket;
-  __shared__ bool last_split;
-  const int R = a.dc.nRanks, me = a.dc.rank;
-  const int r0 = shard_start(a.M, R, me), mine = shard_start(a.M, R, me + 1) - r0;
-  if (blockIdx.x == 0 && threadIdx.x == 0) a.tickets[a.half ^ 1] = 0; // the next step's; the last one's ended
-  if (blockIdx.x < a.comm_blocks) share_shard(a, r0, mine);
+__device__ __forceinline__ tile_t tile_of(const ag_args &a, int t) {
+  const int R = a.dc.nRanks, me = a.dc.rank, r0 = shard_start(a.M, R, me);
+  const int mblocks = (a.M + ag::kBM - 1) / ag::kBM, nt = (a.N + ag::kBN - 1) / ag::kBN;
+  const int b0 = shard_start(a.M, R, me + 1) > r0 ? r0 / ag::kBM : 0;
+  const int ksteps = a.K / ag::kBK, per_split = (ksteps + a.splits - 1) / a.splits;
+  tile_t x;
+  x.tile = t / a.splits;
+  x.m0 = (b0 + x.tile / nt) % mblocks * ag::kBM, x.mrows = min(ag::kBM, a.M - x.m0);
+  x.n0 = x.tile % nt * ag::kBN;
+  x.kb = t % a.splits * per_split, x.nk = min(ksteps - x.kb, per_split);
+  return x;
+}
 
-  // Tiles in the order their rows arrive: this rank's own first (read from
-  // a itself), then round the ranks.
-  const int mblocks = (a.M + kBM - 1) / kBM, nt = (a.N + kBN - 1) / kBN, tiles = mblocks * nt;
-  const int ksteps = a.K / PS_GEMM_K, per_split = (ksteps + a.splits - 1) / a.splits;
-  const int b0 = mine > 0 ? r0 / kBM : 0;
-  perseus_recv rv(a.dc, a.h);
-  for (;;) {
-    if (threadIdx.x == 0) ticket = atomicAdd(&a.tickets[a.half], 1u);
-    __syncthreads();
-    const int t = (int)ticket;
-    __syncthreads(); // read by all before the next ticket
-    if (t >= tiles * a.splits) break;
-    const int tile = t / a.splits, m0 = (b0 + tile / nt) % mblocks * kBM, n0 = tile % nt * kBN;
-    const int mrows = min(kBM, a.M - m0), kb = t % a.splits * per_split * PS_GEMM_K;
-    ps_gemm_b<2> bs = {};
-    bs.map[0] = bs.map[1] = &a.bmap;
-    bs.row[0] = n0, bs.row[1] = n0 + PS_GEMM_N, bs.kbase = kb;
-    auto prep = [&]() -> int {
-      if (threadIdx.x == 0) {
-        const int last = owner(a.M, R, m0 + mrows - 1);
-        for (int s = owner(a.M, R, m0); s <= last; s++)
-          if (s != me) {
-            const uint64_t want = a.step1 * units_from(a, s);
-            backoff_until([&] { return rv.poll(s, want); });
-          }
-        __threadfence();
-      }
-      __syncthreads();
-      if (threadIdx.x < mrows) {
-        const int row = m0 + threadIdx.x, s = owner(a.M, R, row);
-        const size_t off = row_off(a, row);
-        rows[threadIdx.x] =
-            kb + (s == me ? a.a + (size_t)(row - r0) * a.K
-                  : a.mode == PS_AG_GEMM_PULL
-                      ? (const __nv_bfloat16 *)ncclGetLsaPointer(a.win, off, perseus_lsa_index(a.dc, s))
-                      : (const __nv_bfloat16 *)ncclGetLocalPointer(a.win, off));
-      }
-      __syncthreads();
-      return mrows;
-    };
-    const int kn = min(a.K - kb, per_split * PS_GEMM_K);
-    ps_gemm_tile_prep<kBM, 2, true>(prep, rows, bs, kn, smem, [&](int m, int cc, float(*v)[2]) {
-      const size_t at = (size_t)(m0 + m) * a.N;
-#pragma unroll
-      for (int i = 0; i < 2; i++) {
-        const int col = n0 + i * PS_GEMM_N + cc;
-        if (col >= a.N) continue;
-        if (a.splits == 1) {
-          *(__nv_bfloat162 *)(a.c + at + col) = __floats2bfloat162_rn(v[i][0], v[i][1]);
-        } else {
-          __stcg((float2 *)(a.ws + (size_t)(t % a.splits) * a.M * a.N + at + col), make_float2(v[i][0], v[i][1]));
+__device__ __forceinline__ int tickets_of(const ag_args &a) {
+  return (a.M + ag::kBM - 1) / ag::kBM * ((a.N + ag::kBN - 1) / ag::kBN) * a.splits;
+}
+
+// Warp group 0: takes tickets, waits for each tile's rows and streams its
+// stages (ag_gemm_tile.cuh). Stages it issued but has not yet reported
+// full are `pend`, the oldest first.
+__device__ void load_tiles(const ag_args &a, ag::pipe_t &p, uint32_t s0) {
+  const int R = a.dc.nRanks, me = a.dc.rank, r0 = shard_start(a.M, R, me), tid = threadIdx.x;
+  const int tickets = tickets_of(a);
+  const int lc = tid % PS_GEMM_CH, lr = tid / PS_GEMM_CH;
+  constexpr int kRowStep = ag::kGroup / PS_GEMM_CH, kChunks = ag::kBM / kRowStep;
+  uint32_t it = 0, pend = 0; // stages issued; of them, the newest not yet reported full
+  auto report = [&](uint32_t keep) { // stages done but the newest `keep`
+    if (pend <= keep) return;
+    if (keep == 0) asm volatile("cp.async.wait_group 0;" ::: "memory");
+    else asm volatile("cp.async.wait_group %0;" ::"n"(ag::kLag) : "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); // cp.async wrote them, wgmma reads
+    for (; pend > keep; pend--) ag::mbar_arrive(&p.full[(it - pend) % ag::kStages]);
+  };
+  for (uint32_t i = 0;; i++) {
+    report(0); // before a wait that may be long
+    const int slot = i & 1;
+    if (tid == 0) {
+      ps_mbar_wait(ag::smem_addr(&p.slot_empty[slot]), ((i >> 1) & 1) ^ 1);
+      // Split K: one ticket a block, the last blocks first (the first ones
+      // share the shard), as the splits of a tile wait for each other.
+      p.slot[slot].ticket = a.splits == 1 ? (int)atomicAdd(&a.tickets[a.half], 1u)
+                            : i == 0      ? (int)(gridDim.x - 1 - blockIdx.x)
+                                          : tickets;
+    }
+    ag::group_sync(1);
+    const int t = p.slot[slot].ticket;
+    if (t >= tickets) {
+      if (tid == 0) ag::mbar_arrive(&p.slot_full[slot]);
+      break;
+    }
+    const tile_t x = tile_of(a, t);
+    if (tid == 0) {
+      perseus_recv rv(a.dc, a.h);
+      const int last = owner(a.M, R, x.m0 + x.mrows - 1);
+      for (int s = owner(a.M, R, x.m0); s <= last; s++)
+        if (s != me) {
+          const uint64_t want = a.step1 * units_from(a, s);
+          backoff_until([&] { return rv.poll(s, want); });
         }
+      __threadfence();
+      p.slot[slot].mrows = x.mrows;
+      ag::mbar_arrive(&p.slot_full[slot]);
+    }
+    int arow = 0;
+    const CUtensorMap *amap = a_map(a, x, &arow);
+    if (!amap && tid < x.mrows) {
+      const int row = x.m0 + tid, s = owner(a.M, R, row);
+      const size_t off = row_off(a, row);
+      p.rows[tid] =
+          x.kb * ag::kBK +
+          (s == me ? a.a + (size_t)(row - r0) * a.K
+           : a.mode == PS_AG_GEMM_PULL
+               ? (const __nv_bfloat16 *)ncclGetLsaPointer(a.win, off, perseus_lsa_index(a.dc, s))
+               : (const __nv_bfloat16 *)ncclGetLocalPointer(a.win, off));
+    }
+    ag::group_sync(1); // rows[] written after thread 0's wait; read below
+    for (int kt = 0; kt < x.nk; kt++) {
+      const int st = it % ag::kStages;
+      const uint32_t sa = s0 + st * ag::kStageBytes;
+      ps_mbar_wait(ag::smem_addr(&p.empty[st]), ((it / ag::kStages) & 1) ^ 1);
+      const uint32_t full = ag::smem_addr(&p.full[st]);
+      const int k0 = (x.kb + kt) * ag::kBK;
+      if (tid == 0) {
+        ps_mbar_expect(full, ag::kBBytes + (amap ? ag::kABytes : 0));
+        ps_tma_load(sa + ag::kABytes, &a.bmap, k0, x.n0, full);
+        if (amap) ps_tma_load(sa, amap, k0, arow, full);
       }
-    });
-    if (a.splits > 1) finish_split(a, tile, m0, mrows, n0, &last_split);
+      it++;
+      if (amap) { // the box's rows past the tile's are discarded by the epilogue
+        ag::mbar_arrive(&p.full[st]);
+        continue;
+      }
+#pragma unroll
+      for (int q = 0; q < kChunks; q++) {
+        const int r = lr + q * kRowStep;
+        const bool ok = r < x.mrows;
+        ps_cp_async16(sa + ps_gemm_swz(r, lc), p.rows[ok ? r : 0] + kt * ag::kBK + lc * 8, ok);
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+      pend++;
+      report(ag::kLag);
+    }
+    ag::group_sync(1); // every thread issued this tile's loads before rows[] is rewritten
   }
+  report(0);
   // The step ends only once every peer counted this step, those whose rows
   // no tile needed (empty shards) included: so no peer can be two steps
   // ahead, writing a window half this rank may still read.
-  if (blockIdx.x == 0 && threadIdx.x == 0)
+  if (blockIdx.x == 0 && tid == 0) {
+    perseus_recv rv(a.dc, a.h);
     for (int s = 0; s < R; s++)
       if (s != me) {
         const uint64_t want = a.step1 * units_from(a, s);
         backoff_until([&] { return rv.poll(s, want); });
       }
+  }
+}
+
+// After a split's sums went into its slice of ws: once every split of this
+// group's 64 rows stored its slice, each split adds its share of the
+// elements over all slices and rounds them into C (a tile's splits run at
+// once: split K is used only where the tickets fit the grid). The counts
+// grow by `splits` every step, so they are never reset.
+__device__ void finish_split(const ag_args &a, int g, int gtid, const tile_t &x, int sp) {
+  unsigned int *done = &a.tile_done[2 * x.tile + g];
+  __threadfence();
+  ag::group_sync(2 + g);
+  if (gtid == 0) {
+    atomicAdd(done, 1u);
+    const unsigned int want = (unsigned int)a.step1 * (unsigned int)a.splits;
+    backoff_until([&] { return (int)(*(volatile unsigned int *)done - want) >= 0; });
+    __threadfence();
+  }
+  ag::group_sync(2 + g);
+  const int r0 = g * 64, rows = min(64, x.mrows - r0), quads = min(ag::kBN, a.N - x.n0) / 4;
+  const size_t slice = (size_t)a.M * a.N;
+  for (int i = sp * ag::kGroup + gtid; i < rows * quads; i += a.splits * ag::kGroup) {
+    const size_t at = (size_t)(x.m0 + r0 + i / quads) * a.N + x.n0 + 4 * (i % quads);
+    float4 u = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int k = 0; k < a.splits; k++) {
+      const float4 w = __ldcg((const float4 *)(a.ws + k * slice + at));
+      u.x += w.x, u.y += w.y, u.z += w.z, u.w += w.w;
+    }
+    *(__nv_bfloat162 *)(a.c + at) = __floats2bfloat162_rn(u.x, u.y);
+    *(__nv_bfloat162 *)(a.c + at + 2) = __floats2bfloat162_rn(u.z, u.w);
+  }
+}
+
+// Warp groups 1 and 2 (g = 0, 1): rows [64 g, 64 g + 64) of every tile the
+// loader hands over, all kBN columns. A group whose rows are all padding
+// (tiles of 64 rows or fewer) multiplies the zeros cp.async filled in:
+// behind a branch the compiler cannot prove uniform, every wgmma would be
+// serialized.
+__device__ void compute_tiles(const ag_args &a, ag::pipe_t &p, uint32_t s0, int g) {
+  const int gtid = threadIdx.x - ag::kGroup * (g + 1), warp = gtid / 32, lane = gtid % 32;
+  const int tickets = tickets_of(a);
+  uint32_t it = 0;
+  for (uint32_t i = 0;; i++) {
+    const int slot = i & 1;
+    ps_mbar_wait(ag::smem_addr(&p.slot_full[slot]), (i >> 1) & 1);
+    const ag::slot_t sl = {__shfl_sync(~0u, p.slot[slot].ticket, 0), __shfl_sync(~0u, p.slot[slot].mrows, 0)};
+    ag::group_sync(2 + g);
+    if (gtid == 0) ag::mbar_arrive(&p.slot_empty[slot]);
+    if (sl.ticket >= tickets) break;
+    const tile_t x = tile_of(a, sl.ticket);
+    float acc[128];
+#pragma unroll
+    for (int j = 0; j < 128; j++) acc[j] = 0.f;
+    for (int kt = 0; kt < x.nk; kt++, it++) {
+      const int st = it % ag::kStages;
+      const uint32_t sa = s0 + st * ag::kStageBytes;
+      ps_mbar_wait(ag::smem_addr(&p.full[st]), (it / ag::kStages) & 1);
+      ag::wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < ag::kBK / 16; kk++)
+        ag::ag_wgmma_m64n256(acc, ps_wgmma_desc(sa + g * 64 * ag::kBK * 2 + kk * 32),
+                             ps_wgmma_desc(sa + ag::kABytes + kk * 32));
+      ag::wg_commit();
+      ag::wg_wait<1>(); // the step before is read
+      if (kt > 0 && gtid == 0) ag::mbar_arrive(&p.empty[(it - 1) % ag::kStages]);
+    }
+    ag::wg_wait<0>();
+    if (x.nk > 0 && gtid == 0) ag::mbar_arrive(&p.empty[(it - 1) % ag::kStages]);
+
+    const int row0 = g * 64 + warp * 16 + lane / 4, col0 = x.n0 + 2 * (lane % 4);
+    float *ws = a.ws + (size_t)(sl.ticket % a.splits) * a.M * a.N;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+      const int col = col0 + 8 * j;
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int m = row0 + 8 * h;
+        if (m >= sl.mrows || col >= a.N) continue;
+        const size_t at = (size_t)(x.m0 + m) * a.N + col;
+        if (a.splits == 1)
+          *(__nv_bfloat162 *)(a.c + at) = __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        else
+          __stcg((float2 *)(ws + at), make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
+      }
+    }
+    if (a.splits > 1) finish_split(a, g, gtid, x, sl.ticket % a.splits);
+  }
+}
+
+__global__ void __launch_bounds__(ag::kThreads, 1) ag_gemm_kernel(const __grid_constant__ ag_args a) {
+  extern __shared__ __align__(128) char smem[];
+  __shared__ ag::pipe_t p;
+  const int R = a.dc.nRanks, me = a.dc.rank;
+  const int r0 = shard_start(a.M, R, me), mine = shard_start(a.M, R, me + 1) - r0;
+  if (threadIdx.x == 0) ag::pipe_init(p);
+  if (blockIdx.x == 0 && threadIdx.x == 0) a.tickets[a.half ^ 1] = 0; // the next step's; the last one's ended
+  __syncthreads();
+  if (blockIdx.x < a.comm_blocks) share_shard(a, r0, mine);
+  const uint32_t s0 = (ag::smem_addr(smem) + 1023u) & ~1023u;
+  // warp-uniform as far as the compiler can tell (wgmma must not sit in a
+  // divergent path), as are the tile's values the compute groups branch on
+  const int group = __shfl_sync(~0u, (int)threadIdx.x / ag::kGroup, 0);
+  if (group == 0) {
+    ag::regs_dec<56>();
+    load_tiles(a, p, s0);
+  } else {
+    ag::regs_inc<224>();
+    compute_tiles(a, p, s0, group - 1);
+  }
 }
 
 typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
@@ -213,6 +364,14 @@ int fail_nccl(const char *what, ncclResult_t rc, ncclComm_t comm) {
                          comm ? ncclGetLastError(comm) : "");
 }
 
+
+// The base of every rank's window as this GPU maps it (NULL beyond NVLink).
+__global__ void window_bases(ncclDevComm dc, ncclWindow_t win, void **out) {
+  for (int s = 0; s < dc.nRanks; s++) {
+    const int l = perseus_lsa_index(dc, s);
+    out[s] = l >= 0 ? ncclGetLsaPointer(win, 0, l) : nullptr;
+  }
+}
 
 } // namespace
 
@@ -230,9 +389,48 @@ struct ps_ag_gemm_fused {
   float *ws;
   unsigned int *tile_done;
   encode_fn encode;
-  const void *map_of; // the B the tensor map describes
-  CUtensorMap map;
+  const void *map_of, *amap_of; // the B and A the tensor maps describe
+  CUtensorMap map, amap, wmap[kTmaRanks];
+  int wmaps;
 };
+
+// A bf16 matrix of `rows` x `cols` (cols contiguous) at p, in boxes of
+// box_rows x ag::kBK with the 128-byte swizzle the GEMM's stages use.
+static int encode_map(ps_ag_gemm_fused_t *f, CUtensorMap *m, const void *p, int rows, int cols, int box_rows,
+                      const char *what) {
+  const cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, stride[1] = {(cuuint64_t)cols * 2};
+  const cuuint32_t box[2] = {ag::kBK, (cuuint32_t)box_rows}, estride[2] = {1, 1};
+  const CUresult r = f->encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dim, stride, box, estride,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return ps_ag_gemm_fail("cuTensorMapEncodeTiled failed (CUresult %d) for %s: %d x %d bf16 at %p", (int)r, what,
+                           rows, cols, p);
+  return 0;
+}
+
+// The windows' tensor maps: the own one (push), or every NVLink peer's (pull).
+static int window_maps(ps_ag_gemm_fused_t *f) {
+  const int rows = 2 * f->s.m;
+  if (f->mode == PS_AG_GEMM_PUSH) {
+    f->wmaps = 1;
+    return encode_map(f, &f->wmap[0], f->buf, rows, f->s.k, ag::kBM, "the own window");
+  }
+  if (f->nranks > kTmaRanks) return 0; // every row by cp.async
+  void **bases = NULL, *host[kTmaRanks];
+  cudaError_t ce = cudaMalloc(&bases, kTmaRanks * sizeof(void *));
+  if (ce == cudaSuccess) {
+    window_bases<<<1, 1>>>(f->dev, f->win, bases);
+    ce = cudaGetLastError();
+  }
+  if (ce == cudaSuccess) ce = cudaMemcpy(host, bases, f->nranks * sizeof(void *), cudaMemcpyDeviceToHost);
+  if (bases) cudaFree(bases);
+  if (ce != cudaSuccess) return ps_ag_gemm_fail("reading the peers' window addresses: %s", cudaGetErrorString(ce));
+  for (int r = 0; r < f->nranks; r++)
+    if (r != f->rank && encode_map(f, &f->wmap[r], host[r], rows, f->s.k, ag::kBM, "a peer's window")) return -1;
+  f->wmaps = f->nranks;
+  return 0;
+}
 
 int ps_ag_gemm_fused_create(ncclComm_t comm, const ps_ag_gemm_shape_t *s, int mode, ps_ag_gemm_fused_t **out) {
   if (!out) return ps_ag_gemm_fail("no place for the operator (out is NULL)");
@@ -251,15 +449,21 @@ int ps_ag_gemm_fused_create(ncclComm_t comm, const ps_ag_gemm_shape_t *s, int mo
   if (mode == PS_AG_GEMM_PULL && lsa != R)
     return ps_ag_gemm_fail("pull reads every peer's rows over NVLink, but %d of %d ranks are beyond it "
                            "(lsaSize %d): use push", R - lsa, R, lsa);
+  int cc_major = 0, cc_minor = 0;
   cudaError_t ce = cudaGetDevice(&dev);
+  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (ce == cudaSuccess && (cc_major != 9 || cc_minor != 0))
+    return ps_ag_gemm_fail("GPU %d has compute capability %d.%d: the fused kernel is built for 9.0 (sm_90a: "
+                           "H100, H200) alone", dev, cc_major, cc_minor);
   if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (ce == cudaSuccess)
-    ce = cudaFuncSetAttribute(ag_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem);
+    ce = cudaFuncSetAttribute(ag_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ag::kSmem);
   if (ce == cudaSuccess)
-    ce = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ag_gemm_kernel, PS_GEMM_THREADS, kSmem);
+    ce = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ag_gemm_kernel, ag::kThreads, ag::kSmem);
   if (ce != cudaSuccess) return ps_ag_gemm_fail("sizing the fused kernel's grid: %s", cudaGetErrorString(ce));
   if (per_sm < 1)
-    return ps_ag_gemm_fail("the fused kernel fits no block on an SM (%zu B of shared memory)", kSmem);
+    return ps_ag_gemm_fail("the fused kernel fits no block on an SM (%zu B of shared memory)", ag::kSmem);
   void *fn = NULL;
   cudaDriverEntryPointQueryResult q;
   ce = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
@@ -281,13 +485,13 @@ int ps_ag_gemm_fused_create(ncclComm_t comm, const ps_ag_gemm_shape_t *s, int mo
   // K splits where the tiles alone would leave half the grid idle (few rows:
   // the GEMM streams B, and every block should stream a share), at least
   // two k-steps each, their sums (8 bytes an element a split, written and
-  // read) at most a quarter of B's bytes, then as few as cover the steps
+  // read, mostly in L2) at most B's bytes, then as few as cover the steps
   // evenly
-  const int tiles = (s->m + kBM - 1) / kBM * ((s->n + kBN - 1) / kBN), ksteps = s->k / PS_GEMM_K;
-  const int tile_rows = s->m < kBM ? s->m : kBM;
+  const int tiles = (s->m + ag::kBM - 1) / ag::kBM * ((s->n + ag::kBN - 1) / ag::kBN), ksteps = s->k / ag::kBK;
+  const int tile_rows = s->m < ag::kBM ? s->m : ag::kBM;
   int splits = 2 * tiles <= f->grid ? f->grid / tiles : 1;
   if (splits > ksteps / 2) splits = ksteps / 2;
-  if (splits > s->k / (16 * tile_rows)) splits = s->k / (16 * tile_rows);
+  if (splits > s->k / (4 * tile_rows)) splits = s->k / (4 * tile_rows);
   if (splits < 1) splits = 1;
   const int per = (ksteps + splits - 1) / splits;
   f->splits = (ksteps + per - 1) / per;
@@ -306,8 +510,8 @@ int ps_ag_gemm_fused_create(ncclComm_t comm, const ps_ag_gemm_shape_t *s, int mo
     err = ps_ag_gemm_fail("the operator's counters: %s", cudaGetErrorString(ce));
   } else if (f->splits > 1 &&
              ((ce = cudaMalloc(&f->ws, (size_t)f->splits * s->m * s->n * sizeof(float))) != cudaSuccess ||
-              (ce = cudaMalloc(&f->tile_done, tiles * sizeof(unsigned int))) != cudaSuccess ||
-              (ce = cudaMemset(f->tile_done, 0, tiles * sizeof(unsigned int))) != cudaSuccess)) {
+              (ce = cudaMalloc(&f->tile_done, 2 * tiles * sizeof(unsigned int))) != cudaSuccess ||
+              (ce = cudaMemset(f->tile_done, 0, 2 * tiles * sizeof(unsigned int))) != cudaSuccess)) {
     err = ps_ag_gemm_fail("the split-K sums (%d splits of %d x %d floats): %s", f->splits, s->m, s->n,
                           cudaGetErrorString(ce));
   } else {
@@ -315,7 +519,7 @@ int ps_ag_gemm_fused_create(ncclComm_t comm, const ps_ag_gemm_shape_t *s, int mo
     if ((rc = perseus_batch_devcomm_create(comm, f->gin_any, &f->dev, &f->h, &what)) != ncclSuccess)
       err = fail_nccl(what, rc, comm);
     else
-      f->have_dev = 1;
+      f->have_dev = 1, err = window_maps(f);
   }
   if (err) {
     ps_ag_gemm_fused_destroy(f);
@@ -335,26 +539,26 @@ int ps_ag_gemm_fused_step(ps_ag_gemm_fused_t *f, const uint16_t *a, const uint16
                            (const void *)a, (const void *)bt, (const void *)c);
   const ps_ag_gemm_shape_t &s = f->s;
   if (f->map_of != bt) {
-    const cuuint64_t dim[2] = {(cuuint64_t)s.k, (cuuint64_t)s.n}, stride[1] = {(cuuint64_t)s.k * 2};
-    const cuuint32_t box[2] = {PS_GEMM_K, PS_GEMM_N}, estride[2] = {1, 1};
-    const CUresult r = f->encode(&f->map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)bt, dim, stride, box,
-                                 estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-      f->map_of = NULL;
-      return ps_ag_gemm_fail("cuTensorMapEncodeTiled failed (CUresult %d) for B: %d x %d bf16 at %p", (int)r,
-                             s.n, s.k, (const void *)bt);
-    }
+    f->map_of = NULL;
+    if (encode_map(f, &f->map, bt, s.n, s.k, ag::kBN, "B")) return -1;
     f->map_of = bt;
   }
+  int r0, r1;
+  ps_ag_gemm_shard(s.m, f->nranks, f->rank, &r0, &r1);
+  if (r1 > r0 && f->amap_of != a) {
+    f->amap_of = NULL;
+    if (encode_map(f, &f->amap, a, r1 - r0, s.k, ag::kBM, "this rank's rows of A")) return -1;
+    f->amap_of = a;
+  }
   ag_args x;
-  x.bmap = f->map, x.dc = f->dev, x.h = f->h, x.win = f->win;
+  x.bmap = f->map, x.amap = f->amap, x.wmaps = f->wmaps, x.dc = f->dev, x.h = f->h, x.win = f->win;
+  for (int i = 0; i < f->wmaps; i++) x.wmap[i] = f->wmap[i];
   x.a = (const __nv_bfloat16 *)a, x.c = (__nv_bfloat16 *)c;
   x.M = s.m, x.N = s.n, x.K = s.k, x.mode = f->mode, x.comm_blocks = f->comm_blocks;
   x.piece_rows = f->piece_rows, x.half = (int)(f->steps % 2), x.gin_any = f->gin_any, x.batch = f->batch;
   x.step1 = f->steps + 1, x.local_done = f->counters, x.tickets = (unsigned int *)(f->counters + 1);
   x.splits = f->splits, x.ws = f->ws, x.tile_done = f->tile_done;
-  ag_gemm_kernel<<<f->grid, PS_GEMM_THREADS, kSmem, st>>>(x);
+  ag_gemm_kernel<<<f->grid, ag::kThreads, ag::kSmem, st>>>(x);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return ps_ag_gemm_fail("fused kernel launch: %s", cudaGetErrorString(e));
   f->steps++;

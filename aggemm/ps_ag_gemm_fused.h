@@ -14,8 +14,10 @@
  * Meanwhile the other blocks start on the tiles of C whose rows are this
  * rank's own (read from `a` itself), then go round the ranks; a tile
  * starts once every rank its rows come from delivered its whole shard.
- * Tiles are 128 x 128 on tensor cores (wgmma on sm_90a, mma.sync
- * elsewhere), fp32 accumulation, C rounded to bf16. Where the tiles are
+ * Tiles are 128 x 256 on tensor cores (wgmma, in warp groups that load
+ * and compute side by side: ag_gemm_tile.cuh), fp32 accumulation, C
+ * rounded to bf16; the kernel is built for sm_90a, so create refuses GPUs
+ * of other compute capabilities than 9.0 (H100, H200). Where the tiles are
  * fewer than half the grid (few rows: the GEMM streams B), K is split too,
  * each split's fp32 sums go to a workspace and the last one adds them into C.
  *
