@@ -1,4 +1,4 @@
-// AllGather+GEMM in one kernel a step (ps_ag_gemm_fused.h): a few blocks
+// AllGather+GEMM in one kernel a step (<perseus/ag_gemm.h>): a few blocks
 // share this rank's rows of A while the rest compute the tiles of C whose
 // rows are already here, every tile waiting only for the ranks its rows
 // come from.
@@ -9,7 +9,9 @@
 #include <stdlib.h>
 
 #include "ag_gemm_tile.cuh"
-#include "ps_ag_gemm_fused.h"
+#include <perseus/ag_gemm.h>
+
+#include "ps_ag_gemm.h"
 
 namespace {
 
@@ -76,7 +78,7 @@ __device__ __forceinline__ size_t row_off(const ag_args &a, int row) {
 // from the block that shares the last piece.
 __device__ void share_shard(const ag_args &a, int r0, int mine) {
   const int R = a.dc.nRanks, me = a.dc.rank, pieces = max(1, pieces_of(mine, a.piece_rows));
-  const bool own_copy = a.mode == PS_AG_GEMM_PULL || a.gin_any;
+  const bool own_copy = a.mode == PERSEUS_AG_GEMM_PULL || a.gin_any;
   perseus_batch pb(a.dc, a.h, a.batch);
   for (int p = blockIdx.x; p < pieces; p += a.comm_blocks) {
     const int lo = p * a.piece_rows, n = min(a.piece_rows, mine - lo);
@@ -88,7 +90,7 @@ __device__ void share_shard(const ag_args &a, int r0, int mine) {
     for (int j = 1; j < R; j++) {
       const int peer = (me + j) % R;
       if (perseus_lsa_index(a.dc, peer) < 0) continue;
-      if (a.mode == PS_AG_GEMM_PUSH && bytes) pb.store(cta, peer, a.win, off, src, bytes);
+      if (a.mode == PERSEUS_AG_GEMM_PUSH && bytes) pb.store(cta, peer, a.win, off, src, bytes);
       else if (threadIdx.x == 0) pb.stored(peer); // pull: the peer reads it here
     }
     if (a.gin_any && threadIdx.x == 0) {
@@ -124,7 +126,7 @@ __device__ __forceinline__ const CUtensorMap *a_map(const ag_args &a, const tile
   if (lo == me && hi == me) return *row = x.m0 - shard_start(a.M, R, me), &a.amap;
   if (lo <= me && me <= hi) return NULL; // own rows and others'
   *row = a.half * a.M + x.m0;
-  if (a.mode == PS_AG_GEMM_PUSH) return &a.wmap[0];
+  if (a.mode == PERSEUS_AG_GEMM_PUSH) return &a.wmap[0];
   return lo == hi && lo < a.wmaps ? &a.wmap[lo] : NULL;
 }
 
@@ -199,7 +201,7 @@ __device__ void load_tiles(const ag_args &a, ag::pipe_t &p, uint32_t s0) {
       p.rows[tid] =
           x.kb * ag::kBK +
           (s == me ? a.a + (size_t)(row - r0) * a.K
-           : a.mode == PS_AG_GEMM_PULL
+           : a.mode == PERSEUS_AG_GEMM_PULL
                ? (const __nv_bfloat16 *)ncclGetLsaPointer(a.win, off, perseus_lsa_index(a.dc, s))
                : (const __nv_bfloat16 *)ncclGetLocalPointer(a.win, off));
     }
@@ -375,7 +377,7 @@ __global__ void window_bases(ncclDevComm dc, ncclWindow_t win, void **out) {
 
 } // namespace
 
-struct ps_ag_gemm_fused {
+struct perseus_ag_gemm {
   ncclComm_t comm;
   int rank, nranks, mode, grid, comm_blocks, piece_rows, gin_any, have_dev, splits;
   ps_ag_gemm_shape_t s;
@@ -396,7 +398,7 @@ struct ps_ag_gemm_fused {
 
 // A bf16 matrix of `rows` x `cols` (cols contiguous) at p, in boxes of
 // box_rows x ag::kBK with the 128-byte swizzle the GEMM's stages use.
-static int encode_map(ps_ag_gemm_fused_t *f, CUtensorMap *m, const void *p, int rows, int cols, int box_rows,
+static int encode_map(perseus_ag_gemm_t *f, CUtensorMap *m, const void *p, int rows, int cols, int box_rows,
                       const char *what) {
   const cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, stride[1] = {(cuuint64_t)cols * 2};
   const cuuint32_t box[2] = {ag::kBK, (cuuint32_t)box_rows}, estride[2] = {1, 1};
@@ -410,9 +412,9 @@ static int encode_map(ps_ag_gemm_fused_t *f, CUtensorMap *m, const void *p, int 
 }
 
 // The windows' tensor maps: the own one (push), or every NVLink peer's (pull).
-static int window_maps(ps_ag_gemm_fused_t *f) {
+static int window_maps(perseus_ag_gemm_t *f) {
   const int rows = 2 * f->s.m;
-  if (f->mode == PS_AG_GEMM_PUSH) {
+  if (f->mode == PERSEUS_AG_GEMM_PUSH) {
     f->wmaps = 1;
     return encode_map(f, &f->wmap[0], f->buf, rows, f->s.k, ag::kBM, "the own window");
   }
@@ -432,10 +434,12 @@ static int window_maps(ps_ag_gemm_fused_t *f) {
   return 0;
 }
 
-int ps_ag_gemm_fused_create(ncclComm_t comm, const ps_ag_gemm_shape_t *s, int mode, ps_ag_gemm_fused_t **out) {
+int perseus_ag_gemm_create(ncclComm_t comm, const perseus_ag_gemm_shape_t *shape, int mode, perseus_ag_gemm_t **out) {
   if (!out) return ps_ag_gemm_fail("no place for the operator (out is NULL)");
   *out = NULL;
   if (!comm) return ps_ag_gemm_fail("no communicator");
+  if (!shape) return ps_ag_gemm_fail("no shape (NULL)");
+  const ps_ag_gemm_shape_t shape_in = {shape->m, shape->n, shape->k}, *s = &shape_in;
   int R = 0, rank = 0, dev = 0, sms = 0, per_sm = 0;
   ncclResult_t rc = ncclCommCount(comm, &R);
   if (rc == ncclSuccess) rc = ncclCommUserRank(comm, &rank);
@@ -443,10 +447,10 @@ int ps_ag_gemm_fused_create(ncclComm_t comm, const ps_ag_gemm_shape_t *s, int mo
   if (ps_ag_gemm_check(s, R)) return -1;
   if (s->k % PS_GEMM_K)
     return ps_ag_gemm_fail("k %d: the fused kernel takes a multiple of %d", s->k, PS_GEMM_K);
-  if (mode != PS_AG_GEMM_PUSH && mode != PS_AG_GEMM_PULL)
-    return ps_ag_gemm_fail("mode %d: expected PS_AG_GEMM_PUSH (0) or PS_AG_GEMM_PULL (1)", mode);
+  if (mode != PERSEUS_AG_GEMM_PUSH && mode != PERSEUS_AG_GEMM_PULL)
+    return ps_ag_gemm_fail("mode %d: expected PERSEUS_AG_GEMM_PUSH (0) or PERSEUS_AG_GEMM_PULL (1)", mode);
   const int lsa = ncclTeamLsa(comm).nRanks;
-  if (mode == PS_AG_GEMM_PULL && lsa != R)
+  if (mode == PERSEUS_AG_GEMM_PULL && lsa != R)
     return ps_ag_gemm_fail("pull reads every peer's rows over NVLink, but %d of %d ranks are beyond it "
                            "(lsaSize %d): use push", R - lsa, R, lsa);
   int cc_major = 0, cc_minor = 0;
@@ -470,7 +474,7 @@ int ps_ag_gemm_fused_create(ncclComm_t comm, const ps_ag_gemm_shape_t *s, int mo
   if (ce != cudaSuccess || !fn || q != cudaDriverEntryPointSuccess)
     return ps_ag_gemm_fail("the CUDA driver has no cuTensorMapEncodeTiled (%s, query result %d): TMA needs a "
                            "driver of CUDA 12.0 or later", cudaGetErrorString(ce), (int)q);
-  ps_ag_gemm_fused_t *f = (ps_ag_gemm_fused_t *)calloc(1, sizeof(*f));
+  perseus_ag_gemm_t *f = (perseus_ag_gemm_t *)calloc(1, sizeof(*f));
   if (!f) return ps_ag_gemm_fail("out of host memory");
   int r0, r1;
   ps_ag_gemm_shard(s->m, R, rank, &r0, &r1);
@@ -522,14 +526,14 @@ int ps_ag_gemm_fused_create(ncclComm_t comm, const ps_ag_gemm_shape_t *s, int mo
       f->have_dev = 1, err = window_maps(f);
   }
   if (err) {
-    ps_ag_gemm_fused_destroy(f);
+    perseus_ag_gemm_destroy(f);
     return -1;
   }
   *out = f;
   return 0;
 }
 
-int ps_ag_gemm_fused_step(ps_ag_gemm_fused_t *f, const uint16_t *a, const uint16_t *bt, uint16_t *c,
+int perseus_ag_gemm_step(perseus_ag_gemm_t *f, const uint16_t *a, const uint16_t *bt, uint16_t *c,
                           cudaStream_t st) {
   if (!f) return ps_ag_gemm_fail("no operator");
   if (!a || !bt || !c) return ps_ag_gemm_fail("a NULL device pointer (a %p, bt %p, c %p)", (const void *)a,
@@ -565,7 +569,13 @@ int ps_ag_gemm_fused_step(ps_ag_gemm_fused_t *f, const uint16_t *a, const uint16
   return 0;
 }
 
-void ps_ag_gemm_fused_destroy(ps_ag_gemm_fused_t *f) {
+void perseus_ag_gemm_shard(int m, int nranks, int rank, int *start, int *end) {
+  ps_ag_gemm_shard(m, nranks, rank, start, end);
+}
+
+const char *perseus_ag_gemm_last_error(void) { return ps_ag_gemm_last_error(); }
+
+void perseus_ag_gemm_destroy(perseus_ag_gemm_t *f) {
   if (!f) return;
   if (f->have_dev) (void)ncclDevCommDestroy(f->comm, &f->dev);
   if (f->win) (void)ncclCommWindowDeregister(f->comm, f->win);

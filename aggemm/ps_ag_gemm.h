@@ -7,7 +7,7 @@
  * M < R) and all of B (K x N); every rank computes C = A x B (M x N). Values
  * are bf16 (uint16_t bit patterns, row-major), accumulated in fp32, C
  * rounded to bf16 (ps_float_to_bf16, round to nearest even). The GPU
- * operator is ps_ag_gemm_fused.h. */
+ * operator is <perseus/ag_gemm.h>. */
 #ifndef PS_AG_GEMM_H
 #define PS_AG_GEMM_H
 

@@ -2,7 +2,7 @@
  * B (K x N, stored [N][K]) on every one, C = A x B on every one. The
  * baseline is the bulk-synchronous way: ncclAllGather of the shards (padded
  * to equal rows) and one cuBLAS GEMM. Against it the fused operator
- * (aggemm/ps_ag_gemm_fused.h), one kernel a step, pushing the rows into the
+ * (<perseus/ag_gemm.h>), one kernel a step, pushing the rows into the
  * peers' windows or (NVLink) leaving them for the peers to pull. Columns,
  * per shape: cuBLAS alone on the gathered A (no communication: the floor
  * the baseline's GEMM sets), the baseline, push, pull, baseline over the
@@ -20,7 +20,9 @@
 #include <cuda_bf16.h>
 
 #include "opts.h"
-#include "ps_ag_gemm_fused.h"
+#include <perseus/ag_gemm.h>
+
+#include "ps_ag_gemm.h"
 #include "ps_moe_ref.h" /* ps_bf16_to_float */
 #include "tile_comm.cuh"
 
@@ -90,14 +92,15 @@ static int ap_child(int rank, void *arg)
   for (int ki = 0; ki < c.nk; ki++)
     for (int mi = 0; mi < c.nm; mi++) {
       const ps_ag_gemm_shape_t s = {c.m[mi], c.k[ki], c.k[ki]};
+      const perseus_ag_gemm_shape_t ps = {s.m, s.n, s.k};
       const size_t M = s.m, N = s.n, K = s.k, P = (M + R - 1) / R;
       int r0, r1;
       ps_ag_gemm_shard(s.m, R, rank, &r0, &r1);
       gp_progress("ag_gemm", -1, "M %zu N %zu K %zu: the fused operators", M, N, K);
-      ps_ag_gemm_fused_t *fused[2] = {NULL, NULL};
+      perseus_ag_gemm_t *fused[2] = {NULL, NULL};
       for (int m = 0; m < (pull ? 2 : 1); m++)
-        if (ps_ag_gemm_fused_create(w.comm, &s, m, &fused[m]))
-          gc_die(__FILE__, __LINE__, "fused %s: %s", m ? "pull" : "push", ps_ag_gemm_last_error());
+        if (perseus_ag_gemm_create(w.comm, &ps, m, &fused[m]))
+          gc_die(__FILE__, __LINE__, "fused %s: %s", m ? "pull" : "push", perseus_ag_gemm_last_error());
       __nv_bfloat16 *a, *all, *bt, *out[AP_N];
       GC_CUDA(cudaMalloc(&a, P * K * 2), "a");
       GC_CUDA(cudaMalloc(&all, R * P * K * 2), "gathered a");
@@ -118,9 +121,9 @@ static int ap_child(int rank, void *arg)
       };
       auto step = [&](int x) {
         if (x == AP_PUSH || x == AP_PULL) {
-          if (ps_ag_gemm_fused_step(fused[x - AP_PUSH], (const uint16_t *)a, (const uint16_t *)bt,
+          if (perseus_ag_gemm_step(fused[x - AP_PUSH], (const uint16_t *)a, (const uint16_t *)bt,
                                     (uint16_t *)out[x], w.stream))
-            gc_die(__FILE__, __LINE__, "fused step: %s", ps_ag_gemm_last_error());
+            gc_die(__FILE__, __LINE__, "fused step: %s", perseus_ag_gemm_last_error());
           return;
         }
         if (x == AP_BASE) GC_NCCL(ncclAllGather(a, all, P * K, ncclBfloat16, w.comm, w.stream), "%zu rows", P);
@@ -159,7 +162,7 @@ static int ap_child(int rank, void *arg)
                bs / best, flop / bl * 1e-6, flop / best * 1e-6, wrong);
         fflush(stdout);
       }
-      for (int m = 0; m < 2; m++) ps_ag_gemm_fused_destroy(fused[m]);
+      for (int m = 0; m < 2; m++) perseus_ag_gemm_destroy(fused[m]);
       cudaFree(a), cudaFree(all), cudaFree(bt);
       for (int x = 0; x < AP_N; x++) cudaFree(out[x]);
     }

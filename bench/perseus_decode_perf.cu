@@ -3,7 +3,7 @@
  * the bulk-synchronous way a user writes it today: each rank's partial over
  * its shard (decode/ps_decode_gpu.h), ncclAllGather of every rank's partial
  * records, and the combine on every rank. Against it, the fused operator
- * (decode/ps_decode_fused.h), one kernel a step, pushing records into the
+ * (<perseus/decode.h>), one kernel a step, pushing records into the
  * peers' windows or (NVLink) leaving them for the peers to pull. Columns,
  * per shape: the local work alone (partial + combine of one rank's chunks),
  * the baseline, push, pull, baseline over the faster fused, and #wrong of
@@ -21,7 +21,7 @@
 
 #include "opts.h"
 #include "ps_decode.h"
-#include "ps_decode_fused.h"
+#include <perseus/decode.h>
 #include "ps_decode_gpu.h"
 #include "decode_inputs.cuh"
 #include "tile_comm.cuh"
@@ -60,16 +60,17 @@ static int dp_child(int rank, void *arg)
   for (int bi = 0; bi < c.nbatch; bi++)
     for (int ci = 0; ci < c.nctx; ci++) {
       ps_decode_config_t dc = {c.batch[bi], c.q_heads, c.kv_heads, c.head_dim, c.ctx[ci]};
+      const perseus_decode_config_t pc = {dc.batch, dc.q_heads, dc.kv_heads, dc.head_dim, dc.max_context};
       const size_t B = dc.batch, Hq = dc.q_heads, Hkv = dc.kv_heads, D = dc.head_dim;
       int start, end;
       ps_decode_shard(dc.max_context, R, rank, &start, &end);
       const size_t stride = (size_t)(dc.max_context + R - 1) / R;
       gp_progress("decode", -1, "B %zu context %d: the fused operators", B, dc.max_context);
-      ps_decode_fused_t *fused[2] = {NULL, NULL};
+      perseus_decode_t *fused[2] = {NULL, NULL};
       for (int m = 0; m < (pull ? 2 : 1); m++)
-        if (ps_decode_fused_create(w.comm, &dc, (int)stride, c.splits, m, &fused[m]))
-          gc_die(__FILE__, __LINE__, "fused %s: %s", m ? "pull" : "push", ps_decode_last_error());
-      const int splits = ps_decode_fused_splits(fused[0]); /* the baseline cuts chunks alike */
+        if (perseus_decode_create(w.comm, &pc, (int)stride, c.splits, m, &fused[m]))
+          gc_die(__FILE__, __LINE__, "fused %s: %s", m ? "pull" : "push", perseus_decode_last_error());
+      const int splits = perseus_decode_splits(fused[0]); /* the baseline cuts chunks alike */
       const size_t part = ps_decode_records_floats(&dc, splits);
       gp_progress("decode", -1, "B %zu context %d: allocating", B, dc.max_context);
       uint16_t *q, *k, *v, *out[DP_N];
@@ -91,17 +92,17 @@ static int dp_child(int rank, void *arg)
       /* one step of variant x, enqueued on the stream */
       auto step = [&](int x) {
         if (x == DP_PUSH || x == DP_PULL) {
-          if (ps_decode_fused_step(fused[x - DP_PUSH], scale, q, k, v, stride, n, out[x], w.stream))
-            gc_die(__FILE__, __LINE__, "fused step: %s", ps_decode_last_error());
+          if (perseus_decode_step(fused[x - DP_PUSH], scale, q, k, v, stride, n, out[x], w.stream))
+            gc_die(__FILE__, __LINE__, "fused step: %s", perseus_decode_last_error());
           return;
         }
         if (ps_decode_partial_gpu(&dc, scale, q, k, v, stride, n, splits, mine, w.stream))
-          gc_die(__FILE__, __LINE__, "partial: %s", ps_decode_last_error());
+          gc_die(__FILE__, __LINE__, "partial: %s", perseus_decode_last_error());
         if (x == DP_BASE)
           GC_NCCL(ncclAllGather(mine, all, part, ncclFloat32, w.comm, w.stream), "%zu floats", part);
         if (ps_decode_combine_gpu(&dc, x == DP_BASE ? R : 1, splits, x == DP_BASE ? all : mine, part,
                                   out[x], w.stream))
-          gc_die(__FILE__, __LINE__, "combine: %s", ps_decode_last_error());
+          gc_die(__FILE__, __LINE__, "combine: %s", perseus_decode_last_error());
       };
       /* Steps back to back, as a decoder runs them: the ranks' start skew
        * and the launch gaps are spread over -n steps. A rep's time over -n
@@ -141,7 +142,7 @@ static int dp_child(int rank, void *arg)
         printf("%6zu %8d %4zu %4zu %4zu %6d %6d %9.1f %9.1f %9.1f %9s %7.2f %12s\n", B, dc.max_context, Hq,
                Hkv, D, R, splits, median(us[DP_LOCAL]), base, push, pull_col, base / best, wrong);
       }
-      for (int m = 0; m < 2; m++) ps_decode_fused_destroy(fused[m]);
+      for (int m = 0; m < 2; m++) perseus_decode_destroy(fused[m]);
       cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(mine), cudaFree(all), cudaFree(n);
       for (int x = 0; x < DP_N; x++) cudaFree(out[x]);
     }
@@ -206,7 +207,7 @@ int main(int argc, char **argv)
           (group & (group - 1)) || group > PS_DECODE_MAX_GROUP) {
         fprintf(stderr, "perseus_decode_perf: B %d, context %d, Hq %d, Hkv %d, D %d: %s\n",
                 dc.batch, dc.max_context, dc.q_heads, dc.kv_heads, dc.head_dim,
-                *ps_decode_last_error() ? ps_decode_last_error()
+                *perseus_decode_last_error() ? perseus_decode_last_error()
                                         : "query heads per KV head must be 1, 2, 4, 8 or 16");
         return 1;
       }

@@ -1,4 +1,4 @@
-// Flash-Decode in one kernel per step (ps_decode_fused.h): partials, their
+// Flash-Decode in one kernel per step (<perseus/decode.h>): partials, their
 // exchange and the combine, with the blocks of a step handing records to
 // each other through counters instead of kernel boundaries.
 #include <nccl.h>
@@ -8,10 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ps_decode_dev.cuh"
-#include "ps_decode_fused.h"
+#include <perseus/decode.h>
 
-struct ps_decode_fused {
+#include "ps_decode.h"
+#include "ps_decode_dev.cuh"
+
+struct perseus_decode {
   ncclComm_t comm;
   int rank, nranks, splits, mode, grid, have_dev;
   ps_decode_config_t cfg;
@@ -93,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 3 : 1) fused_kernel(fused_a
     for (int j = 1; j < R; j++) {
       const int peer = (me + j) % R;
       if (perseus_lsa_index(a.dc, peer) < 0) continue; // GIN peers: the whole block below
-      if (a.mode == PS_DECODE_PUSH) pb.put(ncclCoopCta(), peer, a.win, off, a.win, off, RF * sizeof(float));
+      if (a.mode == PERSEUS_DECODE_PUSH) pb.put(ncclCoopCta(), peer, a.win, off, a.win, off, RF * sizeof(float));
       else if (threadIdx.x == 0) pb.stored(peer); // it stays here; the peer reads it
     }
     if (threadIdx.x == 0) {
@@ -135,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 3 : 1) fused_kernel(fused_a
   // 3. the rows
   for (int row = blockIdx.x; row < a.B * a.Hq; row += gridDim.x) {
     const int b = row / a.Hq, h = row % a.Hq;
-    if (a.mode == PS_DECODE_PUSH)
+    if (a.mode == PERSEUS_DECODE_PUSH)
       ps_decode_dev::combine_row(a.Hq, a.Hkv, a.D, a.splits, R,
                                  ps_decode_dev::rank_stride_recs{
                                      (const float *)ncclGetLocalPointer(a.win, first * sizeof(float)), a.part},
@@ -171,7 +173,7 @@ int fail_nccl(const char *what, ncclResult_t rc, ncclComm_t comm) {
 }
 
 
-int create_dev(ps_decode_fused_t *f, int gin) {
+int create_dev(perseus_decode_t *f, int gin) {
   const char *what = "";
   const ncclResult_t rc = perseus_batch_devcomm_create(f->comm, gin, &f->dev, &f->h, &what);
   if (rc != ncclSuccess) return fail_nccl(what, rc, f->comm);
@@ -181,11 +183,14 @@ int create_dev(ps_decode_fused_t *f, int gin) {
 
 } // namespace
 
-int ps_decode_fused_create(ncclComm_t comm, const ps_decode_config_t *cfg, int max_shard,
-                           int splits, int mode, ps_decode_fused_t **out) {
+int perseus_decode_create(ncclComm_t comm, const perseus_decode_config_t *config, int max_shard, int splits,
+                          int mode, perseus_decode_t **out) {
   if (!out) return ps_decode_fail("no place for the operator (out is NULL)");
   *out = NULL;
-  if (!comm || !cfg) return ps_decode_fail("no %s", comm ? "config" : "communicator");
+  if (!comm || !config) return ps_decode_fail("no %s", comm ? "config" : "communicator");
+  const ps_decode_config_t cfg_in = {config->batch, config->q_heads, config->kv_heads, config->head_dim,
+                                     config->max_context},
+                           *cfg = &cfg_in;
   int R = 0, rank = 0, dev = 0, sms = 0;
   ncclResult_t rc = ncclCommCount(comm, &R);
   if (rc == ncclSuccess) rc = ncclCommUserRank(comm, &rank);
@@ -195,18 +200,18 @@ int ps_decode_fused_create(ncclComm_t comm, const ps_decode_config_t *cfg, int m
   if (G > PS_DECODE_MAX_GROUP || (G & (G - 1)))
     return ps_decode_fail("q_heads / kv_heads = %d query heads per KV head: the kernel takes 1, 2, "
                           "4, 8 or 16", G);
-  if (mode != PS_DECODE_PUSH && mode != PS_DECODE_PULL)
-    return ps_decode_fail("mode %d: expected PS_DECODE_PUSH (0) or PS_DECODE_PULL (1)", mode);
+  if (mode != PERSEUS_DECODE_PUSH && mode != PERSEUS_DECODE_PULL)
+    return ps_decode_fail("mode %d: expected PERSEUS_DECODE_PUSH (0) or PERSEUS_DECODE_PULL (1)", mode);
   if (max_shard < 1) return ps_decode_fail("max_shard %d: expected at least 1 token", max_shard);
   if (splits < 0 || splits > 65535) return ps_decode_fail("splits %d: expected 0 (automatic) to 65535", splits);
   cudaError_t ce = cudaGetDevice(&dev);
   if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (ce != cudaSuccess) return ps_decode_fail("the current GPU: %s", cudaGetErrorString(ce));
   const int lsa = ncclTeamLsa(comm).nRanks;
-  if (mode == PS_DECODE_PULL && lsa != R)
+  if (mode == PERSEUS_DECODE_PULL && lsa != R)
     return ps_decode_fail("pull reads every peer's records over NVLink, but %d of %d ranks are "
                           "beyond it (lsaSize %d): use push", R - lsa, R, lsa);
-  ps_decode_fused_t *f = (ps_decode_fused_t *)calloc(1, sizeof(*f));
+  perseus_decode_t *f = (perseus_decode_t *)calloc(1, sizeof(*f));
   if (!f) return ps_decode_fail("out of host memory");
   f->comm = comm, f->rank = rank, f->nranks = R, f->mode = mode, f->cfg = *cfg, f->max_shard = max_shard;
   f->splits = splits ? splits : ps_decode_splits(cfg, max_shard, sms);
@@ -256,16 +261,16 @@ int ps_decode_fused_create(ncclComm_t comm, const ps_decode_config_t *cfg, int m
     }
   }
   if (err) {
-    ps_decode_fused_destroy(f);
+    perseus_decode_destroy(f);
     return -1;
   }
   *out = f;
   return 0;
 }
 
-int ps_decode_fused_splits(const ps_decode_fused_t *f) { return f ? f->splits : 0; }
+int perseus_decode_splits(const perseus_decode_t *f) { return f ? f->splits : 0; }
 
-int ps_decode_fused_step(ps_decode_fused_t *f, float scale, const uint16_t *q, const uint16_t *k,
+int perseus_decode_step(perseus_decode_t *f, float scale, const uint16_t *q, const uint16_t *k,
                          const uint16_t *v, size_t stride, const int *n, uint16_t *out, cudaStream_t st) {
   if (!f) return ps_decode_fail("no operator");
   if (!q || !k || !v || !n || !out) return ps_decode_fail("a NULL device pointer");
@@ -295,7 +300,13 @@ int ps_decode_fused_step(ps_decode_fused_t *f, float scale, const uint16_t *q, c
   return 0;
 }
 
-void ps_decode_fused_destroy(ps_decode_fused_t *f) {
+void perseus_decode_shard(int len, int nranks, int rank, int *start, int *end) {
+  ps_decode_shard(len, nranks, rank, start, end);
+}
+
+const char *perseus_decode_last_error(void) { return ps_decode_last_error(); }
+
+void perseus_decode_destroy(perseus_decode_t *f) {
   if (!f) return;
   if (f->have_dev) (void)ncclDevCommDestroy(f->comm, &f->dev);
   if (f->win) (void)ncclCommWindowDeregister(f->comm, f->win);

@@ -1,6 +1,6 @@
 /* Flash-Decode's host side (issue 27): split-KV decode attention's shapes,
  * their checks, the split of a sequence's KV cache over ranks, and the fp64
- * reference the GPU kernels and the fused operator (ps_decode_fused.h) are
+ * reference the GPU kernels and the fused operator (<perseus/decode.h>) are
  * tested against. Plain C11, no CUDA; internal (not installed).
  *
  * Decode attention for B sequences, one new query token each: query head h

@@ -1,7 +1,7 @@
 /* Flash-Decode's GPU kernels (issue 27): split-KV decode attention over one
  * rank's shard of the KV cache, and the combine of partials. The baseline
  * (partials, ncclAllGather, combine) is built from these; the fused
- * operator (ps_decode_fused.h) shares their device code (ps_decode_dev.cuh).
+ * operator (<perseus/decode.h>) shares their device code (ps_decode_dev.cuh).
  * Layouts and the math are ps_decode.h's; bf16 values are uint16_t bit
  * patterns. Host code in a .cu file, callable from C++ and CUDA. */
 #ifndef PS_DECODE_GPU_H

@@ -2,7 +2,8 @@
 # Fused AllGather+GEMM (aggemm/) on a GPU host: perseus_ag_gemm_test (the
 # fused operator against the fp64 product: push and pull over NVLink on 1
 # and 2 GPUs, and 4 where there are 4; push through perseus with P2P off on
-# 2), then perseus_ag_gemm_perf over NVLink, alone on one GPU (the GEMM
+# 2) and perseus_ag_gemm_example (the C API through libperseus_ag_gemm.so,
+# every GPU), then perseus_ag_gemm_perf over NVLink, alone on one GPU (the GEMM
 # without the exchange) and through perseus. The programs set each path's
 # NCCL variables themselves (-p). Run from the repository root of a tree
 # built elsewhere and carried over:
@@ -24,7 +25,8 @@ gpu_paths ag_gemm "$@"
 RUN_TIMEOUT=${AG_RUN_TIMEOUT:-1800} RUN_NAME_WIDTH=32 GPU_ENV_FABRIC=0
 RUN_GREP='wrong|FAIL|watchdog|failed|error|refused'
 
-gpu_need_built "" "$TEST_BIN" "$PERF_BIN"
+EXAMPLE_BIN=$BUILD/device/perseus_ag_gemm_example # the C API through libperseus_ag_gemm.so
+gpu_need_built "" "$TEST_BIN" "$PERF_BIN" "$EXAMPLE_BIN"
 gpu_export_env
 unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE # the programs choose per path (-p)
 gpu_start
@@ -35,6 +37,8 @@ for g in $gpu_counts; do
   run "ag_gemm_test-g$g-lsa" "$TEST_BIN" -p lsa -g "$g"
 done
 run ag_gemm_test-g2-gin "$TEST_BIN" -p gin -g 2
+run ag_gemm_example-push "$EXAMPLE_BIN" 1000 1024 push # every visible GPU
+run ag_gemm_example-pull "$EXAMPLE_BIN" 1000 1024 pull
 # shellcheck disable=SC2086  # the ARGS are lists of options
 run ag_gemm_perf-lsa "$PERF_BIN" -g 2 -p lsa ${AG_PERF_ARGS:--m 8,16,32,64,128,512,2048,8192}
 # shellcheck disable=SC2086

@@ -15,10 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
+#include "example_ranks.h"
 #include "perseus/device.cuh"
 
 #define NTILES 64
@@ -64,7 +61,14 @@ __global__ void consume(ncclDevComm dc, perseus_batch_handle h, ncclWindow_t win
     if (recv[i] != pattern(from, (int)(i / TILE), i % TILE)) atomicAdd(bad, 1ULL);
 }
 
-static int run(int rank, int n, ncclUniqueId *id, unsigned batch, bool gin) {
+struct args_t {
+  unsigned batch;
+  bool gin;
+};
+
+static int run(int rank, int n, const ncclUniqueId *id, void *arg) {
+  const unsigned batch = ((args_t *)arg)->batch;
+  const bool gin = ((args_t *)arg)->gin;
   ncclComm_t comm;
   ncclWindow_t win;
   void *buf;
@@ -114,40 +118,12 @@ static int run(int rank, int n, ncclUniqueId *id, unsigned batch, bool gin) {
 }
 
 int main(int argc, char **argv) {
-  int n = 0, rank = -1;
-  unsigned batch = argc > 1 ? (unsigned)atoi(argv[1]) : 8;
-  bool gin = !(argc > 2 && !strcmp(argv[2], "lsa")); /* "lsa": NVLink peers only, no GIN */
-  /* how many GPUs, without initialising CUDA before the fork */
-  FILE *f = popen("nvidia-smi -L 2>/dev/null | grep -c ^GPU", "r");
-  if (!f || fscanf(f, "%d", &n) != 1) n = 0;
-  if (f) pclose(f);
-  if (n < 2 || batch < 1) {
+  args_t args = {argc > 1 ? (unsigned)atoi(argv[1]) : 8u,
+                 !(argc > 2 && !strcmp(argv[2], "lsa"))}; /* "lsa": NVLink peers only, no GIN */
+  const int n = example_gpus();
+  if (n < 2 || args.batch < 1) {
     fprintf(stderr, "need 2 or more GPUs (found %d) and a batch >= 1\n", n);
     return 77;
   }
-  /* the unique id, made by rank 0, shared through memory mapped before the fork */
-  ncclUniqueId *id = (ncclUniqueId *)mmap(NULL, sizeof *id + sizeof(int), PROT_READ | PROT_WRITE,
-                                          MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  volatile int *ready = (volatile int *)(id + 1);
-  for (int r = 0; r < n; r++) {
-    if (fork() == 0) {
-      rank = r;
-      if (r == 0) {
-        CHECK(ncclGetUniqueId(id));
-        __sync_synchronize();
-        *ready = 1;
-      }
-      while (!*ready) usleep(1000);
-      exit(run(r, n, id, batch, gin));
-    }
-  }
-  int failed = 0, status;
-  pid_t p;
-  while ((p = wait(&status)) > 0) {
-    int bad = !WIFEXITED(status) || WEXITSTATUS(status);
-    if (bad && WIFSIGNALED(status)) fprintf(stderr, "process %d killed by signal %d\n", (int)p, WTERMSIG(status));
-    failed |= bad;
-  }
-  printf("%s\n", failed ? "FAILED" : "PASSED");
-  return failed;
+  return example_ranks(n, run, &args);
 }

@@ -1,4 +1,4 @@
-/* The fused AllGather+GEMM operator (aggemm/ps_ag_gemm_fused.h) on every
+/* The fused AllGather+GEMM operator (<perseus/ag_gemm.h>) on every
  * visible GPU, one forked rank each, push and (over NVLink) pull: three
  * steps a case with new A and B each step (the window's halves alternate,
  * B moves between two buffers), every rank's whole C against the fp64
@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "opts.h"
-#include "ps_ag_gemm_fused.h"
+#include <perseus/ag_gemm.h>
+
+#include "ps_ag_gemm.h"
 #include "ps_moe_ref.h"
 #include "tile_comm.cuh"
 
@@ -45,9 +47,10 @@ static long long ag_case_run(gc_world &w, const ps_ag_gemm_shape_t &s, int mode,
   const size_t M = s.m, N = s.n, K = s.k;
   int r0, r1;
   ps_ag_gemm_shard(s.m, R, rank, &r0, &r1);
-  ps_ag_gemm_fused_t *f = NULL;
-  if (ps_ag_gemm_fused_create(w.comm, &s, mode, &f))
-    gc_die(__FILE__, __LINE__, "fused create: %s", ps_ag_gemm_last_error());
+  perseus_ag_gemm_t *f = NULL;
+  const perseus_ag_gemm_shape_t ps = {s.m, s.n, s.k};
+  if (perseus_ag_gemm_create(w.comm, &ps, mode, &f))
+    gc_die(__FILE__, __LINE__, "fused create: %s", perseus_ag_gemm_last_error());
   uint16_t *a, *bt[2], *c;
   GC_CUDA(cudaMalloc(&a, (r1 > r0 ? r1 - r0 : 1) * K * 2), "a");
   for (int i = 0; i < 2; i++) GC_CUDA(cudaMalloc(&bt[i], N * K * 2), "bt");
@@ -66,8 +69,8 @@ static long long ag_case_run(gc_world &w, const ps_ag_gemm_shape_t &s, int mode,
       GC_CUDA(cudaMemcpyAsync(a, ha.data() + r0 * K, (r1 - r0) * K * 2, cudaMemcpyHostToDevice, w.stream), "a");
     GC_CUDA(cudaMemcpyAsync(bt[step % 2], hbt.data(), N * K * 2, cudaMemcpyHostToDevice, w.stream), "bt");
     GC_CUDA(cudaMemsetAsync(c, 0xff, M * N * 2, w.stream), "c"); /* NaN until written */
-    if (ps_ag_gemm_fused_step(f, a, bt[step % 2], c, w.stream))
-      gc_die(__FILE__, __LINE__, "fused step: %s", ps_ag_gemm_last_error());
+    if (perseus_ag_gemm_step(f, a, bt[step % 2], c, w.stream))
+      gc_die(__FILE__, __LINE__, "fused step: %s", perseus_ag_gemm_last_error());
     GC_CUDA(cudaStreamSynchronize(w.stream), "rank %d, step %d", rank, step);
     GC_CUDA(cudaMemcpy(hc.data(), c, M * N * 2, cudaMemcpyDeviceToHost), "c");
     double worst = 0;
@@ -81,13 +84,13 @@ static long long ag_case_run(gc_world &w, const ps_ag_gemm_shape_t &s, int mode,
     }
     wrong += bad;
   }
-  if (ps_ag_gemm_fused_step(f, a, bt[0] + 1, c, w.stream) != -1 || !strstr(ps_ag_gemm_last_error(), "aligned")) {
+  if (perseus_ag_gemm_step(f, a, bt[0] + 1, c, w.stream) != -1 || !strstr(perseus_ag_gemm_last_error(), "aligned")) {
     fprintf(stderr, "ag_gemm_test: rank %d: a misaligned B not refused by name (%s)\n", rank,
-            ps_ag_gemm_last_error());
+            perseus_ag_gemm_last_error());
     wrong++;
   }
   GC_CUDA(cudaDeviceSynchronize(), "rank %d", rank);
-  ps_ag_gemm_fused_destroy(f);
+  perseus_ag_gemm_destroy(f);
   cudaFree(a), cudaFree(bt[0]), cudaFree(bt[1]), cudaFree(c);
   return wrong;
 }
@@ -95,11 +98,12 @@ static long long ag_case_run(gc_world &w, const ps_ag_gemm_shape_t &s, int mode,
 /* create must refuse `s` in `mode` with `want` in its reason. */
 static int ag_refused(gc_world &w, const ps_ag_gemm_shape_t &s, int mode, const char *want)
 {
-  ps_ag_gemm_fused_t *f = NULL;
-  if (ps_ag_gemm_fused_create(w.comm, &s, mode, &f) == -1 && strstr(ps_ag_gemm_last_error(), want)) return 0;
+  perseus_ag_gemm_t *f = NULL;
+  const perseus_ag_gemm_shape_t ps = {s.m, s.n, s.k};
+  if (perseus_ag_gemm_create(w.comm, &ps, mode, &f) == -1 && strstr(perseus_ag_gemm_last_error(), want)) return 0;
   fprintf(stderr, "ag_gemm_test: M %d N %d K %d mode %d not refused with '%s' (%s)\n", s.m, s.n, s.k, mode, want,
-          ps_ag_gemm_last_error());
-  ps_ag_gemm_fused_destroy(f);
+          perseus_ag_gemm_last_error());
+  perseus_ag_gemm_destroy(f);
   return 1;
 }
 
@@ -113,7 +117,7 @@ static int ag_child(int rank, void *arg)
   int checks = 0;
   for (int rep = 0; rep < c.repeat; rep++)
     for (int ci = 0; ci < (int)(sizeof ag_cases / sizeof ag_cases[0]); ci++)
-      for (int mode = PS_AG_GEMM_PUSH; mode <= (c.path == TT_LSA ? PS_AG_GEMM_PULL : PS_AG_GEMM_PUSH); mode++) {
+      for (int mode = PERSEUS_AG_GEMM_PUSH; mode <= (c.path == TT_LSA ? PERSEUS_AG_GEMM_PULL : PERSEUS_AG_GEMM_PUSH); mode++) {
         const ps_ag_gemm_shape_t &s = ag_cases[ci];
         if (c.only >= 0 && ci != c.only) continue;
         gp_progress("ag_gemm", rep, "M %d N %d K %d, %s", s.m, s.n, s.k, mode ? "pull" : "push");
@@ -123,10 +127,10 @@ static int ag_child(int rank, void *arg)
           printf("ag_gemm_test: M %4d N %4d K %4d ranks %d %s: %s\n", s.m, s.n, s.k, R, mode ? "pull" : "push",
                  bad ? "FAIL" : "ok");
       }
-  wrong += ag_refused(w, {64, 64, 72}, PS_AG_GEMM_PUSH, "k 72");
+  wrong += ag_refused(w, {64, 64, 72}, PERSEUS_AG_GEMM_PUSH, "k 72");
   wrong += ag_refused(w, {64, 64, 64}, 7, "mode 7");
-  wrong += ag_refused(w, {64, 60, 64}, PS_AG_GEMM_PUSH, "n 60");
-  if (c.path != TT_LSA) wrong += ag_refused(w, {64, 64, 64}, PS_AG_GEMM_PULL, "use push");
+  wrong += ag_refused(w, {64, 60, 64}, PERSEUS_AG_GEMM_PUSH, "n 60");
+  if (c.path != TT_LSA) wrong += ag_refused(w, {64, 64, 64}, PERSEUS_AG_GEMM_PULL, "use push");
   if (rank == 0)
     printf("ag_gemm_test: %d cases on %d ranks (%s): %s\n", checks, R, tt_path_names[c.path],
            wrong ? "FAILED" : "passed");

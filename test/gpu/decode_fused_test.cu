@@ -1,4 +1,4 @@
-/* The fused Flash-Decode operator (decode/ps_decode_fused.h) on every
+/* The fused Flash-Decode operator (<perseus/decode.h>) on every
  * visible GPU, one forked rank each, push and (over NVLink) pull: three
  * steps a case, with new inputs each step (the window's halves alternate),
  * every rank's output against attention over the whole sequences in fp64.
@@ -13,7 +13,7 @@
 
 #include "decode_inputs.cuh"
 #include "opts.h"
-#include "ps_decode_fused.h"
+#include <perseus/decode.h>
 #include "tile_comm.cuh"
 
 struct df_cfg {
@@ -46,9 +46,10 @@ static long long df_case_run(gc_world &w, const df_case &k, int mode, int rank, 
     first[b] = s, shard[b] = e - s;
     stride = std::max(stride, (size_t)(len[b] + R - 1) / R);
   }
-  ps_decode_fused_t *f = NULL;
-  if (ps_decode_fused_create(w.comm, &dc, (int)stride, 0, mode, &f))
-    gc_die(__FILE__, __LINE__, "fused create: %s", ps_decode_last_error());
+  perseus_decode_t *f = NULL;
+  const perseus_decode_config_t pc = {dc.batch, dc.q_heads, dc.kv_heads, dc.head_dim, dc.max_context};
+  if (perseus_decode_create(w.comm, &pc, (int)stride, 0, mode, &f))
+    gc_die(__FILE__, __LINE__, "fused create: %s", perseus_decode_last_error());
   uint16_t *q, *kk, *v, *out;
   int *n;
   GC_CUDA(cudaMalloc(&q, B * Hq * D * 2), "q");
@@ -64,8 +65,8 @@ static long long df_case_run(gc_world &w, const df_case &k, int mode, int rank, 
     if (dp_fill_all(seed, dc, stride, first, q, kk, v, w.stream))
       gc_die(__FILE__, __LINE__, "filling the inputs: %s", cudaGetErrorString(cudaGetLastError()));
     GC_CUDA(cudaMemsetAsync(out, 0xff, B * Hq * D * 2, w.stream), "out"); /* NaN until written */
-    if (ps_decode_fused_step(f, scale, q, kk, v, stride, n, out, w.stream))
-      gc_die(__FILE__, __LINE__, "fused step: %s", ps_decode_last_error());
+    if (perseus_decode_step(f, scale, q, kk, v, stride, n, out, w.stream))
+      gc_die(__FILE__, __LINE__, "fused step: %s", perseus_decode_last_error());
     GC_CUDA(cudaStreamSynchronize(w.stream), "rank %d, step %d", rank, step);
     std::vector<uint16_t> host(B * Hq * D);
     GC_CUDA(cudaMemcpy(host.data(), out, host.size() * 2, cudaMemcpyDeviceToHost), "out");
@@ -76,14 +77,14 @@ static long long df_case_run(gc_world &w, const df_case &k, int mode, int rank, 
     wrong += bad;
   }
   /* a shard longer than the operator was made for */
-  if (ps_decode_fused_step(f, scale, q, kk, v, stride + 1, n, out, w.stream) != -1 ||
-      !strstr(ps_decode_last_error(), "max_shard")) {
+  if (perseus_decode_step(f, scale, q, kk, v, stride + 1, n, out, w.stream) != -1 ||
+      !strstr(perseus_decode_last_error(), "max_shard")) {
     fprintf(stderr, "decode_fused_test: rank %d: stride %zu past max_shard %zu not refused by name (%s)\n",
-            rank, stride + 1, stride, ps_decode_last_error());
+            rank, stride + 1, stride, perseus_decode_last_error());
     wrong++;
   }
   GC_CUDA(cudaDeviceSynchronize(), "rank %d", rank);
-  ps_decode_fused_destroy(f);
+  perseus_decode_destroy(f);
   cudaFree(q), cudaFree(kk), cudaFree(v), cudaFree(out), cudaFree(n);
   return wrong;
 }
@@ -97,7 +98,7 @@ static int df_child(int rank, void *arg)
   long long wrong = 0;
   int checks = 0;
   for (const df_case &k : df_cases)
-    for (int mode = PS_DECODE_PUSH; mode <= (c.path == TT_LSA ? PS_DECODE_PULL : PS_DECODE_PUSH); mode++) {
+    for (int mode = PERSEUS_DECODE_PUSH; mode <= (c.path == TT_LSA ? PERSEUS_DECODE_PULL : PERSEUS_DECODE_PUSH); mode++) {
       gp_progress("decode_fused", -1, "B %d Hq %d Hkv %d D %d, %s", k.c.batch, k.c.q_heads, k.c.kv_heads,
                   k.c.head_dim, mode ? "pull" : "push");
       const long long bad = df_case_run(w, k, mode, rank, R);
@@ -107,16 +108,16 @@ static int df_child(int rank, void *arg)
                k.c.kv_heads, k.c.head_dim, R, mode ? "pull" : "push", bad ? "FAIL" : "ok");
     }
   /* refusals, each naming what was wrong */
-  ps_decode_fused_t *f = NULL;
-  const ps_decode_config_t ok = {1, 8, 8, 64, 64};
-  if (ps_decode_fused_create(w.comm, &ok, 64, 0, 7, &f) != -1 || !strstr(ps_decode_last_error(), "mode 7")) {
-    fprintf(stderr, "decode_fused_test: mode 7 not refused by name (%s)\n", ps_decode_last_error());
+  perseus_decode_t *f = NULL;
+  const perseus_decode_config_t ok = {1, 8, 8, 64, 64};
+  if (perseus_decode_create(w.comm, &ok, 64, 0, 7, &f) != -1 || !strstr(perseus_decode_last_error(), "mode 7")) {
+    fprintf(stderr, "decode_fused_test: mode 7 not refused by name (%s)\n", perseus_decode_last_error());
     wrong++;
   }
   if (c.path != TT_LSA &&
-      (ps_decode_fused_create(w.comm, &ok, 64, 0, PS_DECODE_PULL, &f) != -1 ||
-       !strstr(ps_decode_last_error(), "use push"))) {
-    fprintf(stderr, "decode_fused_test: pull beyond NVLink not refused by name (%s)\n", ps_decode_last_error());
+      (perseus_decode_create(w.comm, &ok, 64, 0, PERSEUS_DECODE_PULL, &f) != -1 ||
+       !strstr(perseus_decode_last_error(), "use push"))) {
+    fprintf(stderr, "decode_fused_test: pull beyond NVLink not refused by name (%s)\n", perseus_decode_last_error());
     wrong++;
   }
   if (rank == 0)

@@ -1,0 +1,87 @@
+/* perseus fused Flash-Decode (decode/, libperseus_decode.so): split-KV
+ * decode attention as one kernel per step (docs/device.md, second worked
+ * example).
+ *
+ * Decode attention for B sequences, one new query token each: query head h
+ * (of Hq) attends over its sequence's KV cache through KV head h / (Hq /
+ * Hkv) (grouped-query attention), head dim D, scores scaled by `scale`. The
+ * cache of a sequence is cut into R contiguous shards, one per rank
+ * (perseus_decode_shard; a shard is empty where the sequence has fewer than
+ * R tokens). Each rank computes its shard's partial outputs and log-sum-exp,
+ * ships them to every rank, and every rank combines them into the whole
+ * output, inside the same kernel.
+ *
+ *  - PERSEUS_DECODE_PUSH: each block stores its record into every NVLink
+ *    peer's window and counts it there (one signal per batch of records);
+ *    the records go to each peer beyond NVLink in one ncclGin put a step,
+ *    its signal riding in it.
+ *  - PERSEUS_DECODE_PULL: each block leaves its record in its own window;
+ *    the peers' combining blocks read it over NVLink. Every peer must be in
+ *    the NVLink domain.
+ *
+ * Blocks wait for each other inside the kernel: the grid is what the GPU
+ * holds at once, and no other work may hold the SMs a step needs while it
+ * runs. Records go to a window of two halves used in turn, so each rank's
+ * steps must run one after another (one stream, or streams ordered by
+ * events). The automatic chunk count comes from the GPU's SM count: ranks on
+ * different GPU models must pass the same `splits`.
+ *
+ * Calls return 0, or -1 with the reason (naming the bad value and what was
+ * expected, or the failed call) in perseus_decode_last_error(). */
+#ifndef PERSEUS_DECODE_H
+#define PERSEUS_DECODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  int batch;       /* B: sequences per step, >= 1 */
+  int q_heads;     /* Hq, a multiple of kv_heads */
+  int kv_heads;    /* Hkv, >= 1 */
+  int head_dim;    /* D: a multiple of 8, at most 256 */
+  int max_context; /* most tokens one sequence's cache holds over all ranks, >= 1 */
+} perseus_decode_config_t;
+
+enum { PERSEUS_DECODE_PUSH = 0, PERSEUS_DECODE_PULL = 1 };
+
+typedef struct perseus_decode perseus_decode_t;
+
+/* Rank `rank`'s shard of a sequence of `len` tokens over `nranks`: [*start, *end). */
+void perseus_decode_shard(int len, int nranks, int rank, int *start, int *end);
+
+/* Collective over `comm` (every rank, same arguments; the caller's GPU is
+ * current): the records window, the device communicator and its resources,
+ * for shards of at most `max_shard` tokens (the k, v `stride` of
+ * perseus_decode_step) and `splits` chunks a row (0: chosen from the GPU). */
+int perseus_decode_create(ncclComm_t comm, const perseus_decode_config_t *cfg, int max_shard, int splits,
+                          int mode, perseus_decode_t **out);
+
+/* The chunks per row the operator uses. */
+int perseus_decode_splits(const perseus_decode_t *op);
+
+/* One decode step on `stream`: q [B][Hq][D], this rank's shard k, v
+ * [B][Hkv][stride][D] (bf16, 16-byte aligned; stride <= max_shard), n[b]
+ * (device memory) its tokens of sequence b; out [B][Hq][D] bf16, attention
+ * over the whole sequences, on every rank. Every rank calls it, in the same
+ * order. */
+int perseus_decode_step(perseus_decode_t *op, float scale, const uint16_t *q, const uint16_t *k,
+                        const uint16_t *v, size_t stride, const int *n, uint16_t *out, cudaStream_t stream);
+
+/* Collective: frees what create made, after the last step completed. */
+void perseus_decode_destroy(perseus_decode_t *op);
+
+/* The reason the calling thread's last failed call gave. */
+const char *perseus_decode_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
