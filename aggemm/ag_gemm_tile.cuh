@@ -2,16 +2,17 @@
 // one block an SM.
 //
 // A block has three warp groups. Group 0 loads: per K step of 64 it
-// brings a 128-row slice of A into shared memory by cp.async (the rows are
-// gathered: the caller's own shard, this rank's window or a peer's over
-// NVLink) and B's 256 x 64 box by TMA, into one of kStages stages. Groups 1
+// brings B's 256 x 64 box by TMA and a 128-row slice of A into one of
+// kStages shared-memory stages, A by TMA too where the tile's rows lie in
+// one buffer (the caller's own shard, this rank's window, or one peer's
+// over NVLink), else gathered row by row with cp.async. Groups 1
 // and 2 compute: each holds 64 rows x 256 columns of fp32 sums in
 // registers (wgmma m64n256k16, operands straight from shared memory, one
 // group of wgmmas kept in flight). Stages pass between them on mbarriers:
-// `full` (the loader's 128 threads, each after its cp.async group landed
-// and was fenced for the async proxy, plus TMA's byte count) and `empty`
+// `full` (the loader's 128 threads, each once its cp.async group, if any,
+// landed and was fenced for the async proxy, plus TMA's byte count) and `empty`
 // (one arrival per compute group once its wgmmas read the stage). The
-// loader takes tiles from the kernel's ticket counter and hands each to the
+// loader takes tickets (ag_gemm_fused.cu) and hands each tile to the
 // compute groups through a two-slot ring, so it runs up to kStages steps
 // (and across tiles) ahead of them: the wait for a tile's rows and its
 // first loads overlap the tile before. Register budgets move with
@@ -58,7 +59,6 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
 __device__ __forceinline__ void group_sync(int id) { // one warp group's named barrier
   asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kGroup) : "memory");
 }
-
 
 // Called by one thread before the block's first barrier.
 __device__ __forceinline__ void pipe_init(pipe_t &p) {
