@@ -20,6 +20,7 @@
 #include <cuda_bf16.h>
 
 #include "opts.h"
+#include "place_hash.cuh"
 #include <perseus/ag_gemm.h>
 
 #include "ps_ag_gemm.h"
@@ -44,11 +45,7 @@ static double median(std::vector<double> v)
 __global__ void ap_fill(__nv_bfloat16 *p, uint64_t seed, int what, size_t first_row, size_t rows, size_t cols)
 {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < rows * cols; i += (size_t)gridDim.x * blockDim.x) {
-    uint64_t x = seed ^ ((uint64_t)what << 62) ^ ((first_row + i / cols) << 24) ^ (i % cols);
-    x ^= x >> 30, x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27, x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    p[i] = __float2bfloat16((float)(x >> 40) / (float)(1 << 24) * 2.f - 1.f);
+    p[i] = __float2bfloat16(ps_place_value(seed ^ ((uint64_t)what << 62) ^ ((first_row + i / cols) << 24) ^ (i % cols)));
   }
 }
 

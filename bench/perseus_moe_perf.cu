@@ -57,11 +57,7 @@ __global__ void mp_fill(uint16_t *p, size_t n, uint64_t seed, float scale)
 {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
-    uint64_t x = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed;
-    x ^= x >> 30, x *= 0xbf58476d1ce4e5b9ull, x ^= x >> 27, x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    float u = (float)(x >> 40) / 16777216.0f * 2.0f - 1.0f;
-    __nv_bfloat16 b = __float2bfloat16(u * scale);
+    __nv_bfloat16 b = __float2bfloat16(ps_place_value((i + 1) * 0x9e3779b97f4a7c15ull ^ seed) * scale);
     p[i] = *(uint16_t *)&b;
   }
 }

@@ -12,17 +12,14 @@
 
 #include <cuda_bf16.h>
 
+#include "place_hash.cuh"
 #include "ps_decode.h"
 
 /* what: 0 q, 1 k, 2 v; t the token's place in the whole sequence. */
 __host__ __device__ inline float dp_value(uint64_t seed, int what, size_t b, size_t h, size_t t,
                                           size_t d)
 {
-  uint64_t x = seed ^ ((uint64_t)what << 60) ^ (b << 44) ^ (h << 36) ^ (t << 12) ^ d;
-  x ^= x >> 30, x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27, x *= 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  const float u = (float)(x >> 40) / (float)(1 << 24) * 2.f - 1.f;
+  const float u = ps_place_value(seed ^ ((uint64_t)what << 60) ^ (b << 44) ^ (h << 36) ^ (t << 12) ^ d);
   return what == 1 ? 2.f * u : u;
 }
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "gin_comm.cuh"
+#include "place_hash.cuh"
 #include "perseus/device.cuh"
 
 /* tma: the LSA path with tiles moved by TMA bulk copies (perseus_tile_copy_tma) */
@@ -92,17 +93,10 @@ struct tt_plan {
   uint32_t fixed_size; /* perf: every tile has this size, aligned */
 };
 
-__host__ __device__ inline uint64_t tt_mix(uint64_t x)
-{
-  x ^= x >> 30, x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27, x *= 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 __host__ __device__ inline uint64_t tt_hash(const tt_plan &p, int s, int d, int k, int what)
 {
-  uint64_t x = tt_mix(p.seed ^ (uint64_t)p.iter * 0x9e3779b97f4a7c15ull);
-  return tt_mix(x ^ ((uint64_t)s << 48 | (uint64_t)d << 32 | (uint64_t)(uint32_t)k << 4 |
+  uint64_t x = ps_place_mix(p.seed ^ (uint64_t)p.iter * 0x9e3779b97f4a7c15ull);
+  return ps_place_mix(x ^ ((uint64_t)s << 48 | (uint64_t)d << 32 | (uint64_t)(uint32_t)k << 4 |
                      (uint64_t)what));
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "opts.h"
+#include "place_hash.cuh"
 #include <perseus/ag_gemm.h>
 
 #include "ps_ag_gemm.h"
@@ -34,11 +35,7 @@ static const ps_ag_gemm_shape_t ag_cases[] = {
 /* A value in [-1, 1) from a hash of its place, alike on every rank. */
 static uint16_t ag_value(uint64_t seed, int what, size_t i, size_t j)
 {
-  uint64_t x = seed ^ ((uint64_t)what << 62) ^ (i << 24) ^ j;
-  x ^= x >> 30, x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27, x *= 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return ps_float_to_bf16((float)(x >> 40) / (float)(1 << 24) * 2.f - 1.f);
+  return ps_float_to_bf16(ps_place_value(seed ^ ((uint64_t)what << 62) ^ (i << 24) ^ j));
 }
 
 /* One case in one mode: 3 steps; returns the wrong elements seen. */
