@@ -24,16 +24,7 @@
 #include "example_ranks.h"
 #include "perseus/ag_gemm.h"
 
-#define CHECK(call)                                                                        \
-  do {                                                                                     \
-    long long e_ = (long long)(call);                                                      \
-    if (e_) {                                                                              \
-      fprintf(stderr, "rank %d: %s failed (%lld) at line %d: %s\n", rank, #call, e_, __LINE__, \
-              perseus_ag_gemm_last_error());                                               \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
-
+#define CHECK(call) EXAMPLE_CHECK(call, perseus_ag_gemm_last_error())
 
 typedef struct {
   int m, k, mode;

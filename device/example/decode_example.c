@@ -29,16 +29,7 @@
 #define HKV 2  /* KV heads: 4 query heads share one */
 #define D 128  /* head dim */
 
-#define CHECK(call)                                                                        \
-  do {                                                                                     \
-    long long e_ = (long long)(call);                                                      \
-    if (e_) {                                                                              \
-      fprintf(stderr, "rank %d: %s failed (%lld) at line %d: %s\n", rank, #call, e_, __LINE__, \
-              perseus_decode_last_error());                                                \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
-
+#define CHECK(call) EXAMPLE_CHECK(call, perseus_decode_last_error())
 
 /* Element d of token t's key (s = 2) or value (s = 3) of KV head h of sequence b. */
 static uint16_t kv(uint32_t s, int b, int h, int t, int d) { return example_value(s, (((size_t)b * HKV + h) * 1000003u + t) * D + d); }

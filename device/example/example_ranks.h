@@ -15,6 +15,17 @@
 
 #include <nccl.h>
 
+/* Exits the rank when `call` returns non-zero (a cudaError_t, ncclResult_t
+ * or -1), naming it, its line and `why` (the library's reason); `rank` in scope. */
+#define EXAMPLE_CHECK(call, why)                                                                  \
+  do {                                                                                            \
+    long long e_ = (long long)(call);                                                             \
+    if (e_) {                                                                                     \
+      fprintf(stderr, "rank %d: %s failed (%lld) at line %d: %s\n", rank, #call, e_, __LINE__, why); \
+      exit(1);                                                                                    \
+    }                                                                                             \
+  } while (0)
+
 /* GPUs visible, counted without initialising CUDA (the ranks fork after). */
 static inline int example_gpus(void) {
   int n = 0;
