@@ -25,11 +25,14 @@
  *     + PERSEUS_PEER_TIMEOUT_MS + 1 s (shm completes sends to a dead process,
  *     so no probe could tell; its pid does). */
 #include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -91,6 +94,64 @@ static ncclResult_t connect_until_error(drv_net_t *net, void *handle, void *lc, 
   }
   *took = drv_now() - t0;
   return rc;
+}
+
+/* --- a closed listener (tcp) --- */
+
+/* Binds (without listening) the IP port a closed listener's handle names,
+ * so that no other endpoint, of this process or of a test running beside
+ * it, takes the port while connects to it are checked: a connect would then
+ * reach that endpoint and wait for an ACCEPT that never comes. Returns the
+ * socket, -1 where the address is not IP (nothing to hold), -2 where
+ * another socket took the port already (the check would be void). */
+static int hold_port(const void *handle) {
+  const ps_handle_t *h = handle;
+  struct sockaddr_storage ss;
+  if (h->addrlen > sizeof ss) return -1;
+  memset(&ss, 0, sizeof ss);
+  memcpy(&ss, h->addr, h->addrlen);
+  if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) return -1;
+  int fd = socket(ss.ss_family, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  if (bind(fd, (struct sockaddr *)&ss, h->addrlen) == 0) return fd;
+  int in_use = errno == EADDRINUSE;
+  close(fd);
+  return in_use ? -2 : -1;
+}
+
+#define CLOSED_LISTENER_TRIES 5
+
+/* Closes lc; then connect with its handle must fail within
+ * PERSEUS_PEER_TIMEOUT_MS + 1 s (the CONNECT is never delivered). Where
+ * another socket took the port first, a new listener is tried. Returns the
+ * number of failed checks. */
+int hostile_closed_listener(drv_net_t *net, void *lc, void *handle) {
+  double limit = peer_timeout_s() + 1;
+  for (int tries = 1;; tries++) {
+    if (net->close_listen(lc) != ncclSuccess) {
+      fprintf(stderr, "closeListen failed\n");
+      return 1;
+    }
+    int fd = hold_port(handle);
+    if (fd == -2 && tries < CLOSED_LISTENER_TRIES) {
+      printf("closed listener: its port was taken at once by another socket; a new listener\n");
+      if (net->listen(0, handle, &lc) != ncclSuccess) {
+        fprintf(stderr, "listen failed\n");
+        return 1;
+      }
+      continue;
+    }
+    void *sc = NULL;
+    double took = 0;
+    int bad_listener = 0;
+    ncclResult_t rc = connect_until_error(net, handle, NULL, limit + 5, &sc, &took, &bad_listener);
+    if (fd >= 0) close(fd);
+    if (rc != ncclSuccess && !sc && took <= limit) return 0;
+    fprintf(stderr, "connect to a closed listener: rc %d, comm %p after %.2f s (limit %.2f s%s)\n",
+            rc, sc, took, limit, fd == -2 ? "; another socket holds its port" : "");
+    if (sc) net->close_send(sc);
+    return 1;
+  }
 }
 
 /* connect and accept until both have a comm */

@@ -542,19 +542,7 @@ int main(int argc, char **argv) {
   if (net.connect(0, handle, NULL) == ncclSuccess) fprintf(stderr, "connect with no comm pointer\n"), bad++;
   if (net.accept(lc, NULL) == ncclSuccess) fprintf(stderr, "accept with no comm pointer\n"), bad++;
   if (net.accept(NULL, &out) == ncclSuccess || out) fprintf(stderr, "accept on a NULL listen comm\n"), bad++;
-  if (net.close_listen(lc) != ncclSuccess) fprintf(stderr, "closeListen failed\n"), bad++;
-  /* the listener is gone: connect must fail, in time, and keep failing */
-  const char *tmo = getenv("PERSEUS_PEER_TIMEOUT_MS");
-  double limit = (tmo ? atof(tmo) : 5000) / 1000 + 1, t0 = drv_now();
-  ncclResult_t rc = ncclSuccess;
-  while (rc == ncclSuccess && !out && drv_now() - t0 < limit + 5) {
-    rc = net.connect(0, handle, &out);
-    if (rc == ncclSuccess && !out) nap_ms(1);
-  }
-  double took = drv_now() - t0;
-  if (rc == ncclSuccess || out || took > limit)
-    fprintf(stderr, "connect to a closed listener: rc %d, comm %p after %.2f s (limit %.2f s)\n", rc,
-            out, took, limit), bad++;
+  bad += hostile_closed_listener(&net, lc, handle);
   drv_opts_t o = {.nranks = 2, .version = version, .timeout_s = 120};
   bad += drv_run(&o, rank_fn, NULL) != 0;
   printf("hostile_net v%d: %s\n", version, bad ? "FAIL" : "ok");

@@ -5,6 +5,8 @@
 
 #include <stdio.h>
 
+#include "ps_driver.h"
+
 /* In a scenario function: report where and why, and return 1 (failed). */
 #define FAIL_IF(cond, ...)                               \
   do {                                                   \
@@ -21,5 +23,9 @@ int hostile_open_fds(void);
 /* hostile_conn.c's scenarios (abandon, wrong_id, shm_stale, shm_addr,
  * shm_dead_peer): 0 passed, 1 failed, 77 skipped, 2 not one of them. */
 int hostile_conn_scenario(int version, const char *scenario);
+
+/* Closes lc, then connects with its handle: 0 when that fails in time,
+ * else 1 (hostile_conn.c). */
+int hostile_closed_listener(drv_net_t *net, void *lc, void *handle);
 
 #endif
