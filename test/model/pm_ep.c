@@ -121,7 +121,11 @@ static int ep_close(struct fid *fid) {
   pm_ep_t *e = (pm_ep_t *)fid;
   pm_nic_remove(e);
   for (size_t i = 0; i < e->nlinks; i++) free_ops(e->links[i].head);
-  free_ops(e->waiting), free_ops(e->acking), free_ops(atomic_load(&e->sub_top));
+  for (int t = 0; t < PM_MAX_NIC_THREADS; t++) {
+    free_ops(e->share[t].waiting), free_ops(e->share[t].acking);
+    pthread_mutex_destroy(&e->share[t].lock);
+  }
+  free_ops(atomic_load(&e->sub_top));
   free_ops(atomic_load(&e->finished)), free_ops(e->cache);
   for (pm_recv_t *r = e->recvs, *n; r; r = n) n = r->next, free(r);
   for (pm_recv_t *r = atomic_load(&e->recv_top), *n; r; r = n) n = r->next, free(r);
@@ -129,7 +133,6 @@ static int ep_close(struct fid *fid) {
   for (pm_held_t *h = e->held, *n; h; h = n) n = h->next, free(h);
   if (e->seg) pm_cq_detach(e->cq, e->seg), pm_unlink(e->name, e->seg, sizeof *e->seg);
   free(e->links);
-  pthread_mutex_destroy(&e->lock);
   free(e);
   return 0;
 }
@@ -187,12 +190,16 @@ static struct fi_ops_atomic atomic_ops = {.size = sizeof(struct fi_ops_atomic), 
 
 int pm_ep_open(struct fid_domain *domain, struct fi_info *info, struct fid_ep **out, void *ctx) {
   (void)info;
-  pm_ep_t *e = calloc(1, sizeof *e);
+  pm_ep_t *e = aligned_alloc(_Alignof(pm_ep_t), (sizeof *e + 63) / 64 * 64); /* its shares are aligned */
   if (!e) return -FI_ENOMEM;
+  memset(e, 0, sizeof *e);
   e->d = (pm_domain_t *)domain;
   e->rnd = (unsigned)pm_now_ns();
   atomic_flag_clear(&e->cache_busy);
-  pthread_mutex_init(&e->lock, NULL);
+  for (int t = 0; t < PM_MAX_NIC_THREADS; t++) {
+    pthread_mutex_init(&e->share[t].lock, NULL);
+    e->share[t].rnd = e->rnd + (unsigned)t;
+  }
   e->ep = (struct fid_ep){.fid = {.fclass = FI_CLASS_EP, .context = ctx, .ops = &ep_fi_ops},
                           .ops = &ep_ops, .cm = &cm_ops, .msg = &msg_ops, .rma = &rma_ops,
                           .tagged = &tagged_ops, .atomic = &atomic_ops};

@@ -43,6 +43,21 @@ typedef struct pm_held { /* a message waiting: an ACK until its time, or one for
   pm_ep_seg_t *to; /* NULL: an ACK of ours to act on */
 } pm_held_t;
 
+/* What one NIC thread owns of an endpoint: the links i with i % n == its
+ * number (so a link's operations stay in order, and copies to different
+ * peers run in parallel), and the operations it performed on them. Only
+ * `lock` is shared, with thread 0, which appends new posts to the links and
+ * hands ACKs to `acking`: the threads never wait for each other's passes. */
+typedef struct {
+  pthread_mutex_t lock;            /* the links' queues and `acking` */
+  pm_op_t *waiting, *waiting_tail; /* performed RMA, in that order: until done_ns (the thread's own) */
+  pm_op_t *acking;                 /* sent: until the target's ACK */
+  /* operations on its links and in `waiting`: a thread with none skips the
+   * endpoint without taking a lock */
+  _Atomic int queued;
+  unsigned rnd; /* the reordering NIC's dice */
+} __attribute__((aligned(64))) pm_nic_share_t;
+
 typedef struct pm_ep {
   struct fid_ep ep;
   struct pm_ep *next_all;
@@ -51,19 +66,14 @@ typedef struct pm_ep {
   pm_av_t *av;
   char name[PM_NAME_LEN];
   pm_ep_seg_t *seg;
-  pthread_mutex_t lock;
   /* Posted and not yet on a link, newest first: a caller's post is one
    * compare-and-swap (a NIC's doorbell), never a lock the NIC thread takes
    * on every pass; the NIC thread takes the whole list at once. */
   _Atomic(pm_op_t *) sub_top;
-  pm_link_t *links;
+  pm_link_t *links; /* grown by thread 0 holding every share's lock */
   size_t nlinks;
-  /* Operations on the links of NIC thread t (link i is thread i % n's):
-   * a thread with none skips the endpoint without taking its lock, so idle
-   * threads do not contend with the one that has work. */
-  _Atomic int queued[PM_MAX_NIC_THREADS];
-  pm_op_t *waiting, *waiting_tail; /* performed, in that order: until done_ns */
-  pm_op_t *acking;                  /* sent: until the target's ACK */
+  pm_nic_share_t share[PM_MAX_NIC_THREADS];
+  /* thread 0's (the caller adds to recv_top by compare-and-swap): */
   pm_recv_t *recvs;               /* posted receives the NIC thread matches, in order */
   _Atomic(pm_recv_t *) recv_top;  /* posted since its last pass, newest first (as sub_top) */
   pm_held_t *unexp, *held;

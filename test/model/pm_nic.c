@@ -112,27 +112,33 @@ static void move_data(pm_ep_t *e, pm_op_t *op) {
 
 static int is_rma(const pm_op_t *op) { return op->type == OP_WRITE || op->type == OP_READ; }
 
-/* Performs an operation whose time came; -FI_EAGAIN when the target's inbox is full. */
-static int perform(pm_ep_t *e, pm_op_t *op, uint64_t now) {
+/* An operation leaves its link for good (completed, or to its ACK). */
+static void leave(pm_nic_share_t *s) { atomic_fetch_sub_explicit(&s->queued, 1, memory_order_relaxed); }
+
+/* Performs an operation whose time came (s: the share of its link, locked);
+ * -FI_EAGAIN when the target's inbox or notice ring is full. */
+static int perform(pm_ep_t *e, pm_nic_share_t *s, pm_op_t *op, uint64_t now) {
   const pm_params_t *p = pm_params();
   const pm_peer_t *peer = pm_av_get(e->av, op->dest);
   if (!peer) {
     complete(e, op, FI_EINVAL, "destination not in the address vector");
+    leave(s);
     return 0;
   }
   if (is_rma(op)) {
     if (!op->written && !op->err) move_data(e, op);
     if (op->err) {
       complete(e, op, op->err, op->why);
+      leave(s);
       return 0;
     }
     if (op->remote_cq && pm_rcq_put(peer->seg, op->data))
       return -FI_EAGAIN; /* the data is there; its notice next time */
     op->done_ns = now + p->latency_ns + (op->type == OP_READ ? (uint64_t)(op->len * p->ns_per_byte) : 0);
     op->next = NULL;
-    if (e->waiting_tail) e->waiting_tail->next = op;
-    else e->waiting = op;
-    e->waiting_tail = op;
+    if (s->waiting_tail) s->waiting_tail->next = op;
+    else s->waiting = op;
+    s->waiting_tail = op;
     return 0;
   }
   pm_msg_t m = {.type = op->type == OP_TSEND ? PM_MSG_TSEND : PM_MSG_ATOMIC, .src_pid = my_pid(),
@@ -142,8 +148,9 @@ static int perform(pm_ep_t *e, pm_op_t *op, uint64_t now) {
   memcpy(m.src, e->name, PM_NAME_LEN);
   if (op->type == OP_TSEND && op->len <= PM_INLINE && op->len) memcpy(m.inl, op->buf, op->len);
   if (pm_inbox_put(peer->seg, &m)) return -FI_EAGAIN;
-  op->next = e->acking;
-  e->acking = op;
+  op->next = s->acking;
+  s->acking = op;
+  leave(s); /* thread 0 completes it when the ACK comes */
   return 0;
 }
 
@@ -155,14 +162,23 @@ static void ack(pm_ep_t *e, const pm_msg_t *to_whom, uint32_t status) {
   send_msg(e, seg, &m);
 }
 
-static void on_ack(pm_ep_t *e, const pm_msg_t *m) {
-  for (pm_op_t **p = &e->acking; *p; p = &(*p)->next)
-    if ((uint64_t)(uintptr_t)*p == m->ctx) {
-      pm_op_t *op = *p;
-      *p = op->next;
+static void on_ack(pm_ep_t *e, const pm_msg_t *m, int n) {
+  for (int t = 0; t < n; t++) {
+    pm_nic_share_t *s = &e->share[t];
+    pm_op_t *op = NULL;
+    pthread_mutex_lock(&s->lock);
+    for (pm_op_t **p = &s->acking; *p; p = &(*p)->next)
+      if ((uint64_t)(uintptr_t)*p == m->ctx) {
+        op = *p;
+        *p = op->next;
+        break;
+      }
+    pthread_mutex_unlock(&s->lock);
+    if (op) {
       complete(e, op, (int)m->status, m->status ? "the target refused the operation" : NULL);
       return;
     }
+  }
 }
 
 static void on_atomic(pm_ep_t *e, const pm_msg_t *m) {
@@ -223,28 +239,24 @@ static int match(pm_ep_t *e) {
 }
 
 /* FI_FENCE: an operation goes only once everything before it on its link
- * completed (none queued ahead of it, none performed and not completed). */
-static int fence_holds(const pm_ep_t *e, const pm_op_t *op, int ahead) {
+ * completed (none queued ahead of it, none performed and not completed:
+ * all of them in the link's share). */
+static int fence_holds(const pm_nic_share_t *s, const pm_op_t *op, int ahead) {
   if (!op->fence) return 0;
   if (ahead) return 1;
-  for (const pm_op_t *w = e->waiting; w; w = w->next)
+  for (const pm_op_t *w = s->waiting; w; w = w->next)
     if (w->dest == op->dest) return 1;
-  for (const pm_op_t *w = e->acking; w; w = w->next)
+  for (const pm_op_t *w = s->acking; w; w = w->next)
     if (w->dest == op->dest) return 1;
   return 0;
 }
 
-static int take_posted(pm_ep_t *e);
+static int take_posted(pm_ep_t *e, int n);
 
-/* One pass of NIC thread `tid` of `n` over an endpoint: the links i with
- * i % n == tid (so a link's operations stay in order, and copies to
- * different peers run in parallel); thread 0 also takes new posts and does
- * the rest. Returns whether it found work. */
-static int ep_pass(pm_ep_t *e, uint64_t now, int tid, int n) {
+/* Thread tid's links (of n threads), its share s locked: each link's
+ * operations whose time came, in order (or, reordering, any of them). */
+static int links_pass(pm_ep_t *e, pm_nic_share_t *s, uint64_t now, int tid, int n) {
   int work = 0;
-  if (tid && !atomic_load_explicit(&e->queued[tid], memory_order_acquire)) return 0;
-  pthread_mutex_lock(&e->lock);
-  if (!tid) work |= take_posted(e);
   for (size_t i = (size_t)tid; i < e->nlinks; i += (size_t)n) {
     pm_link_t *l = &e->links[i];
     if (pm_params()->reorder) { /* any operation whose time came, in no particular order */
@@ -252,8 +264,8 @@ static int ep_pass(pm_ep_t *e, uint64_t now, int tid, int n) {
       for (pm_op_t *op = l->head, *next; op; op = next) {
         next = op->next;
         /* arrived, and half of those each pass: a late NIC thread reorders too */
-        if (op->arrive_ns > now || fence_holds(e, op, prev != NULL) ||
-            ((e->rnd = e->rnd * 1103515245 + 12345) >> 16 & 1)) {
+        if (op->arrive_ns > now || fence_holds(s, op, prev != NULL) ||
+            ((s->rnd = s->rnd * 1103515245 + 12345) >> 16 & 1)) {
           prev = op;
           work |= op->arrive_ns <= now;
           continue;
@@ -261,40 +273,64 @@ static int ep_pass(pm_ep_t *e, uint64_t now, int tid, int n) {
         if (prev) prev->next = next;
         else l->head = next;
         if (l->tail == op) l->tail = prev;
-        if (perform(e, op, now)) { /* back where it was */
+        if (perform(e, s, op, now)) { /* back where it was */
           op->next = next;
           if (prev) prev->next = op;
           else l->head = op;
           if (!next) l->tail = op;
           break;
         }
-        atomic_fetch_sub_explicit(&e->queued[tid], 1, memory_order_relaxed);
         work = 1;
       }
       continue;
     }
-    while (l->head && l->head->arrive_ns <= now && !fence_holds(e, l->head, 0)) {
+    while (l->head && l->head->arrive_ns <= now && !fence_holds(s, l->head, 0)) {
       pm_op_t *op = l->head;
       if (is_rma(op) && !op->written && !op->err) {
         /* it stays at the head (only this thread takes from there); posts
          * append behind it meanwhile */
-        pthread_mutex_unlock(&e->lock);
+        pthread_mutex_unlock(&s->lock);
         move_data(e, op);
-        pthread_mutex_lock(&e->lock);
+        pthread_mutex_lock(&s->lock);
         l = &e->links[i]; /* a post to a new destination may have grown the array */
       }
       pm_op_t *next = op->next;
-      if (perform(e, op, now)) break;
+      if (perform(e, s, op, now)) break;
       l->head = next;
       if (!next) l->tail = NULL;
-      atomic_fetch_sub_explicit(&e->queued[tid], 1, memory_order_relaxed);
       work = 1;
     }
   }
-  if (tid) {
-    pthread_mutex_unlock(&e->lock);
-    return work;
+  return work;
+}
+
+/* The thread's performed RMA operations whose acknowledgement came back. */
+static int complete_waiting(pm_ep_t *e, pm_nic_share_t *s, uint64_t now) {
+  int work = 0;
+  while (s->waiting && s->waiting->done_ns <= now) {
+    pm_op_t *op = s->waiting;
+    if (!(s->waiting = op->next)) s->waiting_tail = NULL;
+    complete(e, op, 0, NULL);
+    leave(s);
+    work = 1;
   }
+  return work;
+}
+
+/* One pass of NIC thread `tid` of `n` over an endpoint: its share of the
+ * links; thread 0 also takes new posts and does the rest (messages,
+ * atomics, ACKs, matching). Returns whether it found work. */
+static int ep_pass(pm_ep_t *e, uint64_t now, int tid, int n) {
+  pm_nic_share_t *s = &e->share[tid];
+  int work = 0;
+  if (!tid) work |= take_posted(e, n);
+  if (atomic_load_explicit(&s->queued, memory_order_acquire)) {
+    pthread_mutex_lock(&s->lock);
+    work |= links_pass(e, s, now, tid, n);
+    pthread_mutex_unlock(&s->lock);
+    work |= complete_waiting(e, s, now);
+  }
+  if (tid) return work;
   pm_msg_t m;
   while (!pm_inbox_get(e->seg, &m)) {
     work = 1;
@@ -308,19 +344,12 @@ static int ep_pass(pm_ep_t *e, uint64_t now, int tid, int n) {
       h = &x->next;
       continue;
     }
-    if (!x->to) on_ack(e, &x->m);
+    if (!x->to) on_ack(e, &x->m, n);
     *h = x->next;
     free(x);
     work = 1;
   }
-  while (e->waiting && e->waiting->done_ns <= now) {
-    pm_op_t *op = e->waiting;
-    if (!(e->waiting = op->next)) e->waiting_tail = NULL;
-    complete(e, op, 0, NULL);
-    work = 1;
-  }
   work |= match(e);
-  pthread_mutex_unlock(&e->lock);
   return work;
 }
 
@@ -354,25 +383,29 @@ void pm_nic_stop(void) {
   atomic_store(&nic_stop, 0);
 }
 
-static pm_link_t *link_of(pm_ep_t *e, fi_addr_t dest) {
+/* The link to dest (thread 0): the array grows holding every share's lock,
+ * since the other threads read it under theirs. */
+static pm_link_t *link_of(pm_ep_t *e, fi_addr_t dest, int nthreads) {
   if (dest >= e->nlinks) {
     size_t n = dest + 16;
+    for (int t = 0; t < nthreads; t++) pthread_mutex_lock(&e->share[t].lock);
     pm_link_t *l = realloc(e->links, n * sizeof *l);
+    if (l) {
+      memset(l + e->nlinks, 0, (n - e->nlinks) * sizeof *l);
+      e->links = l, e->nlinks = n;
+    }
+    for (int t = nthreads - 1; t >= 0; t--) pthread_mutex_unlock(&e->share[t].lock);
     if (!l) return NULL;
-    memset(l + e->nlinks, 0, (n - e->nlinks) * sizeof *l);
-    e->links = l, e->nlinks = n;
   }
   return &e->links[dest];
 }
 
-/* Puts op on its link as a NIC would (NIC thread, e->lock held): it starts
- * when the link is free and it was posted (a fenced one also once
- * everything before it completed), holds the link for len / bandwidth and
- * arrives one latency later. */
-static int to_link(pm_ep_t *e, pm_op_t *op) {
+/* Puts op on its link l as a NIC would (thread 0, the link's share
+ * locked): it starts when the link is free and it was posted (a fenced one
+ * also once everything before it completed), holds the link for len /
+ * bandwidth and arrives one latency later. */
+static void to_link(pm_ep_t *e, pm_link_t *l, pm_op_t *op) {
   const pm_params_t *p = pm_params();
-  pm_link_t *l = link_of(e, op->dest);
-  if (!l) return -FI_ENOMEM;
   uint64_t start = op->posted_ns > l->free_ns ? op->posted_ns : l->free_ns;
   if (op->fence && l->last_done_ns > start) start = l->last_done_ns;
   l->free_ns = start + (uint64_t)(op->len * p->ns_per_byte);
@@ -392,12 +425,10 @@ static int to_link(pm_ep_t *e, pm_op_t *op) {
   if (l->tail) l->tail->next = op;
   else l->head = op;
   l->tail = op;
-  atomic_fetch_add_explicit(&e->queued[op->dest % (fi_addr_t)p->nic_threads], 1, memory_order_release);
-  return 0;
 }
 
 /* The operations posted since the last pass go onto their links, in order. */
-static int take_posted(pm_ep_t *e) {
+static int take_posted(pm_ep_t *e, int n) {
   if (!atomic_load_explicit(&e->sub_top, memory_order_relaxed)) return 0;
   pm_op_t *top = atomic_exchange_explicit(&e->sub_top, NULL, memory_order_acquire), *op = NULL;
   while (top) { /* newest first: reversed into posting order */
@@ -407,7 +438,16 @@ static int take_posted(pm_ep_t *e) {
   int any = op != NULL;
   for (pm_op_t *next; op; op = next) {
     next = op->next;
-    if (to_link(e, op)) complete(e, op, FI_ENOMEM, "out of memory for a link");
+    pm_link_t *l = link_of(e, op->dest, n);
+    if (!l) {
+      complete(e, op, FI_ENOMEM, "out of memory for a link");
+      continue;
+    }
+    pm_nic_share_t *s = &e->share[op->dest % (fi_addr_t)n];
+    pthread_mutex_lock(&s->lock);
+    to_link(e, l, op);
+    atomic_fetch_add_explicit(&s->queued, 1, memory_order_release);
+    pthread_mutex_unlock(&s->lock);
   }
   return any;
 }
