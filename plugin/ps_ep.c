@@ -295,6 +295,18 @@ ncclResult_t ps_ep_reg_dev(ps_ep_t *e, void *buf, size_t len, uint64_t access, i
   return ncclSuccess;
 }
 
+ncclResult_t ps_ep_check_buffer(const char *fn, const void *buf, size_t len) {
+  if (!buf && len) {
+    PS_WARN("%s: NULL buffer of %zu bytes", fn, len);
+    return ncclInvalidArgument;
+  }
+  if (len > UINTPTR_MAX - (uintptr_t)buf) {
+    PS_WARN("%s: buffer %p of %zu bytes runs past the end of the address space", fn, buf, len);
+    return ncclInvalidArgument;
+  }
+  return ncclSuccess;
+}
+
 ncclResult_t ps_ep_reg(ps_ep_t *e, void *buf, size_t len, uint64_t access, struct fid_mr **mr) {
   return ps_ep_reg_dev(e, buf, len, access, -1, NULL, mr);
 }

@@ -75,6 +75,10 @@ ncclResult_t ps_ep_atomicmsg(ps_ep_t *ep, struct fid_ep *tx, const struct fi_msg
  * ones to other peers stuck behind fenced ops of their own. Close lanes
  * before ep. */
 ncclResult_t ps_ep_open_lane(ps_ep_t *ep, struct fid_ep **lane);
+/* A buffer a caller asks to register: an address where it has bytes, and
+ * [buf, +len) inside the address space. ncclInvalidArgument, logged with
+ * `fn`, otherwise. */
+ncclResult_t ps_ep_check_buffer(const char *fn, const void *buf, size_t len);
 /* Registers [buf, +len) with `access` (bound to `ep` under FI_MR_ENDPOINT). */
 ncclResult_t ps_ep_reg(ps_ep_t *ep, void *buf, size_t len, uint64_t access, struct fid_mr **mr);
 /* The same for memory of CUDA device `cuda_device` (FI_HMEM_CUDA; only on

@@ -97,10 +97,7 @@ static ncclResult_t reg_mr(void *comm, void *data, size_t size, int type,
     PS_WARN("%s: %p (%zu B) was registered as CUDA memory but is not device memory", fn, data, size);
     return ncclInvalidArgument;
   }
-  if (!data && size) {
-    PS_WARN("%s: NULL buffer of %zu bytes", fn, size);
-    return ncclInvalidArgument;
-  }
+  PS_CHECK(ps_ep_check_buffer(fn, data, size));
   /* host memory, and GPU memory where the provider takes no dma-buf,
    * registers by address (the fd is not needed then) */
   if (dmabuf && !(cuda >= 0 && ps_gpumem_dmabuf(c->ep.dev))) dmabuf = NULL;

@@ -374,10 +374,7 @@ static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, 
             "registered on it; close it", err);
     return err;
   }
-  if (!data && size) {
-    PS_WARN("regMrSym: NULL buffer of %zu bytes", size);
-    return ncclInvalidArgument;
-  }
+  PS_CHECK(ps_ep_check_buffer("regMrSym", data, size));
   /* FORCE_SO marks signal words: host ones take CPU atomics; staged GPU
    * ones are written in copy-stream order behind their data anyway. Either
    * way an 8-byte word must be 8-byte aligned (an offset checks only the

@@ -6,7 +6,8 @@
  *     does not exist; listen, connect and accept with NULL out-pointers or
  *     handle; connect to a listener that was closed (an error within
  *     PERSEUS_PEER_TIMEOUT_MS + 1 s, not a NULL comm for ever);
- *   - regMr of a NULL buffer with a size;
+ *   - regMr of a NULL buffer with a size, and of one that runs past the
+ *     end of the address space;
  *   - isend/irecv of a NULL buffer with a size, without a memory handle,
  *     beyond the registration, and beyond maxP2pBytes (however large the
  *     registration); a foreign pointer as memory handle;
@@ -132,6 +133,9 @@ static int rank_fn(drv_rank_t *r, void *arg) {
   CHECK(r->net.get_props(r->dev, &p) == ncclSuccess, "getProperties");
   CHECK(r->net.reg_mr(comm, NULL, BUF, NCCL_PTR_HOST, &nomh) != ncclSuccess && !nomh,
         "regMr of a NULL buffer of %d B accepted", BUF);
+  CHECK(r->net.reg_mr(comm, (void *)(UINTPTR_MAX - BUF / 2 + 1), BUF, NCCL_PTR_HOST, &nomh) !=
+                ncclSuccess && !nomh,
+        "regMr of %d B %d B below the top of the address space accepted", BUF, BUF / 2);
   CHECK(r->net.reg_mr(comm, buf, BUF, NCCL_PTR_HOST, &mh) == ncclSuccess, "regMr");
   char stranger[64] = {0}; /* not a memory handle */
   size_t over = p.max_p2p_bytes + 1;

@@ -69,6 +69,8 @@ int bounds(drv_rank_t *r, const args_t *a, win_t *w) {
           "not 8-byte aligned", "a FORCE_SO signal window at a misaligned address");
   if (bad_setup(r, a, w)) return 1;
   REFUSED(g->reg_sym(w->reg, NULL, SZ, HOST, 0, &mh), "NULL buffer", "regMrSym of NULL, 4 KiB");
+  REFUSED(g->reg_sym(w->reg, (void *)(UINTPTR_MAX - SZ / 2 + 1), SZ, HOST, 0, &mh),
+          "past the end of the address space", "regMrSym of 4 KiB that wraps the address space");
   REFUSED(g->reg_sym(w->reg, words, 8, 7, 0, &mh), "pointer type 7", "regMrSym of pointer type 7");
   REFUSED(g->reg_sym(w->reg, words, 8, HOST, 0, NULL), "NULL mhandle", "regMrSym(mhandle NULL)");
   /* a window whose part on rank 1 is half the others' */
