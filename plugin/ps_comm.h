@@ -86,8 +86,12 @@ struct ps_comm {
   uint64_t connect_polled_ns; /* send side: the caller's last connect() for it (ps_conn.c) */
   uintptr_t owner;            /* send side: the NCCL context that started it (v11+), else 0 */
   int connect_polling;        /* send side: a connect() call is driving it now */
+  /* recv side: the connector's address from its CONNECT, to refuse it
+   * through the listener's endpoint where our ACCEPT cannot leave */
+  uint8_t connector_addr[PS_CTRL_ADDR_MAX];
+  uint32_t connector_addrlen;
   ps_comm_t *accepting; /* listen side: recv comm whose ACCEPT is still leaving */
-  struct ps_nack *nacks; /* listen side: refusals of wrong listen ids in flight (ps_conn.c) */
+  struct ps_nack *nacks; /* listen side: refusals in flight (ps_conn.c) */
   int nnacks;
 };
 

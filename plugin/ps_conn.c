@@ -318,6 +318,11 @@ static ncclResult_t connect_poll(ps_comm_t *c, int *ready) {
             c->peer_str, (unsigned long long)c->listen_id, (unsigned long long)m.listen_id);
     return ncclInvalidArgument;
   }
+  if (m.conn_id == PS_CONN_DROPPED(c->conn_id) && m.listen_id == c->listen_id) {
+    PS_WARN("connect: the listener at %s took our CONNECT but could not accept it (its log says "
+            "why)", c->peer_str);
+    return ncclRemoteError;
+  }
   if (m.conn_id != c->conn_id || m.listen_id != c->listen_id) {
     PS_WARN("handshake rejected: ACCEPT for connection 0x%llx, expected 0x%llx",
             (unsigned long long)m.conn_id, (unsigned long long)c->conn_id);
@@ -388,12 +393,15 @@ ncclResult_t ps_net_connect(int dev, void *handle, void **send_comm, uintptr_t o
   return ncclSuccess;
 }
 
-/* A refusal on its way to a connector whose CONNECT named a listen id this
- * listener does not have (a stale, corrupt or other listener's handle). The
- * connector's CONNECT was delivered, so without an answer it would wait for
- * an ACCEPT for ever. The refusal is an ACCEPT that echoes the connector's
- * conn_id under the listener's own listen id: the wire format stays as it
- * is, and a connector of any version fails on the mismatch. */
+/* A refusal on its way to a connector whose CONNECT was delivered but will
+ * get no ACCEPT: it named a listen id this listener does not have (a stale,
+ * corrupt or other listener's handle), or the listener could not accept it
+ * (its endpoint could not be opened, or its ACCEPT did not leave). Without
+ * an answer the connector would wait for an ACCEPT for ever. The refusal
+ * is an ACCEPT from the listener's endpoint: for a wrong listen id it echoes
+ * the connector's conn_id under the listener's own id, for a dropped
+ * CONNECT it carries PS_CONN_DROPPED(conn_id) under the right one. The wire
+ * format stays as it is, and a connector of any version fails on either. */
 typedef struct ps_nack {
   ps_ctrl_slot_t s;
   fi_addr_t peer;
@@ -446,10 +454,12 @@ static void nack_progress(ps_comm_t *l) {
   }
 }
 
-static ncclResult_t nack_send(ps_comm_t *l, const ps_ctrl_msg_t *m) {
+/* Refuses a CONNECT (conn_id from the connector at addr): `answer` is its
+ * conn_id for a wrong listen id, PS_CONN_DROPPED(conn_id) for one this
+ * listener took but could not accept. */
+static ncclResult_t nack_send(ps_comm_t *l, uint64_t answer, const void *addr, size_t addrlen) {
   if (l->nnacks >= PS_NACK_MAX) {
-    PS_WARN("accept: %d refusals of wrong listen ids still in flight; this one is not answered",
-            l->nnacks);
+    PS_WARN("accept: %d refusals still in flight; this one is not answered", l->nnacks);
     return ncclSystemError;
   }
   ps_nack_t *n = calloc(1, sizeof *n);
@@ -460,9 +470,9 @@ static ncclResult_t nack_send(ps_comm_t *l, const ps_ctrl_msg_t *m) {
   n->s.op = (ps_op_t){.cb = nack_done, .owner = &n->s};
   n->start_ns = ps_now_ns();
   ncclResult_t rc = ps_ctrl_encode(&n->s.msg, PS_CTRL_ACCEPT, ps_fabric_wire_hash(), l->listen_id,
-                                   m->conn_id, l->ep.addr, l->ep.addrlen, 0);
+                                   answer, l->ep.addr, l->ep.addrlen, 0);
   if (rc == ncclSuccess) rc = ps_ep_reg_local(&l->ep, &n->s.msg, sizeof n->s.msg, &n->s.mr);
-  if (rc == ncclSuccess) rc = ps_ep_insert_len(&l->ep, m->addr, m->addrlen, &n->peer);
+  if (rc == ncclSuccess) rc = ps_ep_insert_len(&l->ep, addr, addrlen, &n->peer);
   n->in_av = rc == ncclSuccess;
   if (rc == ncclSuccess) rc = nack_post(l, n);
   if (rc != ncclSuccess) {
@@ -481,6 +491,8 @@ static ncclResult_t accept_one(ps_comm_t *l, const ps_ctrl_msg_t *m, ps_comm_t *
   PS_CHECK(ps_comm_alloc(PS_COMM_RECV, l->dev_index, &c));
   c->listen_id = l->listen_id;
   c->conn_id = m->conn_id;
+  memcpy(c->connector_addr, m->addr, m->addrlen);
+  c->connector_addrlen = m->addrlen;
   /* as many extra endpoints as both sides want */
   int streams = ps_stripe_wanted(c->ep.dev);
   streams = streams < m->nstreams ? streams : m->nstreams;
@@ -512,9 +524,14 @@ static ncclResult_t accept_poll(ps_comm_t *l, void **recv_comm) {
   ncclResult_t rc = handshake_progress(c);
   if (rc == ncclSuccess && ctrl_tx_overdue(c)) rc = ncclRemoteError;
   if (rc != ncclSuccess) {
-    PS_WARN("accept: the connector at %s went away before our ACCEPT reached it; dropped, "
-            "still listening", c->peer_str);
+    PS_WARN("accept: our ACCEPT did not reach the connector at %s (gone, or it cannot be "
+            "reached from a new endpoint); refused through the listener, still listening",
+            c->peer_str);
     l->accepting = NULL;
+    /* through the connection the connector made: it may still hear that */
+    if (nack_send(l, PS_CONN_DROPPED(c->conn_id), c->connector_addr, c->connector_addrlen) !=
+        ncclSuccess)
+      PS_WARN("accept: the refusal could not be sent");
     ps_comm_free(c);
     return ncclSuccess;
   }
@@ -552,11 +569,16 @@ ncclResult_t ps_net_accept(void *listen_comm, void **recv_comm) {
   if (rc == ncclSuccess && m.listen_id != l->listen_id) {
     PS_WARN("accept: a CONNECT for listen id 0x%llx arrived at listener 0x%llx; refused",
             (unsigned long long)m.listen_id, (unsigned long long)l->listen_id);
-    if (nack_send(l, &m) != ncclSuccess) PS_WARN("accept: the refusal could not be sent");
+    if (nack_send(l, m.conn_id, m.addr, m.addrlen) != ncclSuccess)
+      PS_WARN("accept: the refusal could not be sent");
     rc = ncclInvalidArgument;
   }
-  if (rc == ncclSuccess && accept_one(l, &m, &l->accepting) != ncclSuccess)
-    PS_WARN("accept: answering a CONNECT failed; dropped, still listening");
+  if (rc == ncclSuccess && accept_one(l, &m, &l->accepting) != ncclSuccess) {
+    /* the connector would wait for an ACCEPT for ever: it is told instead */
+    PS_WARN("accept: answering a CONNECT failed (logged above); refused, still listening");
+    if (nack_send(l, PS_CONN_DROPPED(m.conn_id), m.addr, m.addrlen) != ncclSuccess)
+      PS_WARN("accept: the refusal could not be sent");
+  }
   /* What could not be accepted is dropped (logged above); keep listening either way. */
   PS_CHECK(post_ctrl_recv(l, PS_TAG_CONNECT));
   return l->accepting ? accept_poll(l, recv_comm) : ncclSuccess;

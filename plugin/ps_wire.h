@@ -61,6 +61,10 @@ typedef struct {
   uint8_t pad8[6];
   uint8_t stream_addr[PS_MAX_STREAMS - 1][PS_STREAM_ADDR_MAX];
 } ps_ctrl_msg_t;
+/* The conn_id of an ACCEPT that refuses a CONNECT its listener took but
+ * could not accept (ps_conn.c); a wrong listen id's refusal echoes conn_id
+ * under the listener's own id instead. */
+#define PS_CONN_DROPPED(conn_id) (~(uint64_t)(conn_id))
 
 ncclResult_t ps_handle_encode(ps_handle_t *h, uint32_t wire_hash, uint32_t dev, uint64_t listen_id,
                               const void *addr, size_t addrlen);

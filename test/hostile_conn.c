@@ -13,6 +13,10 @@
  *     changed, while the listener accepts: an error within
  *     PERSEUS_PEER_TIMEOUT_MS + 1 s (the listener refuses it), never a
  *     NULL comm for ever; the listener goes on and accepts the right handle.
+ *   - (-s accept_fails, 2 ranks) the listener cannot open the recv comm's
+ *     endpoint for a CONNECT it took (no files left): the connector's
+ *     connect fails within PERSEUS_PEER_TIMEOUT_MS + 1 s, refused through
+ *     the listener, and the listener accepts the next connect.
  *   - (-s shm_stale, shm) a rank SIGKILLed while it listened leaves its
  *     endpoint segments in /dev/shm; a later process's init removes them,
  *     and keeps those of a live process and files that are not ours.
@@ -26,8 +30,10 @@
  *     so no probe could tell; its pid does). */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -470,6 +476,81 @@ static int shm_dead_peer(drv_rank_t *r, void *arg) {
   return 0;
 }
 
+/* --- accept_fails --- */
+
+typedef struct {
+  char handle[NCCL_NET_HANDLE_MAXSIZE];
+  atomic_int listening, connect_sent, starved, refused, restored, done;
+} accept_fails_t;
+
+#define STARVE_FDS 1024
+
+/* Rank 1 listens; rank 0's CONNECT lands; then rank 1 can open no more
+ * files (every descriptor below its lowered limit taken), so its accept
+ * cannot open the recv comm's endpoint. Rank 0's connect must then fail
+ * within PERSEUS_PEER_TIMEOUT_MS + 1 s (refused through the listener), not
+ * return a NULL comm for ever, and rank 1's accept goes on listening: with
+ * the files back, rank 0's next connect is accepted. */
+static int accept_fails(drv_rank_t *r, void *arg) {
+  accept_fails_t *a = r->user;
+  double limit = peer_timeout_s() + 1, end = drv_now() + 4 * limit + 30;
+  (void)arg;
+  if (r->rank == 1) {
+    void *lc = NULL, *rc = NULL;
+    static int filler[STARVE_FDS];
+    int nfill = 0;
+    struct rlimit keep, tight;
+    CHECK(r->net.listen(r->dev, a->handle, &lc) == ncclSuccess, "listen");
+    atomic_store(&a->listening, 1);
+    while (!atomic_load(&a->connect_sent)) CHECK(drv_now() < end, "rank 0 never connected");
+    CHECK(!getrlimit(RLIMIT_NOFILE, &keep), "getrlimit");
+    tight = keep;
+    if (tight.rlim_cur > STARVE_FDS) tight.rlim_cur = STARVE_FDS;
+    CHECK(!setrlimit(RLIMIT_NOFILE, &tight), "setrlimit");
+    while (nfill < STARVE_FDS && (filler[nfill] = open("/dev/null", O_RDONLY)) >= 0) nfill++;
+    atomic_store(&a->starved, 1);
+    while (!atomic_load(&a->refused)) {
+      CHECK(drv_now() < end, "rank 0's connect never ended");
+      CHECK(r->net.accept(lc, &rc) == ncclSuccess && !rc,
+            "accept without files: it must keep listening and accept nothing");
+    }
+    while (nfill) close(filler[--nfill]);
+    CHECK(!setrlimit(RLIMIT_NOFILE, &keep), "setrlimit back");
+    atomic_store(&a->restored, 1);
+    while (!rc) {
+      CHECK(drv_now() < end, "the connect after the refusal was never accepted");
+      CHECK(r->net.accept(lc, &rc) == ncclSuccess, "accept after the refusal failed");
+    }
+    while (!atomic_load(&a->done)) CHECK(drv_now() < end, "rank 0 never finished");
+    CHECK(r->net.close_recv(rc) == ncclSuccess && r->net.close_listen(lc) == ncclSuccess, "close");
+    return 0;
+  }
+  while (!atomic_load(&a->listening)) CHECK(drv_now() < end, "no listener");
+  void *sc = NULL;
+  for (double t = drv_now() + 0.3; drv_now() < t;) /* the CONNECT lands */
+    CHECK(r->net.connect(r->dev, a->handle, &sc) == ncclSuccess && !sc,
+          "connect before the listener accepted: it must wait");
+  atomic_store(&a->connect_sent, 1);
+  while (!atomic_load(&a->starved)) CHECK(drv_now() < end, "rank 1 never ran out of files");
+  double t0 = drv_now(), took;
+  ncclResult_t res = ncclSuccess;
+  while (res == ncclSuccess && !sc && drv_now() - t0 < limit + 5)
+    res = r->net.connect(r->dev, a->handle, &sc);
+  took = drv_now() - t0;
+  atomic_store(&a->refused, 1);
+  CHECK(res != ncclSuccess && !sc && took <= limit,
+        "connect to a listener that could not accept it: rc %d, comm %p after %.2f s (limit %.2f s)",
+        res, sc, took, limit);
+  while (!atomic_load(&a->restored)) CHECK(drv_now() < end, "rank 1 never got its files back");
+  while (!sc) {
+    CHECK(drv_now() < end, "the connect after the refusal never finished");
+    CHECK(r->net.connect(r->dev, a->handle, &sc) == ncclSuccess, "connect after the refusal failed");
+  }
+  CHECK(r->net.close_send(sc) == ncclSuccess, "closeSend");
+  atomic_store(&a->done, 1);
+  return 0;
+}
+
 /* 2: no such scenario */
 int hostile_conn_scenario(int version, const char *scenario) {
   int rc = 2;
@@ -496,6 +577,10 @@ int hostile_conn_scenario(int version, const char *scenario) {
     drv_opts_t o = {.nranks = 2, .version = version, .timeout_s = 90, .no_mesh = 1,
                     .shared_bytes = sizeof(abandon_t)};
     rc = drv_run(&o, finalize_rank, NULL) != 0;
+  } else if (!strcmp(scenario, "accept_fails")) {
+    drv_opts_t o = {.nranks = 2, .version = version, .timeout_s = 120, .no_mesh = 1,
+                    .shared_bytes = sizeof(accept_fails_t)};
+    rc = drv_run(&o, accept_fails, NULL) != 0;
   } else if (!strcmp(scenario, "shm_dead_peer")) {
     drv_opts_t o = {.nranks = 2, .version = version, .timeout_s = 60};
     rc = drv_run(&o, shm_dead_peer, NULL) != 0;
