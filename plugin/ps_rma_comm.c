@@ -349,10 +349,13 @@ static ncclResult_t stage_setup(ps_rma_comm_t *c, const void *gpu_ptr, size_t si
   PS_CHECK(ps_stage_init(c, gpu_ptr, size, dmabuf, direct_mr));
   ps_rma_region_t *rx;
   ncclResult_t rc = reg_region(c, c->stage->rx_pool, c->stage->rx_bytes, 0, -1, NULL, NULL, &rx);
-  if (rc != ncclSuccess)
-    ps_stage_free(c);
-  else
-    rc = ps_stage_attach_rx(c, rx); /* which frees the set-up if it fails */
+  if (rc == ncclSuccess) {
+    rc = ps_stage_attach_rx(c, rx);
+    /* the slots' memory goes below: first no peer may write it, nor a
+     * signal name the region */
+    if (rc != ncclSuccess) dereg_region(c, rx);
+  }
+  if (rc != ncclSuccess) ps_stage_free(c);
   /* collective too (every rank stages or none): the streams' addresses */
   if (rc == ncclSuccess && !c->gpu_direct) rc = ps_rma_streams_open(c);
   if (rc != ncclSuccess && *direct_mr) {

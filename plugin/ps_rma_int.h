@@ -537,7 +537,8 @@ void ps_rma_target_progress(ps_rma_comm_t *c);
 ncclResult_t ps_stage_init(ps_rma_comm_t *c, const void *gpu_ptr, size_t size,
                            const ps_dmabuf_t *dmabuf, struct fid_mr **direct_mr);
 /* Takes rx, the receive pools registered as a symmetric region, checking
- * they are the same size on every rank; frees the staging when not. */
+ * they are the same size on every rank; when not, the caller deregisters rx
+ * and then frees the staging. */
 ncclResult_t ps_stage_attach_rx(ps_rma_comm_t *c, ps_rma_region_t *rx);
 void ps_stage_free(ps_rma_comm_t *c);
 void ps_stage_prepare(ps_rma_comm_t *c, ps_rma_peer_t *p);

@@ -174,7 +174,7 @@ ncclResult_t ps_stage_attach_rx(ps_rma_comm_t *c, ps_rma_region_t *rx) {
     }
   }
   if (rc != ncclSuccess) {
-    ps_stage_free(c);
+    st->rx = NULL; /* the caller deregisters it, then frees the set-up */
     return rc;
   }
   if (c->gpu_direct)
