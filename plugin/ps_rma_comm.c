@@ -144,6 +144,17 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
     return ncclInvalidArgument;
   }
   *coll_comm = NULL;
+  /* What the caller or the environment got wrong is refused before the
+   * listen endpoint is taken over, so that a corrected call can still use it. */
+  ps_ordering_t ordering;
+  PS_CHECK(ps_order_choose(lep->dev, &ordering));
+  for (int p = 0; p < nranks; p++) {
+    ps_handle_t h;
+    if (ps_handle_decode(handles[p], NCCL_NET_HANDLE_MAXSIZE, ps_fabric_wire_hash(), &h) != ncclSuccess) {
+      PS_WARN("one-sided connect: rank %d's handle is not a perseus handle of this provider", p);
+      return ncclInvalidArgument;
+    }
+  }
   /* aligned: its sections a cache line apart (ps_rma_int.h) */
   size_t bytes = (sizeof(ps_rma_comm_t) + PS_CACHE_LINE - 1) / PS_CACHE_LINE * PS_CACHE_LINE;
   ps_rma_comm_t *c = aligned_alloc(PS_CACHE_LINE, bytes);
@@ -170,7 +181,7 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   ncclResult_t rc = (c->addr && c->peers && (c->opstats || !ps_fabric_config()->stats) &&
                      (c->calls || !ps_fabric_config()->stats))
                         ? ncclSuccess : ncclSystemError;
-  if (rc == ncclSuccess) rc = ps_order_choose(c->ep.dev, &c->ordering);
+  c->ordering = ordering;
   if (rc == ncclSuccess) c->sig_atomic = ps_order_sig_atomic(c->ep.dev, c->ordering);
   if (rc == ncclSuccess) rc = choose_staging(c);
   if (rc == ncclSuccess) rc = ps_rma_model_open(c);

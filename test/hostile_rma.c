@@ -213,6 +213,14 @@ int raw_open(drv_rank_t *r, const args_t *a, int k, raw_t *x, void **hp) {
   CHECK(T11->listen(NULL, r->dev, h[r->rank], &x->lc) == ncclSuccess && x->lc, "raw listen");
   CHECK(!drv_barrier(r, 60), "barrier after listen");
   for (int p = 0; p < r->nranks; p++) hp[p] = h[p];
+  /* a refused connect leaves the listenComm to the corrected one */
+  unsigned char corrupt[NCCL_NET_HANDLE_MAXSIZE];
+  memcpy(corrupt, h[r->rank], sizeof corrupt);
+  corrupt[0] ^= 0xff; /* its magic */
+  hp[r->rank] = corrupt;
+  REFUSED(raw_connect(a->ver, hp, r->nranks, r->rank, x->lc, &x->cc), "not a perseus handle",
+          "one-sided connect with a corrupt handle");
+  hp[r->rank] = h[r->rank];
   ncclResult_t rc = raw_connect(a->ver, hp, r->nranks, r->rank, x->lc, &x->cc);
   CHECK(rc == ncclSuccess && x->cc, "raw connect: rc %d", rc);
   rc = raw_ctx(a->ver, x->cc, DRV_GIN_NCONN, &x->ctx);
