@@ -219,12 +219,19 @@ static ncclResult_t irecv_v10(void *rc, int n, void **data, size_t *sizes, int *
   return ps_net_irecv(rc, n, data, sizes, tags, mhs, req);
 }
 
+/* ndevs from 1 to the table's array (max) */
+static ncclResult_t vdev_check(const void *p, int ndevs, int max) {
+  if (!p) PS_WARN("makeVDevice: NULL properties pointer");
+  else if (ndevs < 1 || ndevs > max)
+    PS_WARN("makeVDevice: ndevs %d (expected 1 to %d)", ndevs, max);
+  return p && ndevs >= 1 && ndevs <= max ? ncclSuccess : ncclInvalidArgument;
+}
 static ncclResult_t vdev_v9(int *d, ps_vprops_v9_t *p) {
-  if (!p || p->ndevs < 1 || p->ndevs > PS_VDEV_MAX_V11) return ncclInvalidArgument;
+  PS_CHECK(vdev_check(p, p ? p->ndevs : 0, PS_VDEV_MAX_V11));
   return ps_net_make_vdevice(d, p->ndevs, p->devs);
 }
 static ncclResult_t vdev_v12(int *d, ps_vprops_v12_t *p) {
-  if (!p || p->ndevs < 1 || p->ndevs > PS_VDEV_MAX_V12) return ncclInvalidArgument;
+  PS_CHECK(vdev_check(p, p ? p->ndevs : 0, PS_VDEV_MAX_V12));
   return ps_net_make_vdevice(d, p->ndevs, p->devs);
 }
 

@@ -37,7 +37,10 @@ ncclResult_t ps_net_init(ncclDebugLogger_t log) {
 }
 
 ncclResult_t ps_net_devices(int *ndev) {
-  if (!ndev) return ncclInvalidArgument;
+  if (!ndev) {
+    PS_WARN("devices: NULL count pointer");
+    return ncclInvalidArgument;
+  }
   *ndev = ps_fabric_ndev();
   return ncclSuccess;
 }
@@ -142,11 +145,31 @@ ncclResult_t ps_net_reg_mr_dmabuf(void *comm, void *data, size_t size, int type,
   return reg_mr(comm, data, size, type, &db, mh);
 }
 
+/* A handle works on the device it was registered on (regIsGlobal), and
+ * where the provider binds registrations to an endpoint, on that comm only:
+ * another's descriptor would reach the provider unchecked. Logs why not. */
+static int mr_usable(const ps_mr_t *m, const ps_comm_t *c, const char *fn, const void *mh) {
+  if (m->dev == c->ep.dev && (!m->ep || m->ep == c->ep.ep)) return 1;
+  PS_WARN("%s: memory handle %p was registered %s%s, not for this comm on %s", fn, mh,
+          m->dev != c->ep.dev ? "on " : "with another comm of ", m->dev->name, c->ep.dev->name);
+  return 0;
+}
+
+/* The handle names what is freed; the comm only where it was used. A comm
+ * already closed (or none) is logged, and the handle still deregistered, so
+ * that a teardown in any order frees it; a live comm of another device or
+ * endpoint is a caller's mix-up, refused. */
 ncclResult_t ps_net_dereg_mr(void *comm, void *mh) {
   ps_mr_t *m = ps_htab_get(&mr_tab, mh);
-  (void)comm;
   if (!m) {
     ps_htab_refused(&mr_tab, mh, "deregMr");
+    return ncclInvalidArgument;
+  }
+  ps_comm_t *c = ps_comm_get(comm, PS_COMM_SEND | PS_COMM_RECV);
+  if (!c) {
+    PS_WARN("deregMr: %p is not a live perseus send or recv comm; memory handle %p is "
+            "deregistered anyway", comm, mh);
+  } else if (!mr_usable(m, c, "deregMr", mh)) {
     return ncclInvalidArgument;
   }
   ps_htab_release(&mr_tab, m->slot, 1);
@@ -171,15 +194,8 @@ static ncclResult_t mr_desc(const ps_comm_t *c, void *mh, const void *data, size
     ps_htab_refused(&mr_tab, mh, c->kind == PS_COMM_SEND ? "isend" : "irecv");
     return ncclInvalidArgument;
   }
-  /* A handle works on the device it was registered on (regIsGlobal), and
-   * where the provider binds registrations to an endpoint, on that comm
-   * only: another's descriptor would reach the provider unchecked. */
-  if (m && (m->dev != c->ep.dev || (m->ep && m->ep != c->ep.ep))) {
-    PS_WARN("%s: memory handle %p was registered %s%s, not for this comm on %s",
-            c->kind == PS_COMM_SEND ? "isend" : "irecv", mh, m->dev != c->ep.dev ? "on " : "with another comm of ",
-            m->dev->name, c->ep.dev->name);
+  if (m && !mr_usable(m, c, c->kind == PS_COMM_SEND ? "isend" : "irecv", mh))
     return ncclInvalidArgument;
-  }
   if (!size) return ncclSuccess;
   if (!m || !data) {
     PS_WARN("buffer %p (%zu B) has no %s", data, size, m ? "address" : "memory handle from regMr");
@@ -476,7 +492,11 @@ ncclResult_t ps_net_test(void *request, int *done, int *sizes) {
 }
 
 ncclResult_t ps_net_make_vdevice(int *d, int ndevs, const int *devs) {
-  if (!d || !devs || ndevs < 1) return ncclInvalidArgument;
+  if (!d || !devs || ndevs < 1) {
+    PS_WARN("makeVDevice: %s", !d ? "NULL device pointer" : !devs ? "NULL device list"
+                                                               : "no devices to merge");
+    return ncclInvalidArgument;
+  }
   for (int i = 0; i < ndevs; i++)
     if (!ps_fabric_dev(devs[i])) {
       PS_WARN("makeVDevice: device %d does not exist (this plugin has %d)", devs[i], ps_fabric_ndev());

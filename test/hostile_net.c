@@ -70,12 +70,15 @@ static int raw_props(int version) {
     return 1;
   }
   int ndev = 0, bad = 0;
-  ncclResult_t rc[3] = {ncclSuccess, ncclSuccess, ncclSuccess};
+  ncclResult_t rc[5] = {ncclSuccess, ncclSuccess, ncclSuccess, ncclSuccess, ncclSuccess};
+  int vdev = -1;
   union {
     ps_props_v8_t v8;
     ps_props_v9_t v9;
     ps_props_v11_t v11;
     ps_props_v12_t v12;
+    ps_vprops_v9_t vdev9;
+    ps_vprops_v12_t vdev12;
   } room;
   /* each version's own table type: devices, then getProperties with NULL,
    * one past the last device, and -1 */
@@ -89,19 +92,32 @@ static int raw_props(int version) {
     rc[0] = t->getProperties(0, NULL);                                              \
     rc[1] = t->getProperties(ndev, &room.M);                                        \
     rc[2] = t->getProperties(-1, &room.M);                                          \
+    rc[3] = t->devices(NULL);                                                       \
+  } while (0)
+  /* makeVDevice (v9 on) without its properties, and of no devices */
+#define RAW_VDEV(V, M)                                                              \
+  do {                                                                              \
+    const ncclNet_v##V##_t *t = tbl;                                                \
+    memset(&room.M, 0, sizeof room.M);                                              \
+    rc[4] = t->makeVDevice(&vdev, NULL) == ncclSuccess ||                           \
+                    t->makeVDevice(&vdev, (void *)&room.M) == ncclSuccess           \
+                ? ncclSuccess                                                       \
+                : ncclInvalidArgument;                                              \
   } while (0)
   switch (version) {
-    case 8: RAW_PROPS(8, v8); break;
-    case 9: RAW_PROPS(9, v9); break;
-    case 10: RAW_PROPS(10, v9); break;
-    case 11: RAW_PROPS(11, v11); break;
-    case 12: RAW_PROPS(12, v12); break;
+    case 8: RAW_PROPS(8, v8); rc[4] = ncclInvalidArgument; break;
+    case 9: RAW_PROPS(9, v9); RAW_VDEV(9, vdev9); break;
+    case 10: RAW_PROPS(10, v9); RAW_VDEV(10, vdev9); break;
+    case 11: RAW_PROPS(11, v11); RAW_VDEV(11, vdev9); break;
+    case 12: RAW_PROPS(12, v12); RAW_VDEV(12, vdev12); break;
     default: fprintf(stderr, "no ABI version %d\n", version); return 1;
   }
 #undef RAW_PROPS
-  const char *what[3] = {"(0, NULL)", "of one past the last device", "(-1)"};
-  for (int i = 0; i < 3; i++)
-    if (rc[i] == ncclSuccess) fprintf(stderr, "v%d getProperties %s succeeded\n", version, what[i]), bad++;
+#undef RAW_VDEV
+  const char *what[5] = {"getProperties(0, NULL)", "getProperties of one past the last device",
+                         "getProperties(-1)", "devices(NULL)", "makeVDevice of NULL or of 0 devices"};
+  for (int i = 0; i < 5; i++)
+    if (rc[i] == ncclSuccess) fprintf(stderr, "v%d %s succeeded\n", version, what[i]), bad++;
   return bad;
 }
 
