@@ -479,8 +479,11 @@ void ps_stage_credit(ps_rma_comm_t *c, uint32_t src, uint64_t freed_below) {
                 (unsigned long long)p->stage_freed, (unsigned long long)p->stage_sent);
     return;
   }
+  /* only a credit that frees something shows the peer alive: one repeated
+   * (an honest peer never sends one twice) must not hold off the timeout of
+   * a staged put that waits for slots */
+  if (freed_below > p->stage_freed) p->active_ns = c->now_ns;
   p->stage_freed = freed_below;
-  p->active_ns = c->now_ns;
   c->backlog = 1;
 }
 
