@@ -87,12 +87,35 @@ int ps_iface_match(const char *rule, const char *name) {
   return exclude ? !hit : hit;
 }
 
+/* An interface rule names at least one interface after its '^' and '='
+ * prefixes, each given once: "^" alone would exclude nothing, and "^^lo"
+ * would exclude an interface named "^lo". NULL when it does, else why not. */
+static const char *iface_rule_flaw(const char *rule) {
+  if (*rule == '^') rule++;
+  if (*rule == '=') rule++;
+  if (*rule == '^' || *rule == '=') return "a '^' or '=' given twice (the prefixes are '^', then '=')";
+  for (const char *p = rule; *p; p++)
+    if (*p != ',') return NULL;
+  return "no interface name after the '^' and '=' prefixes";
+}
+
 ncclResult_t ps_config_load(ps_config_t *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->provider = ps_env_str("PERSEUS_PROVIDER");
   if (!cfg->provider) cfg->provider = ps_env_str("FI_PROVIDER");
   cfg->iface = ps_env_str("PERSEUS_IFACE");
   if (!cfg->iface) cfg->iface_from_nccl = !!(cfg->iface = ps_env_str("NCCL_SOCKET_IFNAME"));
+  const char *flaw = cfg->iface ? iface_rule_flaw(cfg->iface) : NULL;
+  if (flaw && !cfg->iface_from_nccl) {
+    PS_WARN("PERSEUS_IFACE='%s': %s; expected a list of interface name prefixes, '=' before it "
+            "for exact names, '^' to exclude them", cfg->iface, flaw);
+    return ncclInvalidUsage;
+  }
+  if (flaw) { /* NCCL's own variable: NCCL decides what it means to NCCL */
+    PS_INFO(NCCL_INIT | NCCL_NET, "NCCL_SOCKET_IFNAME='%s' ignored (%s): perseus uses its default "
+            "interfaces", cfg->iface, flaw);
+    cfg->iface = NULL, cfg->iface_from_nccl = 0;
+  }
   PS_CHECK(ps_env_int("PERSEUS_NET_REQUESTS", 64, 1, 4096, &cfg->net_requests));
   PS_CHECK(ps_env_int("PERSEUS_MAX_RECVS", 8, 1, 8, &cfg->max_recvs));
   PS_CHECK(ps_env_int("PERSEUS_KEEPALIVE_MS", 1000, 10, 3600000, &cfg->keepalive_ms));

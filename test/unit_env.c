@@ -270,6 +270,17 @@ static void test_iface(void) {
   EXPECT(ps_config_load(&c) == ncclSuccess && c.iface && !strcmp(c.iface, "=eth1") &&
              !c.iface_from_nccl,
          "PERSEUS_IFACE does not take precedence over NCCL_SOCKET_IFNAME");
+  /* a rule that names nothing, or doubles a prefix, is refused by name */
+  static const char *flawed[] = {"^", "=", "^=", ",", "^,,", "^^lo", "==eth0", "^=^lo"};
+  for (size_t i = 0; i < sizeof flawed / sizeof *flawed; i++) {
+    setenv("PERSEUS_IFACE", flawed[i], 1);
+    EXPECT(ps_config_load(&c) == ncclInvalidUsage, "PERSEUS_IFACE='%s' was accepted", flawed[i]);
+  }
+  /* NCCL's own variable is NCCL's to judge: a flawed one is ignored */
+  unsetenv("PERSEUS_IFACE");
+  setenv("NCCL_SOCKET_IFNAME", "^", 1);
+  EXPECT(ps_config_load(&c) == ncclSuccess && !c.iface && !c.iface_from_nccl,
+         "NCCL_SOCKET_IFNAME='^' was not ignored");
   clear_config_env();
 }
 
