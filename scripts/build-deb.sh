@@ -12,6 +12,10 @@
 # PERSEUS_KEEP_BUILD=1 keeps the temporary directory (its path is printed).
 set -eu
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/args-common.sh
+. scripts/args-common.sh || exit 1
+script_args build-deb.sh 1 "$@"
+case ${PERSEUS_KEEP_BUILD:-0} in 0 | 1) ;; *) echo "build-deb.sh: PERSEUS_KEEP_BUILD=$PERSEUS_KEEP_BUILD: 0 or 1 expected" >&2; exit 1 ;; esac
 OUT="${1:-build-deb}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"

@@ -23,6 +23,9 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/args-common.sh
+. scripts/args-common.sh || exit 1
+script_args build-libfabric.sh 1 "$@"
 VERSION=${LIBFABRIC_VERSION:-1.22.0}
 PREFIX=${1:-.libfabric/prefix}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}

@@ -9,6 +9,9 @@
 # Extra arguments for rpmbuild: PERSEUS_RPMBUILD_ARGS.
 set -eu
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/args-common.sh
+. scripts/args-common.sh || exit 1
+script_args build-rpm.sh 1 "$@"
 OUT="${1:-build-rpm}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"

@@ -9,6 +9,9 @@
 # PERSEUS_BUILD_DIR (default build): the build tree whose ABI harness is used.
 set -eu
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/args-common.sh
+. scripts/args-common.sh || exit 1
+script_args check-package.sh 0 "$@"
 BUILD="${PERSEUS_BUILD_DIR:-build}"
 PERSEUS_WITH_PACKAGING=1 scripts/install-deps.sh
 

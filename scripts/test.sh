@@ -8,6 +8,14 @@
 # Ends with "N passed, N failed, N skipped". GPU tests skip (77) without a GPU.
 set -u
 cd "$(dirname "$0")/.." || exit 1
+case "${1-}" in
+  -h | --help) sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
+  "") ;;
+  *) echo "test.sh: takes no arguments, got '$*' (-h for help)" >&2; exit 1 ;;
+esac
+case "${PERSEUS_TEST_JOBS:-1}" in
+  *[!0-9]* | 0*) echo "test.sh: PERSEUS_TEST_JOBS='$PERSEUS_TEST_JOBS': expected a whole number from 1" >&2; exit 1 ;;
+esac
 PERSEUS_WITH_CLANG=1 PERSEUS_WITH_VALGRIND=1 scripts/install-deps.sh || { echo "dependency install failed"; echo "0 passed, 1 failed"; exit 1; }
 JOBS="${PERSEUS_TEST_JOBS:-$(nproc)}"
 passed=0 failed=0 skipped=0
