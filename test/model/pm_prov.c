@@ -34,14 +34,24 @@ static double env_num(const char *name, double def, double lo, double hi) {
   if (!v || !*v) return def;
   char *end;
   double x = strtod(v, &end);
-  /* a plain decimal number: strtod also takes spaces, "nan" and "inf" */
-  if ((!isdigit((unsigned char)v[0]) && v[0] != '.') || *end || !isfinite(x) || x < lo || x > hi) {
+  /* a plain decimal number: strtod also takes spaces, signs, hex, exponents, "nan" and "inf" */
+  if (v[strspn(v, "0123456789.")] || *end || !isfinite(x) || x < lo || x > hi) {
     fprintf(stderr, "model fabric: %s='%s' is invalid: expected a number in [%g, %g] (default %g)\n",
             name, v, lo, hi, def);
     params_bad = 1;
     return def;
   }
   return x;
+}
+
+/* A switch: exactly 0 or 1. */
+static int env_flag(const char *name, int def) {
+  const char *v = getenv(name);
+  if (!v || !*v) return def;
+  if ((v[0] == '0' || v[0] == '1') && !v[1]) return v[0] == '1';
+  fprintf(stderr, "model fabric: %s='%s' is invalid: expected 0 or 1 (default %d)\n", name, v, def);
+  params_bad = 1;
+  return def;
 }
 
 static pthread_once_t params_once = PTHREAD_ONCE_INIT;
@@ -55,10 +65,10 @@ static void params_load(void) {
     params_bad = 1, order = 1;
   }
   params.ordered = order != 0, params.reorder = order != 1;
-  params.atomics = env_num("PERSEUS_MODEL_ATOMICS", 1, 0, 1) != 0;
-  params.hmem = env_num("PERSEUS_MODEL_HMEM", 0, 0, 1) != 0;
-  params.dmabuf = params.hmem && env_num("PERSEUS_MODEL_DMABUF", 1, 0, 1) != 0;
-  params.mr_endpoint = env_num("PERSEUS_MODEL_MR_ENDPOINT", 0, 0, 1) != 0;
+  params.atomics = env_flag("PERSEUS_MODEL_ATOMICS", 1);
+  params.hmem = env_flag("PERSEUS_MODEL_HMEM", 0);
+  params.dmabuf = params.hmem && env_flag("PERSEUS_MODEL_DMABUF", 1);
+  params.mr_endpoint = env_flag("PERSEUS_MODEL_MR_ENDPOINT", 0);
   double nt = env_num("PERSEUS_MODEL_NIC_THREADS", 1, 1, PM_MAX_NIC_THREADS);
   if (nt != (int)nt) {
     fprintf(stderr, "model fabric: PERSEUS_MODEL_NIC_THREADS=%g is invalid: expected an integer\n", nt);
