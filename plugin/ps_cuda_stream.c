@@ -164,6 +164,8 @@ static void wake_submitter(stream_t *x) {
   pthread_mutex_unlock(&x->wake_lock);
 }
 
+#define PS_CUDA_HANDOVER_MAX_NS (30ULL * 1000000000ULL)
+
 /* Queues stream x's held operations for its thread, with its next mark
  * when `mark` (and anything was queued since the last), and wakes the
  * thread where it sleeps. Waits while the queue is full. */
@@ -174,8 +176,22 @@ static ncclResult_t hand_over(stream_t *x, int mark) {
     x->nheld = 0;
     return ncclUnhandledCudaError; /* the submitting thread logged why */
   }
-  uint64_t tail = x->jobs_tail;
-  while (tail - __atomic_load_n(&x->jobs_head, __ATOMIC_ACQUIRE) >= PS_CUDA_JOBS) sched_yield();
+  uint64_t tail = x->jobs_tail, since = 0;
+  /* a full queue drains as the thread's driver calls return: one that
+   * never returns (a wedged driver) fails the stream, not the caller's pass */
+  while (tail - __atomic_load_n(&x->jobs_head, __ATOMIC_ACQUIRE) >= PS_CUDA_JOBS) {
+    uint64_t now = ps_now_ns();
+    if (!since) since = now;
+    if (__atomic_load_n(&x->failed, __ATOMIC_ACQUIRE) || now - since > PS_CUDA_HANDOVER_MAX_NS) {
+      if (!__atomic_exchange_n(&x->failed, 1, __ATOMIC_ACQ_REL))
+        PS_WARN("a staging stream's thread took none of its %d queued jobs for %llu s: its driver "
+                "call does not return; the stream fails", PS_CUDA_JOBS,
+                (unsigned long long)(PS_CUDA_HANDOVER_MAX_NS / 1000000000ULL));
+      x->nheld = 0;
+      return ncclUnhandledCudaError;
+    }
+    sched_yield();
+  }
   job_t *j = &x->jobs[tail % PS_CUDA_JOBS];
   j->n = x->nheld;
   memcpy(j->op, x->held, x->nheld * sizeof *x->held);
