@@ -113,7 +113,7 @@ static unsigned long delay_from_env(void) {
   char *end = NULL;
   errno = 0;
   unsigned long us = strtoul(v, &end, 10);
-  if (errno || *end || v[0] == '-' || us > PS_FAKE_MAX_DELAY_US) {
+  if (errno || *end || v[0] < '0' || v[0] > '9' || us > PS_FAKE_MAX_DELAY_US) { /* digits only */
     PS_WARN("PS_FAKE_CUDA_MAX_DELAY_US=%s is not 0..%lu; using %lu", v, PS_FAKE_MAX_DELAY_US,
             PS_FAKE_DEFAULT_DELAY_US);
     return PS_FAKE_DEFAULT_DELAY_US;

@@ -398,6 +398,12 @@ static ncclResult_t reg_sym_body(void *coll, void *data, size_t size, int type, 
     PS_WARN("regMrSym: signal window %p (NCCL_NET_MR_FLAG_FORCE_SO) is not 8-byte aligned", data);
     return ncclInvalidArgument;
   }
+  /* flags of a newer NCCL are hints perseus does not know: said once */
+  uint64_t unknown = mr_flags & ~(uint64_t)(NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET);
+  static int unknown_said;
+  if (unknown && !__atomic_exchange_n(&unknown_said, 1, __ATOMIC_RELAXED))
+    PS_INFO(NCCL_INIT | NCCL_NET, "regMrSym: mrFlags bits 0x%llx are not known to perseus; ignored",
+            (unsigned long long)unknown);
   if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
     PS_WARN("regMrSym: pointer type %d is not supported (expected %d host or %d CUDA)", type,
             NCCL_PTR_HOST, NCCL_PTR_CUDA);
