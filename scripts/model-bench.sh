@@ -19,6 +19,11 @@
 #   MODEL_LATENCY   1: also each strategy's batch latency (batch mode: the next
 #                   batch starts once every signal of this one arrived), and drain's
 #                   over it (default 1)
+#   MODEL_REPS      runs of each measurement, one after the other (default 1;
+#                   each run times every strategy in turn): each time is then the
+#                   median of the runs, and `vs drain` the median of the runs' own
+#                   ratios with their lowest and highest (a busy or virtual host
+#                   varies between runs far more than the strategies differ within one)
 #   PERSEUS_BUILD_DIR  the build (default build)
 #   PERSEUS_MODEL_NIC_THREADS  NIC threads per rank (default: what the cores
 #                   allow, 1..4: the ranks' cores left over, shared out)
@@ -46,12 +51,14 @@ BWS=${MODEL_GBPS-12.5 25}
 SIZE=${MODEL_SIZE:-16K}
 T=${MODEL_T:-8}
 ITERS=${MODEL_ITERS:-2000}
+REPS=${MODEL_REPS:-1}
 need_list model-bench.sh MODEL_PEERS "$PEERS"
 need_list model-bench.sh MODEL_LAT_US "$LATS"
 need_list model-bench.sh MODEL_GBPS "$BWS"
 for p in $PEERS; do need_uint model-bench.sh "MODEL_PEERS entry" "$p" 1 31; done
 need_uint model-bench.sh MODEL_T "$T" 1 4096
 need_uint model-bench.sh MODEL_ITERS "$ITERS"
+need_uint model-bench.sh MODEL_REPS "$REPS" 1 50
 BIND=${MODEL_BIND:-0}
 LATENCY=${MODEL_LATENCY:-1}
 case $BIND in 0) BIND_ARG="" ;; 1) BIND_ARG="-A" ;; *) echo "model-bench.sh: MODEL_BIND=$BIND: 0 or 1 expected" >&2; exit 1 ;; esac
@@ -64,7 +71,7 @@ export FI_PROVIDER_PATH=$PWD/$B/test/model PERSEUS_PROVIDER=model PERSEUS_IFACE=
 bytes=$(numfmt --from=iec "$SIZE") || { echo "model-bench.sh: MODEL_SIZE=$SIZE is not a size" >&2; exit 1; }
 cores=$(nproc)
 echo "# model-bench: $(hostname), $cores cores, $(date -u '+%F %H:%M') UTC, $(git describe --always --dirty 2>/dev/null)"
-echo "# tile $bytes B, $T tiles per signal, $ITERS batches, ranks $([ -n "$BIND_ARG" ] && echo "bound to a share of the cores each" || echo unbound)"
+echo "# tile $bytes B, $T tiles per signal, $ITERS batches, $REPS run(s) of each, ranks $([ -n "$BIND_ARG" ] && echo "bound to a share of the cores each" || echo unbound)"
 
 # One run; prints "strategy time_us" per row of the table. A sixth argument
 # gives the mode (-m, default stream).
@@ -74,6 +81,31 @@ run() { # log ranks latency gbps strategies [mode]
     echo "model-bench.sh: run failed, see $1" >&2; tail -5 "$1" >&2; return 1; }
   awk '$1 ~ /^[0-9]+$/ && NF >= 10 {print $3, $4}' "$1"
 }
+
+# REPS runs of the four strategies (log prefix, ranks, latency, gbps[, mode]);
+# prints "run strategy time_us" per strategy and run.
+runs() {
+  local r
+  for ((r = 0; r < REPS; r++)); do
+    run "$1-run$r.log" "$2" "$3" "$4" ordered,fence,target,drain "${5:-stream}" |
+      awk -v r="$r" '{ print r, $1, $2 }' || return 1
+  done
+}
+# From runs' lines: "strategy median_us" per strategy, and with drain "ratio_median ratio_min ratio_max" of drain's time over its, run by run.
+summary='
+  { t[$2, $1] = $3; if (!($2 in seen)) { seen[$2] = 1; order[n++] = $2 } if ($1 + 1 > R) R = $1 + 1 }
+  function median(a, m,   i, j, x) {
+    for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (a[j] < a[i]) { x = a[i]; a[i] = a[j]; a[j] = x }
+    return m % 2 ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2
+  }
+  END {
+    for (i = 0; i < n; i++) {
+      st = order[i]; split("", v); split("", q)
+      for (r = 0; r < R; r++) { v[r + 1] = t[st, r]; q[r + 1] = t["drain", r] / t[st, r] }
+      lo = hi = q[1]; for (r = 2; r <= R; r++) { if (q[r] < lo) lo = q[r]; if (q[r] > hi) hi = q[r] }
+      printf "%s %.3f %.3f %.3f %.3f\n", st, median(v, R), median(q, R), lo, hi
+    }
+  }'
 
 USER_NIC=${PERSEUS_MODEL_NIC_THREADS:-}
 for P in $PEERS; do
@@ -86,7 +118,8 @@ for P in $PEERS; do
   [ -z "$USER_NIC" ] && [ "$nic" -gt 4 ] && nic=4
   export PERSEUS_MODEL_NIC_THREADS=$nic
   echo "# P = $P: $R ranks, $nic NIC thread(s) each (PERSEUS_MODEL_NIC_THREADS)"
-  cal=$(run "$LOGDIR/calibrate-p$P.log" "$R" 0 1000 ordered,fence,target,drain) || exit 1
+  cal=$(runs "$LOGDIR/calibrate-p$P" "$R" 0 1000) || exit 1
+  cal=$(echo "$cal" | awk "$summary" | awk '{ print $1, $2 }')
   consts=$(echo "$cal" | awk -v P="$P" -v k="$T" '
     $1 == "drain" { printf "drain %.3f ", $2 / P; next }
     { printf "%s %.3f ", $1, $2 / (P * (k + 1)) }')
@@ -95,11 +128,11 @@ for P in $PEERS; do
   printf "# %4s %6s %9s %9s %11s %11s %8s %9s\n" P "L(us)" "B(GB/s)" strategy "meas(us)" "model(us)" "err" "vs drain"
   for L in $LATS; do
     for BW in $BWS; do
-      rows=$(run "$LOGDIR/p$P-l$L-b$BW.log" "$R" "$L" "$BW" ordered,fence,target,drain) || exit 1
-      echo "$rows" | awk -v P="$P" -v L="$L" -v BW="$BW" -v consts="$consts" -v k="$T" -v s="$bytes" '
+      rows=$(runs "$LOGDIR/p$P-l$L-b$BW" "$R" "$L" "$BW") || exit 1
+      echo "$rows" | awk "$summary" | awk -v P="$P" -v L="$L" -v BW="$BW" -v consts="$consts" -v k="$T" -v s="$bytes" -v reps="$REPS" '
         function max(a, b) { return a > b ? a : b }
         BEGIN { nf = split(consts, f, " "); for (i = 1; i < nf; i += 2) c[f[i]] = f[i + 1] }
-        { meas[$1] = $2; order[n++] = $1 }
+        { meas[$1] = $2; ratio[$1] = $3; lo[$1] = $4; hi[$1] = $5; order[n++] = $1 }
         END {
           wire = k * s / (BW * 1e3)            # t.s/B in us
           for (i = 0; i < n; i++) {
@@ -108,17 +141,23 @@ for P in $PEERS; do
             # of the copy by the NIC (what d0 holds beyond the posts) and the wire, then 2L
             if (st == "drain") pred = P * (max(c["drain"], (k + 1) * c["ordered"] + wire) + 2 * L)
             else { post = P * (k + 1) * c[st]; pred = post > wire ? post : wire }
-            printf "  %4d %6s %9s %9s %11.1f %11.1f %+7.0f%% %8.2fx\n", P, L, BW, st, m, pred,
-                   100 * (m - pred) / pred, meas["drain"] / m
+            printf "  %4d %6s %9s %9s %11.1f %11.1f %+7.0f%% %8.2fx", P, L, BW, st, m, pred,
+                   100 * (m - pred) / pred, ratio[st]
+            if (reps > 1) printf " (%.2f-%.2f)", lo[st], hi[st]
+            printf "\n"
           }
         }'
       [ "$LATENCY" = 1 ] || continue
-      lat=$(run "$LOGDIR/p$P-l$L-b$BW-latency.log" "$R" "$L" "$BW" ordered,fence,target,drain batch) || exit 1
-      echo "$lat" | awk -v P="$P" -v L="$L" -v BW="$BW" '
-        { meas[$1] = $2; order[n++] = $1 }
+      lat=$(runs "$LOGDIR/p$P-l$L-b$BW-latency" "$R" "$L" "$BW" batch) || exit 1
+      echo "$lat" | awk "$summary" | awk -v P="$P" -v L="$L" -v BW="$BW" -v reps="$REPS" '
+        { meas[$1] = $2; ratio[$1] = $3; lo[$1] = $4; hi[$1] = $5; order[n++] = $1 }
         END {
           printf "  %4d %6s %9s   batch latency (us):", P, L, BW
-          for (i = 0; i < n; i++) printf " %s %.1f (%.2fx lower than drain)", order[i], meas[order[i]], meas["drain"] / meas[order[i]]
+          for (i = 0; i < n; i++) {
+            printf " %s %.1f (%.2fx lower than drain", order[i], meas[order[i]], ratio[order[i]]
+            if (reps > 1) printf ", %.2f-%.2f", lo[order[i]], hi[order[i]]
+            printf ")"
+          }
           printf "\n"
         }'
     done
