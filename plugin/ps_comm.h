@@ -92,6 +92,7 @@ struct ps_comm {
   uint32_t connector_addrlen;
   ps_comm_t *accepting; /* listen side: recv comm whose ACCEPT is still leaving */
   struct ps_nack *nacks; /* listen side: refusals in flight (ps_conn.c) */
+  struct ps_nack *nacks_held; /* listen side: refusals past the timeout the provider still holds */
   int nnacks;
 };
 

@@ -438,19 +438,27 @@ static ncclResult_t nack_post(ps_comm_t *l, ps_nack_t *n) {
 }
 
 /* Frees the refusals that are done, and those the provider never took
- * within PERSEUS_PEER_TIMEOUT_MS; posts the others again. */
+ * within PERSEUS_PEER_TIMEOUT_MS; posts the others again. One the provider
+ * took and still holds past then (its connector gone: rxm retries for ever)
+ * gives its slot back, its memory kept until the listener closes. */
 static void nack_progress(ps_comm_t *l) {
   uint64_t now = ps_now_ns(), limit_ns = (uint64_t)l->cfg->peer_timeout_ms * 1000000ULL;
   for (ps_nack_t **p = &l->nacks; *p;) {
     ps_nack_t *n = *p;
     if (n->unposted && nack_post(l, n) != ncclSuccess) n->s.done = -1;
-    if (!n->s.done && !(n->unposted && now - n->start_ns > limit_ns)) {
+    int late = now - n->start_ns > limit_ns;
+    if (!n->s.done && !late) {
       p = &n->next;
       continue;
     }
     *p = n->next;
     l->nnacks--;
-    nack_free(l, n);
+    if (!n->s.done && !n->unposted) { /* the provider still has its buffer */
+      n->next = l->nacks_held;
+      l->nacks_held = n;
+    } else {
+      nack_free(l, n);
+    }
   }
 }
 
@@ -591,13 +599,13 @@ ncclResult_t ps_net_close_listen(void *listen_comm) {
     return ncclInvalidArgument;
   }
   if (l->accepting) ps_comm_free(l->accepting);
-  ps_nack_t *n = l->nacks;
+  ps_nack_t *lists[2] = {l->nacks, l->nacks_held};
   ps_comm_free(l); /* its endpoint first: the provider lets go of the refusals' buffers */
-  while (n) {
-    ps_nack_t *next = n->next;
-    nack_free(NULL, n);
-    n = next;
-  }
+  for (int i = 0; i < 2; i++)
+    for (ps_nack_t *n = lists[i], *next; n; n = next) {
+      next = n->next;
+      nack_free(NULL, n);
+    }
   return ncclSuccess;
 }
 
