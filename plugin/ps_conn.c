@@ -410,9 +410,9 @@ typedef struct ps_nack {
   struct ps_nack *next;
 } ps_nack_t;
 
-/* Refusals in flight per listener; more wrong CONNECTs meanwhile are only
- * logged. A refusal the provider holds (to a connector gone, rxm retries
- * for ever) keeps its slot until the listener closes. */
+/* Refusals in flight per listener; more meanwhile are only logged. A
+ * refusal the provider holds (to a connector gone, rxm retries for ever)
+ * gives its slot back after PERSEUS_PEER_TIMEOUT_MS (nack_progress). */
 #define PS_NACK_MAX 16
 
 static void nack_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
