@@ -124,11 +124,35 @@ int drv_wait(drv_rank_t *r, void *req, int *sizes, double timeout_s, ncclResult_
   return rc == ncclSuccess ? 0 : -1;
 }
 
+/* PS_TEST_RANK_ENV="R:VAR=VALUE ...": rank R sets VAR before it loads the
+ * plugin, for tests of settings that differ between ranks. -1 when an item
+ * is not of that form. */
+static int rank_env(int rank) {
+  const char *spec = getenv("PS_TEST_RANK_ENV");
+  if (!spec) return 0;
+  char *copy = strdup(spec), *save = NULL;
+  int bad = !copy;
+  for (char *t = copy ? strtok_r(copy, " ", &save) : NULL; t && !bad; t = strtok_r(NULL, " ", &save)) {
+    char *colon = strchr(t, ':'), *eq = colon ? strchr(colon, '=') : NULL, *end = NULL;
+    long r = strtol(t, &end, 10);
+    if (!colon || !eq || eq == colon + 1 || end != colon || t[0] < '0' || t[0] > '9') {
+      fprintf(stderr, "PS_TEST_RANK_ENV: '%s' is not RANK:VAR=VALUE\n", t);
+      bad = 1;
+    } else if (r == rank) {
+      *eq = 0;
+      bad = setenv(colon + 1, eq + 1, 1) != 0;
+    }
+  }
+  free(copy);
+  return bad ? -1 : 0;
+}
+
 static int rank_main(const drv_opts_t *o, drv_shared_t *sh, void *user, int rank, drv_rank_fn fn,
                      void *arg) {
   void *slots[3 * DRV_MAX_RANKS] = {0};
   drv_rank_t r = {.rank = rank, .nranks = o->nranks, .dev = 0, .sh = sh, .user = user,
                   .send = slots, .recv = slots + DRV_MAX_RANKS, .listen = slots + 2 * DRV_MAX_RANKS};
+  if (rank_env(rank)) return 2;
   if (o->no_load) return fn(&r, arg);
   if (drv_load(o->plugin, o->version, &r.net)) return 2;
   int ndev = 0;
