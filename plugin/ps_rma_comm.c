@@ -17,7 +17,7 @@ static void print_stats(ps_rma_comm_t *c);
 static void close_comm(ps_rma_comm_t *c, int report);
 static int want_thread(void);
 static void dereg_region(ps_rma_comm_t *c, ps_rma_region_t *r);
-static ncclResult_t choose_staging(ps_rma_comm_t *c);
+static ncclResult_t choose_staging(ps_device_t *dev, int *direct, const char **why);
 
 /* Tag (ps_handle.h): distinct from the net tables', gin_abi.c's and the
  * engine's others (ps_rma_ops.c). */
@@ -144,10 +144,14 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
     return ncclInvalidArgument;
   }
   *coll_comm = NULL;
-  /* What the caller or the environment got wrong is refused before the
-   * listen endpoint is taken over, so that a corrected call can still use it. */
+  /* What the caller or the environment got wrong (handles, PERSEUS_ORDERING,
+   * PERSEUS_STAGING) is refused before the listen endpoint is taken over, so
+   * that a corrected call can still use it. */
   ps_ordering_t ordering;
+  int gpu_direct;
+  const char *staged_why;
   PS_CHECK(ps_order_choose(lep->dev, &ordering));
+  PS_CHECK(choose_staging(lep->dev, &gpu_direct, &staged_why));
   for (int p = 0; p < nranks; p++) {
     ps_handle_t h;
     if (ps_handle_decode(handles[p], NCCL_NET_HANDLE_MAXSIZE, ps_fabric_wire_hash(), &h) != ncclSuccess) {
@@ -182,8 +186,8 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
                      (c->calls || !ps_fabric_config()->stats))
                         ? ncclSuccess : ncclSystemError;
   c->ordering = ordering;
+  c->gpu_direct = gpu_direct, c->staged_why = staged_why;
   if (rc == ncclSuccess) c->sig_atomic = ps_order_sig_atomic(c->ep.dev, c->ordering);
-  if (rc == ncclSuccess) rc = choose_staging(c);
   if (rc == ncclSuccess) rc = ps_rma_model_open(c);
   int64_t inflight = ps_fabric_config()->rma_inflight; /* -1: unset, the provider's default */
   c->max_posted = inflight >= 0 ? (uint64_t)inflight : c->ep.dev->rma_inflight;
@@ -340,13 +344,10 @@ static ncclResult_t reg_region(ps_rma_comm_t *c, void *data, size_t size, int st
 /* PERSEUS_STAGING: GPU windows go straight to the provider where it
  * registers CUDA memory (FI_HMEM), unless staging is asked for; never
  * staging on a provider that cannot is an error naming it. */
-static ncclResult_t choose_staging(ps_rma_comm_t *c) {
-  const char *why;
-  c->gpu_direct = ps_gpumem_direct(c->ep.dev, &why);
-  c->staged_why = why;
-  if (!c->gpu_direct && ps_fabric_config()->staging == PS_STAGING_NEVER) {
-    PS_WARN("PERSEUS_STAGING=never is not possible on %s: %s; use auto or always", c->ep.dev->name,
-            why);
+static ncclResult_t choose_staging(ps_device_t *dev, int *direct, const char **why) {
+  *direct = ps_gpumem_direct(dev, why);
+  if (!*direct && ps_fabric_config()->staging == PS_STAGING_NEVER) {
+    PS_WARN("PERSEUS_STAGING=never is not possible on %s: %s; use auto or always", dev->name, *why);
     return ncclInvalidUsage;
   }
   return ncclSuccess;

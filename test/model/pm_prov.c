@@ -1,6 +1,5 @@
 /* The model fabric's provider objects: fi_getinfo, fabric, domain,
  * registrations, address vector, completion queue (pm.h says what it is). */
-#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
