@@ -2,48 +2,13 @@
 // share this rank's rows of A while the rest compute the tiles of C whose
 // rows are already here, every tile waiting only for the ranks its rows
 // come from.
-#include <cuda.h>
-#include <nccl.h>
-#include <nccl_device.h>
-#include <perseus/device.cuh>
-#include <stdlib.h>
-
-#include "ag_gemm_tile.cuh"
 #include <perseus/ag_gemm.h>
 
-#include "ps_ag_gemm.h"
+#include "ag_gemm_args.cuh"
+
+using namespace agk;
 
 namespace {
-
-constexpr size_t kPieceBytes = 64 * 1024; // what one block shares at a time
-constexpr int kMaxCommBlocks = 16;
-constexpr int kTmaRanks = 8; // pulling from more ranks gathers every row by cp.async
-
-struct ag_args {
-  CUtensorMap bmap; // B as [N][K], boxes of ag::kBN rows x ag::kBK
-  // A's rows by TMA, in boxes of ag::kBM rows x ag::kBK: amap this rank's
-  // shard (the caller's a; set where the shard is not empty), wmap[0] the
-  // own window (push) or wmap[s] rank s's (pull, up to kTmaRanks ranks),
-  // both halves, [2M][K]. Tiles of rows from both (or, pulling, from two
-  // ranks) gather their rows by cp.async instead.
-  CUtensorMap amap, wmap[kTmaRanks];
-  int wmaps;
-  ncclDevComm dc;
-  perseus_batch_handle h;
-  ncclWindow_t win;
-  const __nv_bfloat16 *a;
-  __nv_bfloat16 *c;
-  int M, N, K, mode, comm_blocks, piece_rows, half, gin_any;
-  uint32_t batch;        // this rank's pieces per LSA signal
-  uint64_t step1;        // steps so far, this one included
-  unsigned long long *local_done; // this rank's pieces shared, over every step (GIN only)
-  unsigned int *tickets; // [2]: the tiles handed out in the steps of each window half
-  int splits;            // K splits a tile (1: none); more where tiles alone leave SMs idle
-  float *ws;             // splits > 1: each split's sums in fp32, [splits][M][N]
-  unsigned int *tile_done; // splits > 1: per tile and 64-row half, the splits done over every step
-};
-
-static_assert(sizeof(ag_args) <= 4000, "the kernel's arguments exceed 4 KiB");
 
 __device__ __forceinline__ int shard_start(int m, int R, int r) { return (int)((long long)m * r / R); }
 
@@ -61,11 +26,6 @@ __device__ __forceinline__ uint64_t units_from(const ag_args &a, int s) {
   if (perseus_lsa_index(a.dc, s) < 0) return 1;
   const int R = a.dc.nRanks;
   return (uint64_t)max(1, pieces_of(shard_start(a.M, R, s + 1) - shard_start(a.M, R, s), a.piece_rows));
-}
-
-template <typename Done>
-__device__ void backoff_until(Done done) {
-  for (unsigned ns = 32; !done(); ns = ns < 1024 ? 2 * ns : ns) __nanosleep(ns);
 }
 
 __device__ __forceinline__ size_t row_off(const ag_args &a, int row) {
@@ -182,13 +142,13 @@ __device__ void load_tiles(const ag_args &a, ag::pipe_t &p, uint32_t s0) {
     }
     const tile_t x = tile_of(a, t);
     if (tid == 0) {
+      // A wait that gives up (a peer that never shares) records why and
+      // lets the tile go on with stale rows: the step ends, its C is not
+      // valid, and the host reads why (perseus_ag_gemm_check).
       perseus_recv rv(a.dc, a.h);
       const int last = owner(a.M, R, x.m0 + x.mrows - 1);
       for (int s = owner(a.M, R, x.m0); s <= last; s++)
-        if (s != me) {
-          const uint64_t want = a.step1 * units_from(a, s);
-          backoff_until([&] { return rv.poll(s, want); });
-        }
+        if (s != me) rv.wait_for(s, a.step1 * units_from(a, s), a.wb, WAIT_ROWS);
       __threadfence();
       p.slot[slot].mrows = x.mrows;
       ag::mbar_arrive(&p.slot_full[slot]);
@@ -241,10 +201,7 @@ __device__ void load_tiles(const ag_args &a, ag::pipe_t &p, uint32_t s0) {
   if (blockIdx.x == 0 && tid == 0) {
     perseus_recv rv(a.dc, a.h);
     for (int s = 0; s < R; s++)
-      if (s != me) {
-        const uint64_t want = a.step1 * units_from(a, s);
-        backoff_until([&] { return rv.poll(s, want); });
-      }
+      if (s != me) rv.wait_for(s, a.step1 * units_from(a, s), a.wb, WAIT_STEP_END);
   }
 }
 
@@ -259,8 +216,10 @@ __device__ void finish_split(const ag_args &a, int g, int gtid, const tile_t &x,
   ag::group_sync(2 + g);
   if (gtid == 0) {
     atomicAdd(done, 1u);
+    // 32-bit counts: their rolling distance to `want`, carried over to 64 bits
     const unsigned int want = (unsigned int)a.step1 * (unsigned int)a.splits;
-    backoff_until([&] { return (int)(*(volatile unsigned int *)done - want) >= 0; });
+    perseus_wait_until(a.wb, a.dc.rank, WAIT_SPLITS, want,
+                       [&] { return (uint64_t)want + (int64_t)(int)(*(volatile unsigned int *)done - want); });
     __threadfence();
   }
   ag::group_sync(2 + g);
@@ -357,231 +316,19 @@ __global__ void __launch_bounds__(ag::kThreads, 1) ag_gemm_kernel(const __grid_c
   }
 }
 
-typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                              const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-int fail_nccl(const char *what, ncclResult_t rc, ncclComm_t comm) {
-  return ps_ag_gemm_fail("%s failed: %s (%s)", what, ncclGetErrorString(rc),
-                         comm ? ncclGetLastError(comm) : "");
-}
-
-
-// The base of every rank's window as this GPU maps it (NULL beyond NVLink).
-__global__ void window_bases(ncclDevComm dc, ncclWindow_t win, void **out) {
-  for (int s = 0; s < dc.nRanks; s++) {
-    const int l = perseus_lsa_index(dc, s);
-    out[s] = l >= 0 ? ncclGetLsaPointer(win, 0, l) : nullptr;
-  }
-}
-
 } // namespace
 
-struct perseus_ag_gemm {
-  ncclComm_t comm;
-  int rank, nranks, mode, grid, comm_blocks, piece_rows, gin_any, have_dev, splits;
-  ps_ag_gemm_shape_t s;
-  uint32_t batch;
-  uint64_t steps;
-  void *buf;
-  ncclWindow_t win;
-  ncclDevComm dev;
-  perseus_batch_handle h;
-  unsigned long long *counters; // [0] local_done, [1] the tickets of both halves
-  float *ws;
-  unsigned int *tile_done;
-  encode_fn encode;
-  const void *map_of, *amap_of; // the B and A the tensor maps describe
-  CUtensorMap map, amap, wmap[kTmaRanks];
-  int wmaps;
-};
+namespace agk {
 
-// A bf16 matrix of `rows` x `cols` (cols contiguous) at p, in boxes of
-// box_rows x ag::kBK with the 128-byte swizzle the GEMM's stages use.
-static int encode_map(perseus_ag_gemm_t *f, CUtensorMap *m, const void *p, int rows, int cols, int box_rows,
-                      const char *what) {
-  const cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, stride[1] = {(cuuint64_t)cols * 2};
-  const cuuint32_t box[2] = {ag::kBK, (cuuint32_t)box_rows}, estride[2] = {1, 1};
-  const CUresult r = f->encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dim, stride, box, estride,
-                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return ps_ag_gemm_fail("cuTensorMapEncodeTiled failed (CUresult %d) for %s: %d x %d bf16 at %p", (int)r, what,
-                           rows, cols, p);
-  return 0;
+cudaError_t prepare(int *per_sm) {
+  cudaError_t ce = cudaFuncSetAttribute(ag_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ag::kSmem);
+  if (ce == cudaSuccess) ce = cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, ag_gemm_kernel, ag::kThreads, ag::kSmem);
+  return ce;
 }
 
-// The windows' tensor maps: the own one (push), or every NVLink peer's (pull).
-static int window_maps(perseus_ag_gemm_t *f) {
-  const int rows = 2 * f->s.m;
-  if (f->mode == PERSEUS_AG_GEMM_PUSH) {
-    f->wmaps = 1;
-    return encode_map(f, &f->wmap[0], f->buf, rows, f->s.k, ag::kBM, "the own window");
-  }
-  if (f->nranks > kTmaRanks) return 0; // every row by cp.async
-  void **bases = NULL, *host[kTmaRanks];
-  cudaError_t ce = cudaMalloc(&bases, kTmaRanks * sizeof(void *));
-  if (ce == cudaSuccess) {
-    window_bases<<<1, 1>>>(f->dev, f->win, bases);
-    ce = cudaGetLastError();
-  }
-  if (ce == cudaSuccess) ce = cudaMemcpy(host, bases, f->nranks * sizeof(void *), cudaMemcpyDeviceToHost);
-  if (bases) cudaFree(bases);
-  if (ce != cudaSuccess) return ps_ag_gemm_fail("reading the peers' window addresses: %s", cudaGetErrorString(ce));
-  for (int r = 0; r < f->nranks; r++)
-    if (r != f->rank && encode_map(f, &f->wmap[r], host[r], rows, f->s.k, ag::kBM, "a peer's window")) return -1;
-  f->wmaps = f->nranks;
-  return 0;
+cudaError_t launch(const ag_args &a, int grid, cudaStream_t st) {
+  void *args[] = {(void *)&a};
+  return cudaLaunchCooperativeKernel((const void *)ag_gemm_kernel, dim3(grid), dim3(ag::kThreads), args, ag::kSmem, st);
 }
 
-int perseus_ag_gemm_create(ncclComm_t comm, const perseus_ag_gemm_shape_t *shape, int mode, perseus_ag_gemm_t **out) {
-  if (!out) return ps_ag_gemm_fail("no place for the operator (out is NULL)");
-  *out = NULL;
-  if (!comm) return ps_ag_gemm_fail("no communicator");
-  if (!shape) return ps_ag_gemm_fail("no shape (NULL)");
-  const ps_ag_gemm_shape_t shape_in = {shape->m, shape->n, shape->k}, *s = &shape_in;
-  int R = 0, rank = 0, dev = 0, sms = 0, per_sm = 0;
-  ncclResult_t rc = ncclCommCount(comm, &R);
-  if (rc == ncclSuccess) rc = ncclCommUserRank(comm, &rank);
-  if (rc != ncclSuccess) return fail_nccl("ncclCommCount/ncclCommUserRank", rc, comm);
-  if (ps_ag_gemm_check(s, R)) return -1;
-  if (s->k % PS_GEMM_K)
-    return ps_ag_gemm_fail("k %d: the fused kernel takes a multiple of %d", s->k, PS_GEMM_K);
-  if (mode != PERSEUS_AG_GEMM_PUSH && mode != PERSEUS_AG_GEMM_PULL)
-    return ps_ag_gemm_fail("mode %d: expected PERSEUS_AG_GEMM_PUSH (0) or PERSEUS_AG_GEMM_PULL (1)", mode);
-  const int lsa = ncclTeamLsa(comm).nRanks;
-  if (mode == PERSEUS_AG_GEMM_PULL && lsa != R)
-    return ps_ag_gemm_fail("pull reads every peer's rows over NVLink, but %d of %d ranks are beyond it "
-                           "(lsaSize %d): use push", R - lsa, R, lsa);
-  int cc_major = 0, cc_minor = 0;
-  cudaError_t ce = cudaGetDevice(&dev);
-  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (ce == cudaSuccess && (cc_major != 9 || cc_minor != 0))
-    return ps_ag_gemm_fail("GPU %d has compute capability %d.%d: the fused kernel is built for 9.0 (sm_90a: "
-                           "H100, H200) alone", dev, cc_major, cc_minor);
-  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (ce == cudaSuccess)
-    ce = cudaFuncSetAttribute(ag_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ag::kSmem);
-  if (ce == cudaSuccess)
-    ce = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ag_gemm_kernel, ag::kThreads, ag::kSmem);
-  if (ce != cudaSuccess) return ps_ag_gemm_fail("sizing the fused kernel's grid: %s", cudaGetErrorString(ce));
-  if (per_sm < 1)
-    return ps_ag_gemm_fail("the fused kernel fits no block on an SM (%zu B of shared memory)", ag::kSmem);
-  void *fn = NULL;
-  cudaDriverEntryPointQueryResult q;
-  ce = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
-  if (ce != cudaSuccess || !fn || q != cudaDriverEntryPointSuccess)
-    return ps_ag_gemm_fail("the CUDA driver has no cuTensorMapEncodeTiled (%s, query result %d): TMA needs a "
-                           "driver of CUDA 12.0 or later", cudaGetErrorString(ce), (int)q);
-  perseus_ag_gemm_t *f = (perseus_ag_gemm_t *)calloc(1, sizeof(*f));
-  if (!f) return ps_ag_gemm_fail("out of host memory");
-  int r0, r1;
-  ps_ag_gemm_shard(s->m, R, rank, &r0, &r1);
-  f->comm = comm, f->rank = rank, f->nranks = R, f->mode = mode, f->s = *s, f->encode = (encode_fn)fn;
-  f->gin_any = lsa != R;
-  f->grid = per_sm * sms;
-  f->comm_blocks = f->grid < kMaxCommBlocks ? f->grid : kMaxCommBlocks;
-  const size_t row_bytes = (size_t)s->k * 2;
-  f->piece_rows = row_bytes >= kPieceBytes ? 1 : (int)(kPieceBytes / row_bytes);
-  const int pieces = r1 > r0 ? (r1 - r0 + f->piece_rows - 1) / f->piece_rows : 1;
-  f->batch = perseus_batch_whole(pieces);
-  // K splits where the tiles alone would leave half the grid idle (few rows:
-  // the GEMM streams B, and every block should stream a share), at least
-  // two k-steps each, their sums (8 bytes an element a split, written and
-  // read, mostly in L2) at most B's bytes, then as few as cover the steps
-  // evenly
-  const int tiles = (s->m + ag::kBM - 1) / ag::kBM * ((s->n + ag::kBN - 1) / ag::kBN), ksteps = s->k / ag::kBK;
-  const int tile_rows = s->m < ag::kBM ? s->m : ag::kBM;
-  int splits = 2 * tiles <= f->grid ? f->grid / tiles : 1;
-  if (splits > ksteps / 2) splits = ksteps / 2;
-  if (splits > s->k / (4 * tile_rows)) splits = s->k / (4 * tile_rows);
-  if (splits < 1) splits = 1;
-  const int per = (ksteps + splits - 1) / splits;
-  f->splits = (ksteps + per - 1) / per;
-  const size_t bytes = 2 * (size_t)s->m * row_bytes;
-  int err = 0;
-  if ((rc = ncclMemAlloc(&f->buf, bytes)) != ncclSuccess) {
-    err = fail_nccl("ncclMemAlloc (the gathered-A window)", rc, comm);
-  } else if ((rc = ncclCommWindowRegister(comm, f->buf, bytes, &f->win, NCCL_WIN_COLL_SYMMETRIC)) !=
-             ncclSuccess) {
-    err = fail_nccl("ncclCommWindowRegister (the gathered-A window)", rc, comm);
-  } else if (!f->win) {
-    err = ps_ag_gemm_fail("ncclCommWindowRegister gave no window: NCCL has no symmetric memory on this "
-                          "communicator");
-  } else if ((ce = cudaMalloc(&f->counters, 2 * sizeof(*f->counters))) != cudaSuccess ||
-             (ce = cudaMemset(f->counters, 0, 2 * sizeof(*f->counters))) != cudaSuccess) {
-    err = ps_ag_gemm_fail("the operator's counters: %s", cudaGetErrorString(ce));
-  } else if (f->splits > 1 &&
-             ((ce = cudaMalloc(&f->ws, (size_t)f->splits * s->m * s->n * sizeof(float))) != cudaSuccess ||
-              (ce = cudaMalloc(&f->tile_done, 2 * tiles * sizeof(unsigned int))) != cudaSuccess ||
-              (ce = cudaMemset(f->tile_done, 0, 2 * tiles * sizeof(unsigned int))) != cudaSuccess)) {
-    err = ps_ag_gemm_fail("the split-K sums (%d splits of %d x %d floats): %s", f->splits, s->m, s->n,
-                          cudaGetErrorString(ce));
-  } else {
-    const char *what = "";
-    if ((rc = perseus_batch_devcomm_create(comm, f->gin_any, &f->dev, &f->h, &what)) != ncclSuccess)
-      err = fail_nccl(what, rc, comm);
-    else
-      f->have_dev = 1, err = window_maps(f);
-  }
-  if (err) {
-    perseus_ag_gemm_destroy(f);
-    return -1;
-  }
-  *out = f;
-  return 0;
-}
-
-int perseus_ag_gemm_step(perseus_ag_gemm_t *f, const uint16_t *a, const uint16_t *bt, uint16_t *c,
-                          cudaStream_t st) {
-  if (!f) return ps_ag_gemm_fail("no operator");
-  if (!a || !bt || !c) return ps_ag_gemm_fail("a NULL device pointer (a %p, bt %p, c %p)", (const void *)a,
-                                              (const void *)bt, (const void *)c);
-  if (((uintptr_t)a | (uintptr_t)bt) % 16 || (uintptr_t)c % 4)
-    return ps_ag_gemm_fail("a %p, bt %p, c %p: expected a and bt 16-byte aligned, c 4-byte aligned",
-                           (const void *)a, (const void *)bt, (const void *)c);
-  const ps_ag_gemm_shape_t &s = f->s;
-  if (f->map_of != bt) {
-    f->map_of = NULL;
-    if (encode_map(f, &f->map, bt, s.n, s.k, ag::kBN, "B")) return -1;
-    f->map_of = bt;
-  }
-  int r0, r1;
-  ps_ag_gemm_shard(s.m, f->nranks, f->rank, &r0, &r1);
-  if (r1 > r0 && f->amap_of != a) {
-    f->amap_of = NULL;
-    if (encode_map(f, &f->amap, a, r1 - r0, s.k, ag::kBM, "this rank's rows of A")) return -1;
-    f->amap_of = a;
-  }
-  ag_args x;
-  x.bmap = f->map, x.amap = f->amap, x.wmaps = f->wmaps, x.dc = f->dev, x.h = f->h, x.win = f->win;
-  for (int i = 0; i < f->wmaps; i++) x.wmap[i] = f->wmap[i];
-  x.a = (const __nv_bfloat16 *)a, x.c = (__nv_bfloat16 *)c;
-  x.M = s.m, x.N = s.n, x.K = s.k, x.mode = f->mode, x.comm_blocks = f->comm_blocks;
-  x.piece_rows = f->piece_rows, x.half = (int)(f->steps % 2), x.gin_any = f->gin_any, x.batch = f->batch;
-  x.step1 = f->steps + 1, x.local_done = f->counters, x.tickets = (unsigned int *)(f->counters + 1);
-  x.splits = f->splits, x.ws = f->ws, x.tile_done = f->tile_done;
-  ag_gemm_kernel<<<f->grid, ag::kThreads, ag::kSmem, st>>>(x);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return ps_ag_gemm_fail("fused kernel launch: %s", cudaGetErrorString(e));
-  f->steps++;
-  return 0;
-}
-
-void perseus_ag_gemm_shard(int m, int nranks, int rank, int *start, int *end) {
-  ps_ag_gemm_shard(m, nranks, rank, start, end);
-}
-
-const char *perseus_ag_gemm_last_error(void) { return ps_ag_gemm_last_error(); }
-
-void perseus_ag_gemm_destroy(perseus_ag_gemm_t *f) {
-  if (!f) return;
-  if (f->have_dev) (void)ncclDevCommDestroy(f->comm, &f->dev);
-  if (f->win) (void)ncclCommWindowDeregister(f->comm, f->win);
-  if (f->buf) (void)ncclMemFree(f->buf);
-  if (f->counters) cudaFree(f->counters);
-  if (f->ws) cudaFree(f->ws);
-  if (f->tile_done) cudaFree(f->tile_done);
-  free(f);
-}
+} // namespace agk

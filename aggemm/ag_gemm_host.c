@@ -3,9 +3,10 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "ps_ag_gemm.h"
-#include "ps_moe_ref.h" /* the bf16 conversions */
+#include "ps_moe_ref.h" /* the bf16 conversions, the timeout variable rule */
 
 static _Thread_local char ag_err[256];
 
@@ -27,6 +28,12 @@ int ps_ag_gemm_check(const ps_ag_gemm_shape_t *s, int nranks) {
   if (s->n < 8 || s->n % 8) return ps_ag_gemm_fail("n %d: expected a positive multiple of 8", s->n);
   if (s->k < 8 || s->k % 8) return ps_ag_gemm_fail("k %d: expected a positive multiple of 8", s->k);
   return 0;
+}
+
+int ps_ag_gemm_env_timeout_ms(long long *ms) {
+  if (ps_env_timeout_ms("PERSEUS_AG_GEMM_TIMEOUT_MS", ms) == 0) return 0;
+  return ps_ag_gemm_fail("PERSEUS_AG_GEMM_TIMEOUT_MS '%s': expected milliseconds in 0..%lld (0: wait forever)",
+                         getenv("PERSEUS_AG_GEMM_TIMEOUT_MS"), (long long)PS_MOE_MAX_TIMEOUT_MS);
 }
 
 void ps_ag_gemm_shard(int m, int nranks, int rank, int *start, int *end) {

@@ -41,6 +41,11 @@ void ps_ag_gemm_shard(int m, int nranks, int rank, int *start, int *end);
  * once every one of them delivered its rows. */
 int ps_ag_gemm_block_ranks(int m, int nranks, int block_rows, int block, int *first, int *last);
 
+/* PERSEUS_AG_GEMM_TIMEOUT_MS: how long a fused step waits for a rank's rows
+ * (0: forever; unset or empty: 10 minutes); -1 (naming the variable and
+ * its value) when it is not a number of milliseconds in 0..7 days. */
+int ps_ag_gemm_env_timeout_ms(long long *ms);
+
 /* C = A x B, fp32 accumulation in k order, C rounded to bf16: a [m][k],
  * b [k][n], c [m][n]. */
 void ps_ag_gemm_ref(const ps_ag_gemm_shape_t *s, const uint16_t *a, const uint16_t *b, uint16_t *c);

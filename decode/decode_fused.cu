@@ -5,6 +5,7 @@
 #include <nccl_device.h>
 #include <perseus/device.cuh>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,9 @@ struct perseus_decode {
   ncclDevComm dev;
   perseus_batch_handle h;
   unsigned long long *local_done; // this rank's records written, over every step
+  perseus_wait_fault *fault;      // mapped host memory: the first wait that gave up, or the host's abort
+  perseus_wait_fault *fault_dev;  // the same as the GPU maps it
+  long long timeout_ms;           // PERSEUS_DECODE_TIMEOUT_MS
 };
 
 namespace {
@@ -50,7 +54,11 @@ struct fused_args {
   uint64_t total;   // records from each NVLink peer (and this rank's), counted since the start
   uint64_t steps;   // puts from each GIN peer since the start: one a step
   unsigned long long *local_done;
+  perseus_wait_bound wb; // every wait of the step
 };
+
+// What a fused step waits for (perseus_wait_fault::what).
+enum { WAIT_OWN_RECORDS = 1, WAIT_PEER_RECORDS = 2 };
 
 // A pulling combiner reads rank r's records where r wrote them.
 struct pulled_recs {
@@ -65,12 +73,6 @@ struct pulled_recs {
     return (const float *)ncclGetLsaPointer(win, off, perseus_lsa_index(*dc, r));
   }
 };
-
-// Polls `done` with naps of 32 ns growing to about a microsecond.
-template <typename Done>
-__device__ void backoff_until(Done done) {
-  for (unsigned ns = 32; !done(); ns = ns < 1024 ? 2 * ns : ns) __nanosleep(ns);
-}
 
 // Three blocks an SM where the group allows (as the standalone partial
 // kernel gets): the combine phase must not cost the partial phase a block.
@@ -119,20 +121,24 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 3 : 1) fused_kernel(fused_a
   }
 
   // 2. every record of the step: this rank's blocks' and every peer's. The
-  // grid is what the GPU holds at once, so every block is running. The
-  // waiting threads back off: spinning blocks would slow the L2 for the
-  // blocks still reading the cache.
+  // launch is cooperative, so every block is running. The waiting threads
+  // nap: spinning blocks would slow the L2 for the blocks still reading the
+  // cache. A wait that gives up (a peer that never sends) ends the step
+  // without its combine; the host reads why (perseus_decode_check).
+  __shared__ int gave_up;
   if (threadIdx.x == 0) {
-    backoff_until([&] { return *(volatile unsigned long long *)a.local_done >= a.total; });
+    bool ok = perseus_wait_until(a.wb, me, WAIT_OWN_RECORDS, a.total,
+                                 [&] { return *(volatile unsigned long long *)a.local_done; });
     perseus_recv rv(a.dc, a.h);
-    for (int j = 1; j < R; j++) {
+    for (int j = 1; ok && j < R; j++) {
       const int src = (me + j) % R;
-      const uint64_t want = perseus_lsa_index(a.dc, src) < 0 ? a.steps : a.total;
-      backoff_until([&] { return rv.poll(src, want); });
+      ok = rv.wait_for(src, perseus_lsa_index(a.dc, src) < 0 ? a.steps : a.total, a.wb, WAIT_PEER_RECORDS);
     }
     __threadfence();
+    gave_up = !ok;
   }
   __syncthreads();
+  if (gave_up) return;
 
   // 3. the rows
   for (int row = blockIdx.x; row < a.B * a.Hq; row += gridDim.x) {
@@ -150,10 +156,13 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 3 : 1) fused_kernel(fused_a
 
 template <int G> constexpr int ahead() { return G <= 4 ? 8 : G == 8 ? 4 : 2; }
 
+// Cooperative: the blocks wait for each other's records, so all of them
+// must be resident at once (a plain launch next to other work may not be).
 template <int G>
 cudaError_t launch(const fused_args &a, int grid, size_t smem, cudaStream_t st) {
-  fused_kernel<G, ahead<G>()><<<grid, kThreads, smem, st>>>(a);
-  return cudaGetLastError();
+  void *args[] = {(void *)&a};
+  return cudaLaunchCooperativeKernel((const void *)fused_kernel<G, ahead<G>()>, dim3(grid), dim3(kThreads), args,
+                                     smem, st);
 }
 
 template <int G>
@@ -165,6 +174,21 @@ cudaError_t prepare(size_t smem, int *per_sm) {
   if (e == cudaSuccess)
     e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, fused_kernel<G, ahead<G>()>, kThreads, smem);
   return e;
+}
+
+// The reason a step gave up, into the operator's error; -1.
+int fail_fault(const perseus_decode_t *f, const char *when) {
+  const perseus_wait_fault &w = *f->fault;
+  if (!w.set)
+    return ps_decode_fail("%s: the operator was aborted (perseus_decode_abort); destroy it", when);
+  if (w.what == WAIT_OWN_RECORDS)
+    return ps_decode_fail("%s: step %llu (from 1) waited %llu ms (PERSEUS_DECODE_TIMEOUT_MS %lld) for this rank's own "
+                          "blocks, %llu of %llu records written; destroy the operator",
+                          when, w.tag, w.waited_ns / 1000000, f->timeout_ms, w.got, w.want);
+  return ps_decode_fail("%s: step %llu (from 1) waited %llu ms (PERSEUS_DECODE_TIMEOUT_MS %lld) for rank %d's records "
+                        "(count %llu of %llu): rank %d did not run that step, or failed in it; its output is "
+                        "not valid and the operator cannot go on: destroy it",
+                        when, w.tag, w.waited_ns / 1000000, f->timeout_ms, w.src, w.got, w.want, w.src);
 }
 
 int fail_nccl(const char *what, ncclResult_t rc, ncclComm_t comm) {
@@ -204,9 +228,14 @@ int perseus_decode_create(ncclComm_t comm, const perseus_decode_config_t *config
     return ps_decode_fail("mode %d: expected PERSEUS_DECODE_PUSH (0) or PERSEUS_DECODE_PULL (1)", mode);
   if (max_shard < 1) return ps_decode_fail("max_shard %d: expected at least 1 token", max_shard);
   if (splits < 0 || splits > 65535) return ps_decode_fail("splits %d: expected 0 (automatic) to 65535", splits);
+  long long timeout_ms = 0;
+  if (ps_decode_env_timeout_ms(&timeout_ms)) return -1;
+  int coop = 0;
   cudaError_t ce = cudaGetDevice(&dev);
   if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev);
   if (ce != cudaSuccess) return ps_decode_fail("the current GPU: %s", cudaGetErrorString(ce));
+  if (!coop) return ps_decode_fail("GPU %d has no cooperative launch, which the fused kernel needs", dev);
   const int lsa = ncclTeamLsa(comm).nRanks;
   if (mode == PERSEUS_DECODE_PULL && lsa != R)
     return ps_decode_fail("pull reads every peer's records over NVLink, but %d of %d ranks are "
@@ -214,6 +243,7 @@ int perseus_decode_create(ncclComm_t comm, const perseus_decode_config_t *config
   perseus_decode_t *f = (perseus_decode_t *)calloc(1, sizeof(*f));
   if (!f) return ps_decode_fail("out of host memory");
   f->comm = comm, f->rank = rank, f->nranks = R, f->mode = mode, f->cfg = *cfg, f->max_shard = max_shard;
+  f->timeout_ms = timeout_ms;
   f->splits = splits ? splits : ps_decode_splits(cfg, max_shard, sms);
   const long long all_items = (long long)cfg->batch * cfg->kv_heads * f->splits;
   if (all_items > INT_MAX) {
@@ -256,7 +286,13 @@ int perseus_decode_create(ncclComm_t comm, const perseus_decode_config_t *config
     } else if ((ce = cudaMalloc(&f->local_done, sizeof(*f->local_done))) != cudaSuccess ||
                (ce = cudaMemset(f->local_done, 0, sizeof(*f->local_done))) != cudaSuccess) {
       err = ps_decode_fail("the records counter: %s", cudaGetErrorString(ce));
+    } else if ((ce = cudaHostAlloc((void **)&f->fault, sizeof(*f->fault), cudaHostAllocMapped)) != cudaSuccess) {
+      f->fault = NULL;
+      err = ps_decode_fail("the fault record (mapped host memory): %s", cudaGetErrorString(ce));
+    } else if ((ce = cudaHostGetDevicePointer((void **)&f->fault_dev, f->fault, 0)) != cudaSuccess) {
+      err = ps_decode_fail("the fault record's device address: %s", cudaGetErrorString(ce));
     } else {
+      memset(f->fault, 0, sizeof(*f->fault));
       err = create_dev(f, lsa != R);
     }
   }
@@ -279,6 +315,7 @@ int perseus_decode_step(perseus_decode_t *f, float scale, const uint16_t *q, con
                           (const void *)k, (const void *)v);
   if (stride < 1 || stride > (size_t)f->max_shard)
     return ps_decode_fail("stride %zu: expected 1 to max_shard (%d) tokens", stride, f->max_shard);
+  if (f->fault->set || f->fault->abort) return fail_fault(f, "an earlier step failed");
   const ps_decode_config_t &c = f->cfg;
   const int items = c.batch * c.kv_heads * f->splits;
   fused_args a;
@@ -287,6 +324,7 @@ int perseus_decode_step(perseus_decode_t *f, float scale, const uint16_t *q, con
   a.mode = f->mode, a.scale = scale, a.q = q, a.k = k, a.v = v, a.stride = stride, a.n = n, a.out = out;
   a.part = f->part, a.half = (int)(f->steps % 2), a.batch = f->batch;
   a.total = (f->steps + 1) * (uint64_t)items, a.steps = f->steps + 1, a.local_done = f->local_done;
+  a.wb.timeout_ns = (unsigned long long)f->timeout_ms * 1000000ull, a.wb.tag = f->steps + 1, a.wb.fault = f->fault_dev;
   cudaError_t e;
   switch (c.q_heads / c.kv_heads) {
     case 1: e = launch<1>(a, f->grid, f->smem, st); break;
@@ -306,11 +344,21 @@ void perseus_decode_shard(int len, int nranks, int rank, int *start, int *end) {
 
 const char *perseus_decode_last_error(void) { return ps_decode_last_error(); }
 
+int perseus_decode_check(const perseus_decode_t *f) {
+  if (!f) return ps_decode_fail("no operator");
+  return f->fault->set || f->fault->abort ? fail_fault(f, "a step failed") : 0;
+}
+
+void perseus_decode_abort(perseus_decode_t *f) {
+  if (f && f->fault) __atomic_store_n((unsigned int *)&f->fault->abort, 1u, __ATOMIC_RELEASE);
+}
+
 void perseus_decode_destroy(perseus_decode_t *f) {
   if (!f) return;
   if (f->have_dev) (void)ncclDevCommDestroy(f->comm, &f->dev);
   if (f->win) (void)ncclCommWindowDeregister(f->comm, f->win);
   if (f->buf) (void)ncclMemFree(f->buf);
   if (f->local_done) cudaFree(f->local_done);
+  if (f->fault) cudaFreeHost(f->fault);
   free(f);
 }

@@ -1,11 +1,13 @@
 /* Flash-Decode's host side (ps_decode.h): shape checks, shards and the fp64
  * reference. */
 #include <math.h>
+#include <stdlib.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "ps_decode.h"
+#include "ps_moe_ref.h" /* ps_env_timeout_ms */
 
 static _Thread_local char ps_decode_err[256];
 
@@ -42,6 +44,12 @@ int ps_decode_check_lengths(const ps_decode_config_t *c, const int *len) {
       return ps_decode_fail("sequence %d has %d tokens: expected 1 to max_context (%d)", b, len[b],
                   c->max_context);
   return 0;
+}
+
+int ps_decode_env_timeout_ms(long long *ms) {
+  if (ps_env_timeout_ms("PERSEUS_DECODE_TIMEOUT_MS", ms) == 0) return 0;
+  return ps_decode_fail("PERSEUS_DECODE_TIMEOUT_MS '%s': expected milliseconds in 0..%lld (0: wait forever)",
+                        getenv("PERSEUS_DECODE_TIMEOUT_MS"), (long long)PS_MOE_MAX_TIMEOUT_MS);
 }
 
 void ps_decode_shard(int len, int nranks, int rank, int *start, int *end) {

@@ -41,6 +41,12 @@ const char *ps_decode_last_error(void);
 /* Sets the reason ps_decode_last_error() gives (printf format); returns -1. */
 int ps_decode_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* PERSEUS_DECODE_TIMEOUT_MS: how long a fused step waits for a rank's
+ * records (0: forever; unset or empty: PS_MOE_DEFAULT_TIMEOUT_MS, 10
+ * minutes); -1 (naming the variable and its value) when it is not a number
+ * of milliseconds in 0..7 days. */
+int ps_decode_env_timeout_ms(long long *ms);
+
 /* Rank r's shard of a sequence of `len` tokens over `nranks`: [*start, *end),
  * contiguous, in rank order, sizes differing by at most one, covering
  * [0, len) exactly; empty where len < nranks. */

@@ -63,20 +63,23 @@ int ps_moe_env_tile_rows(int *out) {
   return 0;
 }
 
-int ps_moe_env_timeout_ms(long long *out) {
-  const char *v = getenv("PERSEUS_MOE_TIMEOUT_MS");
+int ps_env_timeout_ms(const char *var, long long *out) {
+  const char *v = getenv(var);
   *out = PS_MOE_DEFAULT_TIMEOUT_MS;
   if (!v || !*v) return 0;
   char *end;
   errno = 0;
   long long n = strtoll(v, &end, 10);
-  if (!unsigned_decimal(v) || *end || errno || n > PS_MOE_MAX_TIMEOUT_MS) {
-    ps_moe_set_error("PERSEUS_MOE_TIMEOUT_MS '%s': expected milliseconds in 0..%lld (0: wait forever)",
-                     v, (long long)PS_MOE_MAX_TIMEOUT_MS);
-    return -1;
-  }
+  if (!unsigned_decimal(v) || *end || errno || n > PS_MOE_MAX_TIMEOUT_MS) return -1;
   *out = n;
   return 0;
+}
+
+int ps_moe_env_timeout_ms(long long *out) {
+  if (ps_env_timeout_ms("PERSEUS_MOE_TIMEOUT_MS", out) == 0) return 0;
+  ps_moe_set_error("PERSEUS_MOE_TIMEOUT_MS '%s': expected milliseconds in 0..%lld (0: wait forever)",
+                   getenv("PERSEUS_MOE_TIMEOUT_MS"), (long long)PS_MOE_MAX_TIMEOUT_MS);
+  return -1;
 }
 
 int ps_moe_tile_rows(const perseus_moe_config_t *cfg, int nranks, int ntokens, int forced) {

@@ -100,6 +100,10 @@ int ps_moe_env_tile_rows(int *out);
 #define PS_MOE_DEFAULT_TIMEOUT_MS 600000LL /* 10 minutes: PyTorch's default for a collective */
 #define PS_MOE_MAX_TIMEOUT_MS (7LL * 24 * 3600 * 1000)
 int ps_moe_env_timeout_ms(long long *out);
+/* The same rule for any operator's variable `var` (the fused decode and
+ * AG+GEMM's too): 0 with the value (or the default), -1 when it is not a
+ * number of milliseconds in 0..PS_MOE_MAX_TIMEOUT_MS (the caller names it). */
+int ps_env_timeout_ms(const char *var, long long *out);
 /* The tile rows a forward uses: `forced` if non-zero, else 128 once the
  * rows an expert gets on average (ntokens * topk * nranks / experts, every
  * rank taken to have ntokens) reach 48, so that a tile reads the weights for

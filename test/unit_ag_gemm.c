@@ -3,7 +3,7 @@
  * of C waits for (against a brute-force owner map), and the references:
  * the fp32 one passes the fp64 check on random shapes (M not a multiple of
  * a block, empty shards), in any summation order, and a planted error of
- * one element is caught. Exit: 0 pass, 1 fail. */
+ * one element is caught; PERSEUS_AG_GEMM_TIMEOUT_MS. Exit: 0 pass, 1 fail. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,6 +14,7 @@
 #include "ps_moe_ref.h"
 
 #include "unit_check.h"
+#include "unit_timeout_env.h"
 
 static void bad_shape(ps_ag_gemm_shape_t s, int nranks, const char *field, const char *value) {
   EXPECT(ps_ag_gemm_check(&s, nranks) == -1, "%s %s accepted", field, value);
@@ -126,5 +127,6 @@ int main(void) {
   test_checks();
   test_shards_and_blocks();
   test_reference();
+  check_timeout_env("PERSEUS_AG_GEMM_TIMEOUT_MS", ps_ag_gemm_env_timeout_ms, ps_ag_gemm_last_error);
   return unit_report("unit_ag_gemm");
 }

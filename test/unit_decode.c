@@ -1,8 +1,8 @@
 /* Unit tests of Flash-Decode's host side (decode/ps_decode.h): shape and
  * length checks and their messages, the shards of a sequence, and the fp64
  * reference: closed forms, and the combine of any split equal to attention
- * over the whole sequence (empty shards and large scores included).
- * Exit: 0 pass, 1 fail. */
+ * over the whole sequence (empty shards and large scores included);
+ * PERSEUS_DECODE_TIMEOUT_MS. Exit: 0 pass, 1 fail. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -10,8 +10,10 @@
 #include <string.h>
 
 #include "ps_decode.h"
+#include "ps_moe_ref.h"
 
 #include "unit_check.h"
+#include "unit_timeout_env.h"
 
 static const ps_decode_config_t good = {.batch = 3, .q_heads = 8, .kv_heads = 2, .head_dim = 16,
                                         .max_context = 64};
@@ -162,5 +164,6 @@ int main(void) {
   test_shards();
   test_closed_forms();
   test_splits();
+  check_timeout_env("PERSEUS_DECODE_TIMEOUT_MS", ps_decode_env_timeout_ms, ps_decode_last_error);
   return unit_report("unit_decode");
 }

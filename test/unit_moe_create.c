@@ -12,6 +12,7 @@
 #include "ps_moe_ref.h"
 
 #include "unit_check.h"
+#include "unit_timeout_env.h"
 
 #define RANKS 4
 
@@ -104,31 +105,6 @@ static void test_extremes(void) {
   EXPECT(agree(c, valid, 2, why, sizeof why) == 2, "equal extremes refused: %s", why);
 }
 
-static void test_timeout_env(void) {
-  const struct {
-    const char *v;
-    long long want;
-  } good[] = {{NULL, PS_MOE_DEFAULT_TIMEOUT_MS}, {"", PS_MOE_DEFAULT_TIMEOUT_MS}, {"0", 0},
-              {"1", 1}, {"2500", 2500}, {"604800000", PS_MOE_MAX_TIMEOUT_MS}};
-  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
-    if (good[i].v) setenv("PERSEUS_MOE_TIMEOUT_MS", good[i].v, 1);
-    else unsetenv("PERSEUS_MOE_TIMEOUT_MS");
-    long long v = -5;
-    EXPECT(ps_moe_env_timeout_ms(&v) == 0 && v == good[i].want, "PERSEUS_MOE_TIMEOUT_MS '%s': %lld, want %lld",
-           good[i].v ? good[i].v : "(unset)", v, good[i].want);
-  }
-  const char *bad[] = {"-1", "x", "10s", "604800001", "99999999999999999999", " 5", "+5", "05",
-                       "0x10", "00"};
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    setenv("PERSEUS_MOE_TIMEOUT_MS", bad[i], 1);
-    long long v = -5;
-    EXPECT(ps_moe_env_timeout_ms(&v) == -1, "PERSEUS_MOE_TIMEOUT_MS '%s' accepted (%lld)", bad[i], v);
-    EXPECT(strstr(perseus_moe_last_error(), "PERSEUS_MOE_TIMEOUT_MS") && strstr(perseus_moe_last_error(), bad[i]),
-           "error '%s' names neither the variable nor '%s'", perseus_moe_last_error(), bad[i]);
-  }
-  unsetenv("PERSEUS_MOE_TIMEOUT_MS");
-}
-
 /* The reason a failed forward gives (ps_moe_fault_text): every kind names
  * the rank, the peer and what it concerns, and ends with what to do. */
 static void test_fault_text(void) {
@@ -171,7 +147,7 @@ int main(void) {
   test_each_field();
   test_invalid_rank();
   test_extremes();
-  test_timeout_env();
+  check_timeout_env("PERSEUS_MOE_TIMEOUT_MS", ps_moe_env_timeout_ms, perseus_moe_last_error);
   test_fault_text();
   return unit_report("unit_moe_create");
 }

@@ -21,8 +21,9 @@
  * capabilities than 9.0 (H100, H200).
  *
  * Blocks wait for each other inside the kernel: the grid is what the GPU
- * holds at once, and no other work may hold the SMs a step needs while it
- * runs. The window's two halves alternate, so each rank's steps must run one
+ * holds at once, launched cooperatively (it starts once every block can be
+ * resident). A step waits at most PERSEUS_AG_GEMM_TIMEOUT_MS for a rank's
+ * rows (perseus_ag_gemm_check). The window's two halves alternate, so each rank's steps must run one
  * after another (one stream, or streams ordered by events).
  *
  * Calls return 0, or -1 with the reason (naming the bad value and what was
@@ -63,6 +64,19 @@ int perseus_ag_gemm_create(ncclComm_t comm, const perseus_ag_gemm_shape_t *shape
  * calls it, in the same order. */
 int perseus_ag_gemm_step(perseus_ag_gemm_t *op, const uint16_t *a, const uint16_t *bt, uint16_t *c,
                          cudaStream_t stream);
+
+/* Whether every step so far ended well: 0, or -1 once a step gave up
+ * waiting for a rank's rows (longer than PERSEUS_AG_GEMM_TIMEOUT_MS: the
+ * rank died, skipped the step or failed in it) or was aborted; the reason
+ * names the step and the rank. That step's C, and every later one's, is
+ * not valid, and step refuses from then on: destroy the operator. Read
+ * after the stream's steps completed (a step still running may yet fail). */
+int perseus_ag_gemm_check(const perseus_ag_gemm_t *op);
+
+/* Ends the waits of every running and later step at once (any thread, also
+ * while a step runs); check then reports the abort. For a caller that
+ * knows a peer is gone sooner than the timeout would tell. */
+void perseus_ag_gemm_abort(perseus_ag_gemm_t *op);
 
 /* Collective: frees what create made, after the last step completed. */
 void perseus_ag_gemm_destroy(perseus_ag_gemm_t *op);

@@ -20,8 +20,9 @@
  *    the NVLink domain.
  *
  * Blocks wait for each other inside the kernel: the grid is what the GPU
- * holds at once, and no other work may hold the SMs a step needs while it
- * runs. Records go to a window of two halves used in turn, so each rank's
+ * holds at once, launched cooperatively (it starts once every block can be
+ * resident). A step waits at most PERSEUS_DECODE_TIMEOUT_MS for a rank's
+ * records (perseus_decode_check). Records go to a window of two halves used in turn, so each rank's
  * steps must run one after another (one stream, or streams ordered by
  * events). The automatic chunk count comes from the GPU's SM count: ranks on
  * different GPU models must pass the same `splits`.
@@ -73,6 +74,19 @@ int perseus_decode_splits(const perseus_decode_t *op);
  * order. */
 int perseus_decode_step(perseus_decode_t *op, float scale, const uint16_t *q, const uint16_t *k,
                         const uint16_t *v, size_t stride, const int *n, uint16_t *out, cudaStream_t stream);
+
+/* Whether every step so far ended well: 0, or -1 once a step gave up
+ * waiting for a rank's records (longer than PERSEUS_DECODE_TIMEOUT_MS: the
+ * rank died, skipped the step or failed in it) or was aborted; the reason
+ * names the step and the rank. That step's output, and every later one's,
+ * is not valid, and step refuses from then on: destroy the operator. Read
+ * after the stream's steps completed (a step still running may yet fail). */
+int perseus_decode_check(const perseus_decode_t *op);
+
+/* Ends the waits of every running and later step at once (any thread, also
+ * while a step runs); check then reports the abort. For a caller that
+ * knows a peer is gone sooner than the timeout would tell. */
+void perseus_decode_abort(perseus_decode_t *op);
 
 /* Collective: frees what create made, after the last step completed. */
 void perseus_decode_destroy(perseus_decode_t *op);

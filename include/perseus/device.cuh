@@ -5,6 +5,7 @@
 #define PERSEUS_DEVICE_CUH
 
 #include "perseus/device/tile.cuh"
+#include "perseus/device/wait.cuh"
 #include "perseus/device/batch.cuh"
 
 #endif

@@ -5,7 +5,9 @@
  * product (ps_ag_gemm_count_wrong). Cases: M off the 128-row tile, N off
  * the 128-column tile, M smaller than the rank count (empty shards),
  * shards that split a tile's rows, and few rows over a long K (split-K). Refused by name: K not a multiple of 64,
- * a bad mode, pull beyond NVLink, misaligned pointers.
+ * a bad mode, pull beyond NVLink, misaligned pointers. A step that one
+ * rank never runs ends on the others after PERSEUS_AG_GEMM_TIMEOUT_MS, or at
+ * an abort, naming that rank (op_faults.cuh).
  * -p lsa (default): NVLink; -p gin: P2P off, the rows cross perseus.
  * Exit: 0 passed, 1 failed, 77 fewer GPUs than -g asks (or none). */
 #include <string.h>
@@ -18,6 +20,7 @@
 
 #include "ps_ag_gemm.h"
 #include "ps_moe_ref.h"
+#include "op_faults.cuh"
 #include "tile_comm.cuh"
 
 struct ag_cfg {
@@ -104,6 +107,46 @@ static int ag_refused(gc_world &w, const ps_ag_gemm_shape_t &s, int mode, const 
   return 1;
 }
 
+/* The fault cases' operator: M 256, N 256, K 128 (a tile of rows per rank
+ * on 2 ranks), inputs zero. */
+struct ag_fault_in {
+  uint16_t *a, *b, *c;
+};
+static const perseus_ag_gemm_shape_t ag_fault_shape = {256, 256, 128};
+
+static void *ag_fault_create(gc_world *w, void *)
+{
+  perseus_ag_gemm_t *f = NULL;
+  if (perseus_ag_gemm_create(w->comm, &ag_fault_shape, PERSEUS_AG_GEMM_PUSH, &f))
+    gc_die(__FILE__, __LINE__, "fault case: create: %s", perseus_ag_gemm_last_error());
+  return f;
+}
+
+static int ag_fault_step(void *f, void *ctx, cudaStream_t st)
+{
+  const ag_fault_in &in = *(const ag_fault_in *)ctx;
+  return perseus_ag_gemm_step((perseus_ag_gemm_t *)f, in.a, in.b, in.c, st);
+}
+
+static int ag_faults(gc_world *w, int rank, int R)
+{
+  const perseus_ag_gemm_shape_t &s = ag_fault_shape;
+  ag_fault_in in = {NULL, NULL, NULL};
+  GC_CUDA(cudaMalloc(&in.a, (size_t)s.m * s.k * 2), "a");
+  GC_CUDA(cudaMalloc(&in.b, (size_t)s.n * s.k * 2), "b");
+  GC_CUDA(cudaMalloc(&in.c, (size_t)s.m * s.n * 2), "c");
+  GC_CUDA(cudaMemset(in.a, 0, (size_t)s.m * s.k * 2), "a");
+  GC_CUDA(cudaMemset(in.b, 0, (size_t)s.n * s.k * 2), "b");
+  const op_fault_ops o = {
+      "ag_gemm_test", "PERSEUS_AG_GEMM_TIMEOUT_MS", &in, ag_fault_create, ag_fault_step,
+      [](void *f) { return perseus_ag_gemm_check((perseus_ag_gemm_t *)f); },
+      [](void *f) { perseus_ag_gemm_abort((perseus_ag_gemm_t *)f); }, perseus_ag_gemm_last_error,
+      [](void *f) { perseus_ag_gemm_destroy((perseus_ag_gemm_t *)f); }};
+  const int bad = op_faults(o, w, rank, R);
+  cudaFree(in.a), cudaFree(in.b), cudaFree(in.c);
+  return bad;
+}
+
 static int ag_child(int rank, void *arg)
 {
   const ag_cfg &c = *(const ag_cfg *)arg;
@@ -124,6 +167,10 @@ static int ag_child(int rank, void *arg)
           printf("ag_gemm_test: M %4d N %4d K %4d ranks %d %s: %s\n", s.m, s.n, s.k, R, mode ? "pull" : "push",
                  bad ? "FAIL" : "ok");
       }
+  gp_progress("ag_gemm", -1, "a step one rank skips");
+  const int fault_bad = ag_faults(&w, rank, R);
+  wrong += fault_bad, checks += R > 1;
+  if (rank == 0 && R > 1) printf("ag_gemm_test: a skipped step (push): %s\n", fault_bad ? "FAIL" : "ok");
   wrong += ag_refused(w, {64, 64, 72}, PERSEUS_AG_GEMM_PUSH, "k 72");
   wrong += ag_refused(w, {64, 64, 64}, 7, "mode 7");
   wrong += ag_refused(w, {64, 60, 64}, PERSEUS_AG_GEMM_PUSH, "n 60");

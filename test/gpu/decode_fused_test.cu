@@ -4,7 +4,9 @@
  * every rank's output against attention over the whole sequences in fp64.
  * Cases: group sizes 1 to 16, head dims 8 to 256, lengths off any tile and
  * shorter than the rank count (empty shards). Refused by name: a bad mode,
- * pull beyond NVLink, a shard longer than the operator was made for.
+ * pull beyond NVLink, a shard longer than the operator was made for. A
+ * step that one rank never runs ends on the others after
+ * PERSEUS_DECODE_TIMEOUT_MS, or at an abort, naming that rank (op_faults.cuh).
  * -p lsa (default): NVLink; -p gin: P2P off, the records cross perseus.
  * Exit: 0 passed, 1 failed, 77 fewer GPUs than -g asks (or none). */
 #include <string.h>
@@ -14,6 +16,7 @@
 #include "decode_inputs.cuh"
 #include "opts.h"
 #include <perseus/decode.h>
+#include "op_faults.cuh"
 #include "tile_comm.cuh"
 
 struct df_cfg {
@@ -89,6 +92,52 @@ static long long df_case_run(gc_world &w, const df_case &k, int mode, int rank, 
   return wrong;
 }
 
+/* The fault cases' operator: one sequence of 64 tokens, 8 heads of 64. */
+struct df_fault_in {
+  int mode;
+  uint16_t *q, *k, *v, *out;
+  int *n;
+};
+static const perseus_decode_config_t df_fault_cfg = {1, 8, 8, 64, 64};
+
+static void *df_fault_create(gc_world *w, void *ctx)
+{
+  perseus_decode_t *f = NULL;
+  if (perseus_decode_create(w->comm, &df_fault_cfg, 64, 0, ((df_fault_in *)ctx)->mode, &f))
+    gc_die(__FILE__, __LINE__, "fault case: create: %s", perseus_decode_last_error());
+  return f;
+}
+
+static int df_fault_step(void *f, void *ctx, cudaStream_t st)
+{
+  const df_fault_in &in = *(const df_fault_in *)ctx;
+  return perseus_decode_step((perseus_decode_t *)f, 0.125f, in.q, in.k, in.v, 64, in.n, in.out, st);
+}
+
+static int df_faults(gc_world *w, int mode, int rank, int R)
+{
+  df_fault_in in = {mode, NULL, NULL, NULL, NULL, NULL};
+  const size_t elems = 8 * 64 * 64;
+  GC_CUDA(cudaMalloc(&in.q, elems * 2), "q");
+  GC_CUDA(cudaMalloc(&in.k, elems * 2), "k");
+  GC_CUDA(cudaMalloc(&in.v, elems * 2), "v");
+  GC_CUDA(cudaMalloc(&in.out, elems * 2), "out");
+  GC_CUDA(cudaMalloc(&in.n, sizeof(int)), "n");
+  GC_CUDA(cudaMemset(in.q, 0, elems * 2), "q");
+  GC_CUDA(cudaMemset(in.k, 0, elems * 2), "k");
+  GC_CUDA(cudaMemset(in.v, 0, elems * 2), "v");
+  const int shard = 64 / R;
+  GC_CUDA(cudaMemcpy(in.n, &shard, sizeof(int), cudaMemcpyHostToDevice), "n");
+  const op_fault_ops o = {
+      "decode_fused_test", "PERSEUS_DECODE_TIMEOUT_MS", &in, df_fault_create, df_fault_step,
+      [](void *f) { return perseus_decode_check((perseus_decode_t *)f); },
+      [](void *f) { perseus_decode_abort((perseus_decode_t *)f); }, perseus_decode_last_error,
+      [](void *f) { perseus_decode_destroy((perseus_decode_t *)f); }};
+  const int bad = op_faults(o, w, rank, R);
+  cudaFree(in.q), cudaFree(in.k), cudaFree(in.v), cudaFree(in.out), cudaFree(in.n);
+  return bad;
+}
+
 static int df_child(int rank, void *arg)
 {
   const df_cfg &c = *(const df_cfg *)arg;
@@ -107,6 +156,11 @@ static int df_child(int rank, void *arg)
         printf("decode_fused_test: B %d Hq %2d Hkv %d D %3d ranks %d %s: %s\n", k.c.batch, k.c.q_heads,
                k.c.kv_heads, k.c.head_dim, R, mode ? "pull" : "push", bad ? "FAIL" : "ok");
     }
+  /* a rank that never runs a step */
+  gp_progress("decode_fused", -1, "a step one rank skips");
+  const int fault_bad = df_faults(&w, PERSEUS_DECODE_PUSH, rank, R);
+  wrong += fault_bad, checks += R > 1;
+  if (rank == 0 && R > 1) printf("decode_fused_test: a skipped step (push): %s\n", fault_bad ? "FAIL" : "ok");
   /* refusals, each naming what was wrong */
   perseus_decode_t *f = NULL;
   const perseus_decode_config_t ok = {1, 8, 8, 64, 64};

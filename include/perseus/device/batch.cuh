@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "perseus/device/tile.cuh"
+#include "perseus/device/wait.cuh"
 
 /* What a devcomm reserved for batching. Filled by ncclDevCommCreate through
  * the requirement below; pass it to kernels by value. */
@@ -319,10 +320,19 @@ struct perseus_recv {
 
   /* Blocks until at least `total` tiles (cumulative since the start) from
    * `src` arrived; afterwards every byte of those tiles is readable by the
-   * calling thread (acquire). Any thread; spins. */
+   * calling thread (acquire). Any thread; spins with no limit, so a peer
+   * that never sends hangs the caller: wait_for is the bounded form. */
   __device__ void wait(int src, uint64_t total) const {
     while (!poll(src, total)) {
     }
+  }
+
+  /* wait, bounded (perseus/device/wait.cuh): true once `total` tiles from
+   * `src` arrived (acquire, as wait); false when the bound's time passed
+   * (the fault names `src` and the caller's `what`) or a fault was already
+   * recorded. Any thread; naps between polls. */
+  __device__ bool wait_for(int src, uint64_t total, const perseus_wait_bound &b, unsigned int what = 0) const {
+    return perseus_wait_until(b, src, what, total, [&] { return arrived(src); });
   }
 
   /* For consumers that let the library keep the running total: reserves the

@@ -1,0 +1,101 @@
+/* perseus device library: waits that end.
+ *
+ * A kernel that waits on a peer hangs its GPU when the peer never delivers
+ * (it died, it skipped a step, its kernel failed). A perseus_wait_bound
+ * gives every such wait a time limit and a shared fault record:
+ *
+ *   - the first wait of the kernel that gives up records which rank it
+ *     waited for, the count it wanted and the last it saw (perseus_wait_fault);
+ *   - every wait after that returns false at once, in this kernel and in
+ *     later ones given the same record, so a kernel whose peer is gone runs
+ *     to its end quickly (its outputs are not valid) instead of timing out
+ *     once per wait;
+ *   - the host may raise `abort` in the record to end every wait, also
+ *     those with no time limit.
+ *
+ * Put the record where the host can read it while kernels run: pinned host
+ * memory mapped into the GPU (cudaHostAlloc with cudaHostAllocMapped). Waits
+ * read it every few dozen polls, not every poll, so that thousands of
+ * waiting threads do not fill PCIe with reads. */
+#ifndef PERSEUS_DEVICE_WAIT_CUH
+#define PERSEUS_DEVICE_WAIT_CUH
+
+#include <stdint.h>
+
+/* Written once, by the first wait that gives up, `set` last, so that a
+ * reader who sees it set sees the rest; `abort` is the host's alone (GPU
+ * atomics on mapped host memory are not atomic with the CPU's). */
+typedef struct {
+  volatile unsigned int set;   /* 0: no timeout; 1: the fields below say which */
+  volatile unsigned int abort; /* nonzero: the host ended every wait */
+  unsigned int claim;          /* taken by the GPU thread that records (atomicCAS) */
+  unsigned int pad;
+  int src;                    /* the rank waited for */
+  unsigned int what;          /* the caller's code for what was waited for */
+  unsigned long long want;    /* the count waited for */
+  unsigned long long got;     /* the last count seen */
+  unsigned long long tag;     /* the caller's tag of the wait, e.g. its step */
+  unsigned long long waited_ns; /* how long the wait had waited */
+} perseus_wait_fault;
+
+/* What a kernel's waits share; pass it to kernels by value. */
+typedef struct {
+  unsigned long long timeout_ns; /* 0: no limit (a recorded fault still ends a wait) */
+  unsigned long long tag;        /* copied into the fault */
+  perseus_wait_fault *fault;     /* never NULL */
+} perseus_wait_bound;
+
+#if __CUDACC__
+/* The GPU's global timer in ns. */
+__device__ __forceinline__ unsigned long long perseus_now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/* Whether a fault was recorded (this kernel's waits, an earlier kernel's, or the host). */
+__device__ __forceinline__ bool perseus_wait_failed(const perseus_wait_bound &b) {
+  return (b.fault->set | b.fault->abort) != 0;
+}
+
+/* Records a timeout (the first one only). */
+__device__ inline void perseus_wait_record(const perseus_wait_bound &b, int src, unsigned int what,
+                                           unsigned long long want, unsigned long long got,
+                                           unsigned long long waited_ns) {
+  perseus_wait_fault *f = b.fault;
+  if (atomicCAS(&f->claim, 0u, 1u) != 0) return;
+  f->src = src, f->what = what, f->want = want, f->got = got, f->tag = b.tag, f->waited_ns = waited_ns;
+  __threadfence_system();
+  f->set = 1;
+  __threadfence_system();
+}
+
+/* Polls `count()` (which acquires what it counts) until it reaches `want`
+ * in rolling arithmetic: true; false when the bound's time passed (the fault
+ * is recorded, naming `src` and `what`) or a fault was recorded. Naps from
+ * 32 ns growing to about a microsecond between polls: waiting blocks leave
+ * the memory system to the blocks still working. */
+template <typename Count>
+__device__ bool perseus_wait_until(const perseus_wait_bound &b, int src, unsigned int what, uint64_t want,
+                                   Count count) {
+  unsigned long long t0 = 0;
+  unsigned ns = 32;
+  for (unsigned n = 0;; n++) {
+    const uint64_t got = count();
+    if ((int64_t)(got - want) >= 0) return true;
+    if (n % 32 == 31) {
+      if (perseus_wait_failed(b)) return false;
+      const unsigned long long now = perseus_now_ns();
+      if (!t0) t0 = now;
+      else if (b.timeout_ns && now - t0 > b.timeout_ns) {
+        perseus_wait_record(b, src, what, want, got, now - t0);
+        return false;
+      }
+    }
+    __nanosleep(ns);
+    if (ns < 1024) ns *= 2;
+  }
+}
+#endif
+
+#endif

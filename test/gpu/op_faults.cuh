@@ -1,0 +1,99 @@
+/* A fused operator's step (decode, AG+GEMM) when one rank never runs it:
+ * the waits of every other rank must end, the operator must say which rank
+ * it waited for and refuse the next step, and an abort must end a wait that
+ * has no time limit. Two cases, each on a fresh operator (every rank
+ * creates and destroys it: both are collective), the last rank skipping:
+ *   - timeout: the operator's timeout variable at 300 ms: the step ends
+ *     after it, not before, and within a few seconds;
+ *   - abort: the variable at 0 (wait forever): the step is still running
+ *     after 300 ms, and ends once another thread aborts it.
+ * Returns the failed checks of this rank. */
+#ifndef PS_TEST_OP_FAULTS_CUH
+#define PS_TEST_OP_FAULTS_CUH
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gin_proc.h"
+#include "tile_comm.cuh"
+
+struct op_fault_ops {
+  const char *name;        /* for messages: "decode_fused_test" */
+  const char *timeout_var; /* PERSEUS_DECODE_TIMEOUT_MS */
+  void *ctx;               /* the test's inputs, passed to create and step */
+  void *(*create)(gc_world *w, void *ctx);                /* the operator, or NULL (dies) */
+  int (*step)(void *op, void *ctx, cudaStream_t st);      /* 0 or -1 */
+  int (*check)(void *op);
+  void (*abort)(void *op);
+  const char *(*last_error)(void);
+  void (*destroy)(void *op);
+};
+
+struct op_aborter {
+  const op_fault_ops *o;
+  void *op;
+  int running; /* the stream was still busy when the abort came */
+  gc_world *w;
+};
+
+static void *op_abort_later(void *arg)
+{
+  op_aborter *a = (op_aborter *)arg;
+  usleep(300 * 1000);
+  a->running = cudaStreamQuery(a->w->stream) == cudaErrorNotReady;
+  a->o->abort(a->op);
+  return NULL;
+}
+
+static int op_fault_case(const op_fault_ops &o, gc_world *w, int rank, int R, int abort)
+{
+  const int skipper = R - 1;
+  const char *was = getenv(o.timeout_var);
+  char keep[64];
+  snprintf(keep, sizeof keep, "%s", was ? was : "");
+  setenv(o.timeout_var, abort ? "0" : "300", 1);
+  void *op = o.create(w, o.ctx);
+  if (was) setenv(o.timeout_var, keep, 1);
+  else unsetenv(o.timeout_var);
+  int bad = 0;
+  char why[512] = "-", want[64];
+  if (rank != skipper) {
+    const double t0 = gp_now();
+    if (o.step(op, o.ctx, w->stream)) gc_die(__FILE__, __LINE__, "%s: step: %s", o.name, o.last_error());
+    pthread_t th;
+    op_aborter ab = {&o, op, 0, w};
+    if (abort && pthread_create(&th, NULL, op_abort_later, &ab)) gc_die(__FILE__, __LINE__, "pthread_create");
+    gc_wait_stream(w, abort ? "a step to abort" : "a step whose peer never runs it", NULL, NULL);
+    if (abort) pthread_join(th, NULL);
+    const double took = gp_now() - t0;
+    const int rc = o.check(op);
+    snprintf(why, sizeof why, "%s", o.last_error());
+    if (abort) snprintf(want, sizeof want, "aborted");
+    else snprintf(want, sizeof want, "rank %d's", skipper);
+    const int refused = o.step(op, o.ctx, w->stream) == -1 && strstr(o.last_error(), "earlier step failed");
+    bad = rc != -1 || !strstr(why, want) || (!abort && !strstr(why, o.timeout_var)) || !refused ||
+          took < 0.28 || took > 20 || (abort && !ab.running);
+    printf("%s: rank %d, %s: %s after %.2f s (check: %s; next step %s)\n", o.name, rank,
+           abort ? "abort" : "timeout", bad ? "FAILED" : "ok", took, why, refused ? "refused" : "NOT refused");
+  } else if (o.check(op) != 0) {
+    printf("%s: rank %d (skipped the step): check failed: %s\n", o.name, rank, o.last_error());
+    bad = 1;
+  }
+  /* the others' puts into the skipper's window land before any window goes */
+  if (gp_barrier(R)) _exit(1);
+  usleep(200 * 1000);
+  GC_CUDA(cudaDeviceSynchronize(), "%s, rank %d", o.name, rank);
+  o.destroy(op);
+  return bad;
+}
+
+static int op_faults(const op_fault_ops &o, gc_world *w, int rank, int R)
+{
+  if (R < 2) return 0;
+  return op_fault_case(o, w, rank, R, 0) + op_fault_case(o, w, rank, R, 1);
+}
+
+#endif
