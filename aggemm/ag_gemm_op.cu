@@ -43,7 +43,7 @@ struct perseus_ag_gemm {
   ncclWindow_t win;
   ncclDevComm dev;
   perseus_batch_handle h;
-  unsigned long long *counters; // [0] local_done, [1] the tickets of both halves
+  unsigned long long *counters; // [0] local_done, [1] the tickets of both halves, [2..3] the waits' state
   perseus_wait_fault *fault, *fault_dev; // mapped host memory: the first wait that gave up, or the abort
   long long timeout_ms;                  // PERSEUS_AG_GEMM_TIMEOUT_MS
   float *ws;
@@ -184,8 +184,8 @@ int perseus_ag_gemm_create(ncclComm_t comm, const perseus_ag_gemm_shape_t *shape
   } else if (!f->win) {
     err = ps_ag_gemm_fail("ncclCommWindowRegister gave no window: NCCL has no symmetric memory on this "
                           "communicator");
-  } else if ((ce = cudaMalloc(&f->counters, 2 * sizeof(*f->counters))) != cudaSuccess ||
-             (ce = cudaMemset(f->counters, 0, 2 * sizeof(*f->counters))) != cudaSuccess) {
+  } else if ((ce = cudaMalloc(&f->counters, 4 * sizeof(*f->counters))) != cudaSuccess ||
+             (ce = cudaMemset(f->counters, 0, 4 * sizeof(*f->counters))) != cudaSuccess) {
     err = ps_ag_gemm_fail("the operator's counters: %s", cudaGetErrorString(ce));
   } else if ((ce = cudaHostAlloc((void **)&f->fault, sizeof(*f->fault), cudaHostAllocMapped)) != cudaSuccess) {
     f->fault = NULL;
@@ -245,6 +245,7 @@ int perseus_ag_gemm_step(perseus_ag_gemm_t *f, const uint16_t *a, const uint16_t
   x.step1 = f->steps + 1, x.local_done = f->counters, x.tickets = (unsigned int *)(f->counters + 1);
   x.splits = f->splits, x.ws = f->ws, x.tile_done = f->tile_done;
   x.wb.timeout_ns = (unsigned long long)f->timeout_ms * 1000000ull, x.wb.tag = f->steps + 1, x.wb.fault = f->fault_dev;
+  x.wb.state = f->counters + 2;
   const cudaError_t e = launch(x, f->grid, st);
   if (e != cudaSuccess) return ps_ag_gemm_fail("fused kernel launch: %s", cudaGetErrorString(e));
   f->steps++;

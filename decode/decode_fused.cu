@@ -27,7 +27,7 @@ struct perseus_decode {
   ncclWindow_t win;
   ncclDevComm dev;
   perseus_batch_handle h;
-  unsigned long long *local_done; // this rank's records written, over every step
+  unsigned long long *local_done; // [0] this rank's records written, over every step; [1..2] the waits' state
   perseus_wait_fault *fault;      // mapped host memory: the first wait that gave up, or the host's abort
   perseus_wait_fault *fault_dev;  // the same as the GPU maps it
   long long timeout_ms;           // PERSEUS_DECODE_TIMEOUT_MS
@@ -283,8 +283,8 @@ int perseus_decode_create(ncclComm_t comm, const perseus_decode_config_t *config
     } else if (!f->win) {
       err = ps_decode_fail("ncclCommWindowRegister gave no window: NCCL has no symmetric memory on "
                            "this communicator");
-    } else if ((ce = cudaMalloc(&f->local_done, sizeof(*f->local_done))) != cudaSuccess ||
-               (ce = cudaMemset(f->local_done, 0, sizeof(*f->local_done))) != cudaSuccess) {
+    } else if ((ce = cudaMalloc(&f->local_done, 3 * sizeof(*f->local_done))) != cudaSuccess ||
+               (ce = cudaMemset(f->local_done, 0, 3 * sizeof(*f->local_done))) != cudaSuccess) {
       err = ps_decode_fail("the records counter: %s", cudaGetErrorString(ce));
     } else if ((ce = cudaHostAlloc((void **)&f->fault, sizeof(*f->fault), cudaHostAllocMapped)) != cudaSuccess) {
       f->fault = NULL;
@@ -325,6 +325,7 @@ int perseus_decode_step(perseus_decode_t *f, float scale, const uint16_t *q, con
   a.part = f->part, a.half = (int)(f->steps % 2), a.batch = f->batch;
   a.total = (f->steps + 1) * (uint64_t)items, a.steps = f->steps + 1, a.local_done = f->local_done;
   a.wb.timeout_ns = (unsigned long long)f->timeout_ms * 1000000ull, a.wb.tag = f->steps + 1, a.wb.fault = f->fault_dev;
+  a.wb.state = f->local_done + 1;
   cudaError_t e;
   switch (c.q_heads / c.kv_heads) {
     case 1: e = launch<1>(a, f->grid, f->smem, st); break;

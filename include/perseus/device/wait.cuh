@@ -14,9 +14,12 @@
  *     those with no time limit.
  *
  * Put the record where the host can read it while kernels run: pinned host
- * memory mapped into the GPU (cudaHostAlloc with cudaHostAllocMapped). Waits
- * read it every few dozen polls, not every poll, so that thousands of
- * waiting threads do not fill PCIe with reads. */
+ * memory mapped into the GPU (cudaHostAlloc with cudaHostAllocMapped). The
+ * waits do not read it: a fault known to the GPU is a word in device memory
+ * (`state`), and one thread of the GPU at a time looks at the host's record
+ * (for the abort) at most every PERSEUS_WAIT_HOST_READ_NS. Hundreds of
+ * waiting blocks reading host memory would fill PCIe with reads and slow
+ * the blocks still working. */
 #ifndef PERSEUS_DEVICE_WAIT_CUH
 #define PERSEUS_DEVICE_WAIT_CUH
 
@@ -43,7 +46,13 @@ typedef struct {
   unsigned long long timeout_ns; /* 0: no limit (a recorded fault still ends a wait) */
   unsigned long long tag;        /* copied into the fault */
   perseus_wait_fault *fault;     /* never NULL */
+  /* device memory, 2 words zeroed with the record: [0] nonzero once a fault
+   * is known on the GPU; [1] when a GPU thread last read the record (ns) */
+  unsigned long long *state;
 } perseus_wait_bound;
+
+/* How often at most the GPU reads the host's record (ns). */
+#define PERSEUS_WAIT_HOST_READ_NS 100000ull
 
 #if __CUDACC__
 /* The GPU's global timer in ns. */
@@ -53,9 +62,15 @@ __device__ __forceinline__ unsigned long long perseus_now_ns() {
   return t;
 }
 
-/* Whether a fault was recorded (this kernel's waits, an earlier kernel's, or the host). */
-__device__ __forceinline__ bool perseus_wait_failed(const perseus_wait_bound &b) {
-  return (b.fault->set | b.fault->abort) != 0;
+/* Whether a fault was recorded (this kernel's waits, an earlier kernel's,
+ * or the host's abort, seen within about PERSEUS_WAIT_HOST_READ_NS). */
+__device__ inline bool perseus_wait_failed(const perseus_wait_bound &b) {
+  if (*(volatile unsigned long long *)&b.state[0]) return true;
+  const unsigned long long now = perseus_now_ns(), last = *(volatile unsigned long long *)&b.state[1];
+  if (now - last < PERSEUS_WAIT_HOST_READ_NS || atomicCAS(&b.state[1], last, now) != last) return false;
+  if (!(b.fault->set | b.fault->abort)) return false;
+  atomicExch(&b.state[0], 1ull);
+  return true;
 }
 
 /* Records a timeout (the first one only). */
@@ -68,6 +83,7 @@ __device__ inline void perseus_wait_record(const perseus_wait_bound &b, int src,
   __threadfence_system();
   f->set = 1;
   __threadfence_system();
+  atomicExch(&b.state[0], 1ull);
 }
 
 /* Polls `count()` (which acquires what it counts) until it reaches `want`
