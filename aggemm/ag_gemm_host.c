@@ -1,5 +1,6 @@
 /* Fused AllGather+GEMM's host side (ps_ag_gemm.h): shape checks, shards,
  * the ranks a block of rows waits for, and the references. */
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -27,6 +28,13 @@ int ps_ag_gemm_check(const ps_ag_gemm_shape_t *s, int nranks) {
   if (s->m < 1) return ps_ag_gemm_fail("m %d: expected at least 1 row", s->m);
   if (s->n < 8 || s->n % 8) return ps_ag_gemm_fail("n %d: expected a positive multiple of 8", s->n);
   if (s->k < 8 || s->k % 8) return ps_ag_gemm_fail("k %d: expected a positive multiple of 8", s->k);
+  if (s->m > PS_AG_GEMM_MAX_DIM || s->n > PS_AG_GEMM_MAX_DIM || s->k > PS_AG_GEMM_MAX_DIM)
+    return ps_ag_gemm_fail("m %d, n %d, k %d: expected each at most %d", s->m, s->n, s->k, PS_AG_GEMM_MAX_DIM);
+  /* the fused kernel's tiles of 128 x 256 are counted in int, twice over */
+  const long long tiles = (s->m + 127LL) / 128 * ((s->n + 255LL) / 256);
+  if (tiles > INT_MAX / 2)
+    return ps_ag_gemm_fail("m %d x n %d makes %lld tiles of 128 x 256: expected at most %d", s->m, s->n, tiles,
+                           INT_MAX / 2);
   return 0;
 }
 

@@ -9,6 +9,7 @@
 
 #include "ag_gemm_args.cuh"
 #include "ps_ag_gemm.h"
+#include "ps_op_host.h"
 
 using namespace agk;
 
@@ -106,16 +107,10 @@ static int window_maps(perseus_ag_gemm_t *f) {
   return 0;
 }
 
-int perseus_ag_gemm_create(ncclComm_t comm, const perseus_ag_gemm_shape_t *shape, int mode, perseus_ag_gemm_t **out) {
-  if (!out) return ps_ag_gemm_fail("no place for the operator (out is NULL)");
-  *out = NULL;
-  if (!comm) return ps_ag_gemm_fail("no communicator");
-  if (!shape) return ps_ag_gemm_fail("no shape (NULL)");
-  const ps_ag_gemm_shape_t shape_in = {shape->m, shape->n, shape->k}, *s = &shape_in;
-  int R = 0, rank = 0, dev = 0, sms = 0, per_sm = 0;
-  ncclResult_t rc = ncclCommCount(comm, &R);
-  if (rc == ncclSuccess) rc = ncclCommUserRank(comm, &rank);
-  if (rc != ncclSuccess) return fail_nccl("ncclCommCount/ncclCommUserRank", rc, comm);
+// What create checks on this rank alone: 0, or -1 with the reason. Sets
+// the timeout, the SM count, the blocks an SM holds and the TMA encoder.
+static int local_checks(ncclComm_t comm, const ps_ag_gemm_shape_t *s, int R, int mode, long long *timeout_ms,
+                        int *sms, int *per_sm, void **encode) {
   if (ps_ag_gemm_check(s, R)) return -1;
   if (s->k % PS_GEMM_K)
     return ps_ag_gemm_fail("k %d: the fused kernel takes a multiple of %d", s->k, PS_GEMM_K);
@@ -125,30 +120,59 @@ int perseus_ag_gemm_create(ncclComm_t comm, const perseus_ag_gemm_shape_t *shape
   if (mode == PERSEUS_AG_GEMM_PULL && lsa != R)
     return ps_ag_gemm_fail("pull reads every peer's rows over NVLink, but %d of %d ranks are beyond it "
                            "(lsaSize %d): use push", R - lsa, R, lsa);
-  long long timeout_ms = 0;
-  if (ps_ag_gemm_env_timeout_ms(&timeout_ms)) return -1;
-  int cc_major = 0, cc_minor = 0;
+  if (ps_ag_gemm_env_timeout_ms(timeout_ms)) return -1;
+  int dev = 0, cc_major = 0, cc_minor = 0, coop = 0;
   cudaError_t ce = cudaGetDevice(&dev);
   if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev);
   if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, dev);
   if (ce == cudaSuccess && (cc_major != 9 || cc_minor != 0))
     return ps_ag_gemm_fail("GPU %d has compute capability %d.%d: the fused kernel is built for 9.0 (sm_90a: "
                            "H100, H200) alone", dev, cc_major, cc_minor);
-  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  int coop = 0;
+  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
   if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev);
   if (ce == cudaSuccess && !coop)
     return ps_ag_gemm_fail("GPU %d has no cooperative launch, which the fused kernel needs", dev);
-  if (ce == cudaSuccess) ce = prepare(&per_sm);
+  if (ce == cudaSuccess) ce = prepare(per_sm);
   if (ce != cudaSuccess) return ps_ag_gemm_fail("sizing the fused kernel's grid: %s", cudaGetErrorString(ce));
-  if (per_sm < 1)
+  if (*per_sm < 1)
     return ps_ag_gemm_fail("the fused kernel fits no block on an SM (%zu B of shared memory)", ag::kSmem);
-  void *fn = NULL;
   cudaDriverEntryPointQueryResult q;
-  ce = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
-  if (ce != cudaSuccess || !fn || q != cudaDriverEntryPointSuccess)
+  ce = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", encode, 12000, cudaEnableDefault, &q);
+  if (ce != cudaSuccess || !*encode || q != cudaDriverEntryPointSuccess)
     return ps_ag_gemm_fail("the CUDA driver has no cuTensorMapEncodeTiled (%s, query result %d): TMA needs a "
                            "driver of CUDA 12.0 or later", cudaGetErrorString(ce), (int)q);
+  return 0;
+}
+
+// Every rank's checks passed and its shape and mode are the same, before the
+// first collective; a rank refused here still takes part. 0, or -1.
+static int agree(ncclComm_t comm, const ps_ag_gemm_shape_t *s, int mode, int valid) {
+  static const char *const names[] = {"m", "n", "k", "mode"};
+  enum { N = sizeof names / sizeof names[0] };
+  const int64_t vals[N] = {s->m, s->n, s->k, mode};
+  char why[256], err[512];
+  snprintf(why, sizeof why, "%s", ps_ag_gemm_last_error());
+  if (ps_op_agree(comm, names, vals, N, valid, why, "perseus_ag_gemm", err, sizeof err))
+    return ps_ag_gemm_fail("%s", err);
+  return 0;
+}
+
+int perseus_ag_gemm_create(ncclComm_t comm, const perseus_ag_gemm_shape_t *shape, int mode, perseus_ag_gemm_t **out) {
+  if (!out) return ps_ag_gemm_fail("no place for the operator (out is NULL)");
+  *out = NULL;
+  if (!comm) return ps_ag_gemm_fail("no communicator");
+  if (!shape) return ps_ag_gemm_fail("no shape (NULL)");
+  const ps_ag_gemm_shape_t shape_in = {shape->m, shape->n, shape->k}, *s = &shape_in;
+  int R = 0, rank = 0, sms = 0, per_sm = 0;
+  ncclResult_t rc = ncclCommCount(comm, &R);
+  if (rc == ncclSuccess) rc = ncclCommUserRank(comm, &rank);
+  if (rc != ncclSuccess) return fail_nccl("ncclCommCount/ncclCommUserRank", rc, comm);
+  long long timeout_ms = 0;
+  void *fn = NULL;
+  const int valid = local_checks(comm, s, R, mode, &timeout_ms, &sms, &per_sm, &fn) == 0;
+  if (agree(comm, s, mode, valid)) return -1;
+  const int lsa = ncclTeamLsa(comm).nRanks;
+  cudaError_t ce = cudaSuccess;
   perseus_ag_gemm_t *f = (perseus_ag_gemm_t *)calloc(1, sizeof(*f));
   if (!f) return ps_ag_gemm_fail("out of host memory");
   int r0, r1;
@@ -176,6 +200,7 @@ int perseus_ag_gemm_create(ncclComm_t comm, const perseus_ag_gemm_shape_t *shape
   f->splits = (ksteps + per - 1) / per;
   const size_t bytes = 2 * (size_t)s->m * row_bytes;
   int err = 0;
+  char why[256];
   if ((rc = ncclMemAlloc(&f->buf, bytes)) != ncclSuccess) {
     err = fail_nccl("ncclMemAlloc (the gathered-A window)", rc, comm);
   } else if ((rc = ncclCommWindowRegister(comm, f->buf, bytes, &f->win, NCCL_WIN_COLL_SYMMETRIC)) !=
@@ -187,12 +212,8 @@ int perseus_ag_gemm_create(ncclComm_t comm, const perseus_ag_gemm_shape_t *shape
   } else if ((ce = cudaMalloc(&f->counters, 4 * sizeof(*f->counters))) != cudaSuccess ||
              (ce = cudaMemset(f->counters, 0, 4 * sizeof(*f->counters))) != cudaSuccess) {
     err = ps_ag_gemm_fail("the operator's counters: %s", cudaGetErrorString(ce));
-  } else if ((ce = cudaHostAlloc((void **)&f->fault, sizeof(*f->fault), cudaHostAllocMapped)) != cudaSuccess) {
-    f->fault = NULL;
-    err = ps_ag_gemm_fail("the fault record (mapped host memory): %s", cudaGetErrorString(ce));
-  } else if (memset(f->fault, 0, sizeof(*f->fault)),
-             (ce = cudaHostGetDevicePointer((void **)&f->fault_dev, f->fault, 0)) != cudaSuccess) {
-    err = ps_ag_gemm_fail("the fault record's device address: %s", cudaGetErrorString(ce));
+  } else if (ps_fault_alloc(&f->fault, &f->fault_dev, why, sizeof why)) {
+    err = ps_ag_gemm_fail("%s", why);
   } else if (f->splits > 1 &&
              ((ce = cudaMalloc(&f->ws, (size_t)f->splits * s->m * s->n * sizeof(float))) != cudaSuccess ||
               (ce = cudaMalloc(&f->tile_done, 2 * tiles * sizeof(unsigned int))) != cudaSuccess ||
@@ -217,20 +238,23 @@ int perseus_ag_gemm_create(ncclComm_t comm, const perseus_ag_gemm_shape_t *shape
 int perseus_ag_gemm_step(perseus_ag_gemm_t *f, const uint16_t *a, const uint16_t *bt, uint16_t *c,
                           cudaStream_t st) {
   if (!f) return ps_ag_gemm_fail("no operator");
-  if (!a || !bt || !c) return ps_ag_gemm_fail("a NULL device pointer (a %p, bt %p, c %p)", (const void *)a,
-                                              (const void *)bt, (const void *)c);
+  int r0, r1;
+  ps_ag_gemm_shard(f->s.m, f->nranks, f->rank, &r0, &r1);
+  if ((!a && r1 > r0) || !bt || !c) // a rank whose shard is empty has no a to pass
+    return ps_ag_gemm_fail("a NULL device pointer (a %p for %d rows, bt %p, c %p)", (const void *)a, r1 - r0,
+                           (const void *)bt, (const void *)c);
   if (((uintptr_t)a | (uintptr_t)bt) % 16 || (uintptr_t)c % 4)
     return ps_ag_gemm_fail("a %p, bt %p, c %p: expected a and bt 16-byte aligned, c 4-byte aligned",
                            (const void *)a, (const void *)bt, (const void *)c);
-  if (f->fault->set || f->fault->abort) return fail_fault(f, "an earlier step failed");
+  if (ps_fault_any(f->fault)) return fail_fault(f, "an earlier step failed");
+  char err[256];
+  if (ps_refuse_capture(st, err, sizeof err)) return ps_ag_gemm_fail("%s", err);
   const ps_ag_gemm_shape_t &s = f->s;
   if (f->map_of != bt) {
     f->map_of = NULL;
     if (encode_map(f, &f->map, bt, s.n, s.k, ag::kBN, "B")) return -1;
     f->map_of = bt;
   }
-  int r0, r1;
-  ps_ag_gemm_shard(s.m, f->nranks, f->rank, &r0, &r1);
   if (r1 > r0 && f->amap_of != a) {
     f->amap_of = NULL;
     if (encode_map(f, &f->amap, a, r1 - r0, s.k, ag::kBM, "this rank's rows of A")) return -1;
@@ -260,11 +284,11 @@ const char *perseus_ag_gemm_last_error(void) { return ps_ag_gemm_last_error(); }
 
 int perseus_ag_gemm_check(const perseus_ag_gemm_t *f) {
   if (!f) return ps_ag_gemm_fail("no operator");
-  return f->fault->set || f->fault->abort ? fail_fault(f, "a step failed") : 0;
+  return ps_fault_any(f->fault) ? fail_fault(f, "a step failed") : 0;
 }
 
 void perseus_ag_gemm_abort(perseus_ag_gemm_t *f) {
-  if (f && f->fault) __atomic_store_n((unsigned int *)&f->fault->abort, 1u, __ATOMIC_RELEASE);
+  if (f) ps_fault_abort(f->fault);
 }
 
 void perseus_ag_gemm_destroy(perseus_ag_gemm_t *f) {

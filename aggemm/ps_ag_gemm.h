@@ -24,6 +24,10 @@ typedef struct {
   int k; /* columns of A, rows of B: a multiple of 8 */
 } ps_ag_gemm_shape_t;
 
+/* The largest m, n and k: every size the operator computes then fits its
+ * types (a window of 2 m k bf16, tile counts in int). */
+#define PS_AG_GEMM_MAX_DIM (1 << 24)
+
 /* 0, or -1 with the reason (naming the bad value and what was expected) in
  * ps_ag_gemm_last_error(). */
 int ps_ag_gemm_check(const ps_ag_gemm_shape_t *s, int nranks);

@@ -11,6 +11,7 @@
 
 #include <perseus/decode.h>
 
+#include "ps_op_host.h"
 #include "ps_decode.h"
 #include "ps_decode_dev.cuh"
 
@@ -57,8 +58,8 @@ struct fused_args {
   perseus_wait_bound wb; // every wait of the step
 };
 
-// What a fused step waits for (perseus_wait_fault::what).
-enum { WAIT_OWN_RECORDS = 1, WAIT_PEER_RECORDS = 2 };
+// What a fused step waits for (perseus_wait_fault::what), or found wrong.
+enum { WAIT_OWN_RECORDS = 1, WAIT_PEER_RECORDS = 2, BAD_LENGTH = 3 };
 
 // A pulling combiner reads rank r's records where r wrote them.
 struct pulled_recs {
@@ -88,7 +89,14 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 3 : 1) fused_kernel(fused_a
   // 1. this block's chunks: partial, then to every peer
   for (int it = blockIdx.x; it < items; it += gridDim.x) {
     const int s = it % a.splits, hk = it / a.splits % a.Hkv, b = it / a.splits / a.Hkv;
-    const int len = a.n[b], per = (len + a.splits - 1) / a.splits;
+    // a length outside the shard is the caller's error: recorded (the step
+    // then ends without its combine) and kept inside k and v meanwhile
+    int len = a.n[b];
+    if (len < 0 || (size_t)len > a.stride) {
+      if (threadIdx.x == 0) perseus_wait_record(a.wb, b, BAD_LENGTH, a.stride, (unsigned long long)(long long)len, 0);
+      len = len < 0 ? 0 : (int)a.stride;
+    }
+    const int per = (len + a.splits - 1) / a.splits;
     const int t0 = min(len, s * per), t1 = min(len, t0 + per);
     const size_t row = ((size_t)b * a.Hkv + hk) * a.stride * a.D;
     ps_decode_dev::partial_chunk<G, U>(a.D, a.scale, a.q + ((size_t)b * a.Hq + (size_t)hk * G) * a.D,
@@ -181,6 +189,10 @@ int fail_fault(const perseus_decode_t *f, const char *when) {
   const perseus_wait_fault &w = *f->fault;
   if (!w.set)
     return ps_decode_fail("%s: the operator was aborted (perseus_decode_abort); destroy it", when);
+  if (w.what == BAD_LENGTH)
+    return ps_decode_fail("%s: step %llu (from 1): n[%d] = %lld tokens, outside this rank's shard of 0..%llu (the "
+                          "stride): its output is not valid and the operator cannot go on: destroy it",
+                          when, w.tag, w.src, (long long)w.got, w.want);
   if (w.what == WAIT_OWN_RECORDS)
     return ps_decode_fail("%s: step %llu (from 1) waited %llu ms (PERSEUS_DECODE_TIMEOUT_MS %lld) for this rank's own "
                           "blocks, %llu of %llu records written; destroy the operator",
@@ -205,6 +217,57 @@ int create_dev(perseus_decode_t *f, int gin) {
   return 0;
 }
 
+
+// What create checks on this rank alone: 0, or -1 with the reason. Sets the
+// timeout, the GPU, its SM count and the chunks a row (splits resolved).
+int local_checks(ncclComm_t comm, const ps_decode_config_t *cfg, int R, int mode, int max_shard, int *splits,
+                 long long *timeout_ms, int *dev, int *sms) {
+  if (ps_decode_check_config(cfg, R)) return -1;
+  const int G = cfg->q_heads / cfg->kv_heads;
+  if (G > PS_DECODE_MAX_GROUP || (G & (G - 1)))
+    return ps_decode_fail("q_heads / kv_heads = %d query heads per KV head: the kernel takes 1, 2, "
+                          "4, 8 or 16", G);
+  if (mode != PERSEUS_DECODE_PUSH && mode != PERSEUS_DECODE_PULL)
+    return ps_decode_fail("mode %d: expected PERSEUS_DECODE_PUSH (0) or PERSEUS_DECODE_PULL (1)", mode);
+  if (max_shard < 1 || max_shard > cfg->max_context)
+    return ps_decode_fail("max_shard %d: expected 1 to max_context (%d) tokens", max_shard, cfg->max_context);
+  if (*splits < 0 || *splits > 65535)
+    return ps_decode_fail("splits %d: expected 0 (automatic) to 65535", *splits);
+  if (ps_decode_env_timeout_ms(timeout_ms)) return -1;
+  int coop = 0;
+  cudaError_t ce = cudaGetDevice(dev);
+  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *dev);
+  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, *dev);
+  if (ce != cudaSuccess) return ps_decode_fail("the current GPU: %s", cudaGetErrorString(ce));
+  if (!coop) return ps_decode_fail("GPU %d has no cooperative launch, which the fused kernel needs", *dev);
+  const int lsa = ncclTeamLsa(comm).nRanks;
+  if (mode == PERSEUS_DECODE_PULL && lsa != R)
+    return ps_decode_fail("pull reads every peer's records over NVLink, but %d of %d ranks are "
+                          "beyond it (lsaSize %d): use push", R - lsa, R, lsa);
+  if (!*splits) *splits = ps_decode_splits(cfg, max_shard, *sms);
+  const long long items = (long long)cfg->batch * cfg->kv_heads * *splits;
+  if (items > INT_MAX)
+    return ps_decode_fail("batch %d x kv_heads %d x splits %d = %lld chunks a step: expected at most %d",
+                          cfg->batch, cfg->kv_heads, *splits, items, INT_MAX);
+  return 0;
+}
+
+// Every rank's checks passed and its arguments are the same (the chunk
+// count too: GPUs of other SM counts choose others), before the first
+// collective; a rank refused here still takes part. 0, or -1 with the reason.
+int agree(ncclComm_t comm, const ps_decode_config_t *cfg, int mode, int max_shard, int splits, int valid) {
+  static const char *const names[] = {"batch", "q_heads", "kv_heads", "head_dim", "max_context", "max_shard",
+                                      "splits (chunks a row; 0 chooses from the GPU's SM count)", "mode"};
+  enum { N = sizeof names / sizeof names[0] };
+  const int64_t vals[N] = {cfg->batch, cfg->q_heads, cfg->kv_heads, cfg->head_dim, cfg->max_context,
+                           max_shard,  splits,        mode};
+  char why[256], err[512];
+  snprintf(why, sizeof why, "%s", ps_decode_last_error());
+  if (ps_op_agree(comm, names, vals, N, valid, why, "perseus_decode", err, sizeof err))
+    return ps_decode_fail("%s", err);
+  return 0;
+}
+
 } // namespace
 
 int perseus_decode_create(ncclComm_t comm, const perseus_decode_config_t *config, int max_shard, int splits,
@@ -219,41 +282,17 @@ int perseus_decode_create(ncclComm_t comm, const perseus_decode_config_t *config
   ncclResult_t rc = ncclCommCount(comm, &R);
   if (rc == ncclSuccess) rc = ncclCommUserRank(comm, &rank);
   if (rc != ncclSuccess) return fail_nccl("ncclCommCount/ncclCommUserRank", rc, comm);
-  if (ps_decode_check_config(cfg, R)) return -1;
-  const int G = cfg->q_heads / cfg->kv_heads;
-  if (G > PS_DECODE_MAX_GROUP || (G & (G - 1)))
-    return ps_decode_fail("q_heads / kv_heads = %d query heads per KV head: the kernel takes 1, 2, "
-                          "4, 8 or 16", G);
-  if (mode != PERSEUS_DECODE_PUSH && mode != PERSEUS_DECODE_PULL)
-    return ps_decode_fail("mode %d: expected PERSEUS_DECODE_PUSH (0) or PERSEUS_DECODE_PULL (1)", mode);
-  if (max_shard < 1) return ps_decode_fail("max_shard %d: expected at least 1 token", max_shard);
-  if (splits < 0 || splits > 65535) return ps_decode_fail("splits %d: expected 0 (automatic) to 65535", splits);
   long long timeout_ms = 0;
-  if (ps_decode_env_timeout_ms(&timeout_ms)) return -1;
-  int coop = 0;
-  cudaError_t ce = cudaGetDevice(&dev);
-  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev);
-  if (ce != cudaSuccess) return ps_decode_fail("the current GPU: %s", cudaGetErrorString(ce));
-  if (!coop) return ps_decode_fail("GPU %d has no cooperative launch, which the fused kernel needs", dev);
-  const int lsa = ncclTeamLsa(comm).nRanks;
-  if (mode == PERSEUS_DECODE_PULL && lsa != R)
-    return ps_decode_fail("pull reads every peer's records over NVLink, but %d of %d ranks are "
-                          "beyond it (lsaSize %d): use push", R - lsa, R, lsa);
+  const int valid = local_checks(comm, cfg, R, mode, max_shard, &splits, &timeout_ms, &dev, &sms) == 0;
+  if (agree(comm, cfg, mode, max_shard, valid ? splits : 0, valid)) return -1;
+  const int G = cfg->q_heads / cfg->kv_heads, lsa = ncclTeamLsa(comm).nRanks;
+  cudaError_t ce = cudaSuccess;
   perseus_decode_t *f = (perseus_decode_t *)calloc(1, sizeof(*f));
   if (!f) return ps_decode_fail("out of host memory");
   f->comm = comm, f->rank = rank, f->nranks = R, f->mode = mode, f->cfg = *cfg, f->max_shard = max_shard;
-  f->timeout_ms = timeout_ms;
-  f->splits = splits ? splits : ps_decode_splits(cfg, max_shard, sms);
-  const long long all_items = (long long)cfg->batch * cfg->kv_heads * f->splits;
-  if (all_items > INT_MAX) {
-    const int chunks = f->splits;
-    free(f);
-    return ps_decode_fail("batch %d x kv_heads %d x splits %d = %lld chunks a step: expected at most %d",
-                          cfg->batch, cfg->kv_heads, chunks, all_items, INT_MAX);
-  }
+  f->timeout_ms = timeout_ms, f->splits = splits;
   f->part = ps_decode_records_floats(cfg, f->splits);
-  const int items = (int)all_items;
+  const int items = cfg->batch * cfg->kv_heads * f->splits;
   f->batch = perseus_batch_whole(items);
   f->smem = ps_decode_dev::partial_smem(G, cfg->head_dim);
   if (f->smem < (kThreads + 32) * sizeof(float)) f->smem = (kThreads + 32) * sizeof(float);
@@ -266,6 +305,7 @@ int perseus_decode_create(ncclComm_t comm, const perseus_decode_config_t *config
     default: ce = prepare<16>(f->smem, &per_sm); break;
   }
   int err = 0;
+  char why[256];
   if (ce != cudaSuccess) {
     err = ps_decode_fail("sizing the fused kernel's grid (%zu B of shared memory a block): %s", f->smem,
                          cudaGetErrorString(ce));
@@ -286,13 +326,9 @@ int perseus_decode_create(ncclComm_t comm, const perseus_decode_config_t *config
     } else if ((ce = cudaMalloc(&f->local_done, 3 * sizeof(*f->local_done))) != cudaSuccess ||
                (ce = cudaMemset(f->local_done, 0, 3 * sizeof(*f->local_done))) != cudaSuccess) {
       err = ps_decode_fail("the records counter: %s", cudaGetErrorString(ce));
-    } else if ((ce = cudaHostAlloc((void **)&f->fault, sizeof(*f->fault), cudaHostAllocMapped)) != cudaSuccess) {
-      f->fault = NULL;
-      err = ps_decode_fail("the fault record (mapped host memory): %s", cudaGetErrorString(ce));
-    } else if ((ce = cudaHostGetDevicePointer((void **)&f->fault_dev, f->fault, 0)) != cudaSuccess) {
-      err = ps_decode_fail("the fault record's device address: %s", cudaGetErrorString(ce));
+    } else if (ps_fault_alloc(&f->fault, &f->fault_dev, why, sizeof why)) {
+      err = ps_decode_fail("%s", why);
     } else {
-      memset(f->fault, 0, sizeof(*f->fault));
       err = create_dev(f, lsa != R);
     }
   }
@@ -309,13 +345,18 @@ int perseus_decode_splits(const perseus_decode_t *f) { return f ? f->splits : 0;
 int perseus_decode_step(perseus_decode_t *f, float scale, const uint16_t *q, const uint16_t *k,
                          const uint16_t *v, size_t stride, const int *n, uint16_t *out, cudaStream_t st) {
   if (!f) return ps_decode_fail("no operator");
-  if (!q || !k || !v || !n || !out) return ps_decode_fail("a NULL device pointer");
+  const void *const ptrs[] = {q, k, v, n, out};
+  static const char *const ptr_names[] = {"q", "k", "v", "n", "out"};
+  for (int i = 0; i < 5; i++)
+    if (!ptrs[i]) return ps_decode_fail("%s is NULL: expected device memory", ptr_names[i]);
   if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16)
     return ps_decode_fail("q %p, k %p, v %p: expected 16-byte aligned rows", (const void *)q,
                           (const void *)k, (const void *)v);
   if (stride < 1 || stride > (size_t)f->max_shard)
     return ps_decode_fail("stride %zu: expected 1 to max_shard (%d) tokens", stride, f->max_shard);
-  if (f->fault->set || f->fault->abort) return fail_fault(f, "an earlier step failed");
+  if (ps_fault_any(f->fault)) return fail_fault(f, "an earlier step failed");
+  char err[256];
+  if (ps_refuse_capture(st, err, sizeof err)) return ps_decode_fail("%s", err);
   const ps_decode_config_t &c = f->cfg;
   const int items = c.batch * c.kv_heads * f->splits;
   fused_args a;
@@ -347,11 +388,11 @@ const char *perseus_decode_last_error(void) { return ps_decode_last_error(); }
 
 int perseus_decode_check(const perseus_decode_t *f) {
   if (!f) return ps_decode_fail("no operator");
-  return f->fault->set || f->fault->abort ? fail_fault(f, "a step failed") : 0;
+  return ps_fault_any(f->fault) ? fail_fault(f, "a step failed") : 0;
 }
 
 void perseus_decode_abort(perseus_decode_t *f) {
-  if (f && f->fault) __atomic_store_n((unsigned int *)&f->fault->abort, 1u, __ATOMIC_RELEASE);
+  if (f) ps_fault_abort(f->fault);
 }
 
 void perseus_decode_destroy(perseus_decode_t *f) {

@@ -25,14 +25,18 @@ int ps_decode_check_config(const ps_decode_config_t *c, int nranks) {
   ps_decode_err[0] = '\0';
   if (!c) return ps_decode_fail("no config");
   if (nranks < 1) return ps_decode_fail("%d ranks: expected at least 1", nranks);
-  if (c->batch < 1) return ps_decode_fail("batch %d: expected at least 1 sequence", c->batch);
-  if (c->kv_heads < 1) return ps_decode_fail("kv_heads %d: expected at least 1", c->kv_heads);
-  if (c->q_heads < 1 || c->q_heads % c->kv_heads)
-    return ps_decode_fail("q_heads %d: expected a positive multiple of kv_heads (%d)", c->q_heads, c->kv_heads);
+  if (c->batch < 1 || c->batch > PS_DECODE_MAX_BATCH)
+    return ps_decode_fail("batch %d: expected 1 to %d sequences", c->batch, PS_DECODE_MAX_BATCH);
+  if (c->kv_heads < 1 || c->kv_heads > PS_DECODE_MAX_HEADS)
+    return ps_decode_fail("kv_heads %d: expected 1 to %d", c->kv_heads, PS_DECODE_MAX_HEADS);
+  if (c->q_heads < 1 || c->q_heads > PS_DECODE_MAX_HEADS || c->q_heads % c->kv_heads)
+    return ps_decode_fail("q_heads %d: expected a multiple of kv_heads (%d) from 1 to %d", c->q_heads, c->kv_heads,
+                          PS_DECODE_MAX_HEADS);
   if (c->head_dim < 8 || c->head_dim % 8 || c->head_dim > PS_DECODE_MAX_HEAD_DIM)
     return ps_decode_fail("head_dim %d: expected a multiple of 8 from 8 to %d", c->head_dim,
                 PS_DECODE_MAX_HEAD_DIM);
-  if (c->max_context < 1) return ps_decode_fail("max_context %d: expected at least 1 token", c->max_context);
+  if (c->max_context < 1 || c->max_context > PS_DECODE_MAX_CONTEXT)
+    return ps_decode_fail("max_context %d: expected 1 to %d tokens", c->max_context, PS_DECODE_MAX_CONTEXT);
   return 0;
 }
 

@@ -23,6 +23,11 @@ extern "C" {
 #endif
 
 #define PS_DECODE_MAX_HEAD_DIM 256
+/* Upper bounds that keep every size the operator computes inside int and
+ * size_t: sequences a step, heads, tokens of one sequence. */
+#define PS_DECODE_MAX_BATCH 65536
+#define PS_DECODE_MAX_HEADS 4096
+#define PS_DECODE_MAX_CONTEXT (1 << 30)
 
 typedef struct {
   int batch;       /* B: sequences per step, >= 1 */

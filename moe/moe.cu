@@ -202,31 +202,42 @@ __global__ void ps_moe_reset_signals(ncclDevComm dc, const perseus_batch_handle 
 }
 
 /* The reset, then a barrier (a one-word all-reduce behind it): no peer adds
- * to our counts before they are 0. Collective, like perseus_moe_create. */
+ * to our counts before they are 0. Collective, like perseus_moe_create. The
+ * barrier carries whether a rank's reset failed (the maximum), so that every
+ * rank fails together instead of some waiting in it. */
 static ncclResult_t ps_moe_zero_signals(perseus_moe *m)
 {
   cudaStream_t s;
   PS_MOE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "rank %d", m->rank);
+  (void)cudaGetLastError(); /* an earlier, unrelated error is not the reset's */
   ps_moe_reset_signals<<<m->L + PS_MOE_SHARED_HANDLES, 128, 0, s>>>(
       m->dc, m->args.st.hexp - PS_MOE_SHARED_HANDLES);
-  cudaError_t ce = cudaGetLastError();
+  const cudaError_t launch = cudaGetLastError();
+  int own = launch != cudaSuccess, any = 0;
   ncclResult_t rc = ncclSuccess;
   void *word = NULL;
-  if (ce == cudaSuccess) ce = cudaMalloc(&word, sizeof(int));
-  if (ce == cudaSuccess) ce = cudaMemsetAsync(word, 0, sizeof(int), s);
-  if (ce == cudaSuccess) rc = ncclAllReduce(word, word, 1, ncclInt32, ncclSum, m->comm, s);
+  cudaError_t ce = cudaMalloc(&word, sizeof(int));
+  if (ce == cudaSuccess) ce = cudaMemcpyAsync(word, &own, sizeof own, cudaMemcpyHostToDevice, s);
+  if (ce == cudaSuccess) rc = ncclAllReduce(word, word, 1, ncclInt32, ncclMax, m->comm, s);
+  if (ce == cudaSuccess && rc == ncclSuccess) ce = cudaMemcpyAsync(&any, word, sizeof any, cudaMemcpyDeviceToHost, s);
   if (ce == cudaSuccess && rc == ncclSuccess) ce = cudaStreamSynchronize(s);
   if (word) cudaFree(word);
   cudaStreamDestroy(s);
-  if (ce != cudaSuccess) {
+  if (own || ce != cudaSuccess) {
     ps_moe_set_error("resetting the counts of %d batch handles failed: %s", m->L + PS_MOE_SHARED_HANDLES,
-                     cudaGetErrorString(ce));
+                     cudaGetErrorString(own ? launch : ce));
     return ncclUnhandledCudaError;
   }
-  if (rc != ncclSuccess)
+  if (rc != ncclSuccess) {
     ps_moe_set_error("ncclAllReduce (the barrier after resetting the GIN signals) failed: %s (%s)",
                      ncclGetErrorString(rc), ncclGetLastError(m->comm));
-  return rc;
+    return rc;
+  }
+  if (any) {
+    ps_moe_set_error("another rank could not reset its batch counts (its perseus_moe_last_error() says why)");
+    return ncclInvalidUsage;
+  }
+  return ncclSuccess;
 }
 
 static ncclResult_t ps_moe_setup(perseus_moe *m)

@@ -246,36 +246,54 @@ int perseus_moe_check_config(const perseus_moe_config_t *cfg, int nranks) {
 
 /* --- agreement across ranks --- */
 
-static const char *const ps_moe_agree_names[PS_MOE_AGREE_FIELDS] = {
-    "hidden", "ffn", "experts", "topk", "max_tokens", "renormalize", "batch", "gin_per_expert",
-    "valid"};
-
-void ps_moe_agree_pack(const perseus_moe_config_t *cfg, int valid, int64_t out[2 * PS_MOE_AGREE_FIELDS]) {
-  const int v[PS_MOE_AGREE_FIELDS] = {cfg->hidden,     cfg->ffn,         cfg->experts,
-                                      cfg->topk,       cfg->max_tokens,  cfg->renormalize,
-                                      cfg->batch,      cfg->gin_per_expert, valid ? 1 : 0};
-  for (int i = 0; i < PS_MOE_AGREE_FIELDS; i++) out[i] = v[i], out[PS_MOE_AGREE_FIELDS + i] = -(int64_t)v[i];
+void ps_agree_pack(const int64_t *vals, int n, int valid, int64_t *out) {
+  for (int i = 0; i < n; i++) out[i] = vals[i], out[n + 1 + i] = -vals[i];
+  out[n] = valid ? 1 : 0, out[2 * n + 1] = -out[n];
 }
 
-int ps_moe_agree_check(const perseus_moe_config_t *cfg, int nranks, const int64_t maxed[2 * PS_MOE_AGREE_FIELDS]) {
-  const int valid = PS_MOE_AGREE_FIELDS - 1;
-  if (-maxed[PS_MOE_AGREE_FIELDS + valid] < 1) { /* some rank refused its config (its own error says why) */
-    ps_moe_set_error("another rank's config was refused (its perseus_moe_last_error() says why): "
-                     "the layer is created on every rank or on none");
+int ps_agree_verdict(const char *const *names, const int64_t *vals, int n, int nranks, const int64_t *maxed,
+                     const char *api, const char *noun, char *err, size_t len) {
+  if (-maxed[2 * n + 1] < 1) { /* some rank refused (its own error says why) */
+    snprintf(err, len, "another rank's config was refused (its %s_last_error() says why): the %s is "
+             "created on every rank or on none", api, noun);
     return -1;
   }
-  int64_t v[2 * PS_MOE_AGREE_FIELDS];
-  ps_moe_agree_pack(cfg, 1, v);
-  for (int i = 0; i < valid; i++) {
-    const int64_t lo = -maxed[PS_MOE_AGREE_FIELDS + i], hi = maxed[i];
+  for (int i = 0; i < n; i++) {
+    const int64_t lo = -maxed[n + 1 + i], hi = maxed[i];
     if (lo != hi) {
-      ps_moe_set_error("ranks disagree on the config: %s is %" PRId64 " here and ranges over %" PRId64
-                       "..%" PRId64 " across the %d ranks (every rank must create the layer with the "
-                       "same config)", ps_moe_agree_names[i], v[i], lo, hi, nranks);
+      snprintf(err, len, "ranks disagree on the config: %s is %" PRId64 " here and ranges over %" PRId64
+               "..%" PRId64 " across the %d ranks (every rank must create the %s with the same config)",
+               names[i], vals[i], lo, hi, nranks, noun);
       return -1;
     }
   }
   return 0;
+}
+
+static const char *const ps_moe_agree_names[PS_MOE_AGREE_FIELDS - 1] = {
+    "hidden", "ffn", "experts", "topk", "max_tokens", "renormalize", "batch", "gin_per_expert"};
+
+static void ps_moe_agree_values(const perseus_moe_config_t *cfg, int64_t v[PS_MOE_AGREE_FIELDS - 1]) {
+  const int f[PS_MOE_AGREE_FIELDS - 1] = {cfg->hidden,     cfg->ffn,        cfg->experts, cfg->topk,
+                                          cfg->max_tokens, cfg->renormalize, cfg->batch,  cfg->gin_per_expert};
+  for (int i = 0; i < PS_MOE_AGREE_FIELDS - 1; i++) v[i] = f[i];
+}
+
+void ps_moe_agree_pack(const perseus_moe_config_t *cfg, int valid, int64_t out[2 * PS_MOE_AGREE_FIELDS]) {
+  int64_t v[PS_MOE_AGREE_FIELDS - 1];
+  ps_moe_agree_values(cfg, v);
+  ps_agree_pack(v, PS_MOE_AGREE_FIELDS - 1, valid, out);
+}
+
+int ps_moe_agree_check(const perseus_moe_config_t *cfg, int nranks, const int64_t maxed[2 * PS_MOE_AGREE_FIELDS]) {
+  int64_t v[PS_MOE_AGREE_FIELDS - 1];
+  char why[sizeof ps_moe_err];
+  ps_moe_agree_values(cfg, v);
+  if (ps_agree_verdict(ps_moe_agree_names, v, PS_MOE_AGREE_FIELDS - 1, nranks, maxed, "perseus_moe", "layer",
+                       why, sizeof why) == 0)
+    return 0;
+  ps_moe_set_error("%s", why);
+  return -1;
 }
 
 void ps_moe_fault_text(char *buf, size_t len, int rank, const ps_moe_fault_t *f,

@@ -2,6 +2,7 @@
  * its health and what it reports: the config's agreement across ranks, the
  * kernel's faults (moe_peers.cuh) and the host's abort, the profile and the
  * routing of the last forward. */
+#include "ps_op_host.h"
 #include "ps_moe_layer.h"
 
 /* Every rank's config valid and the same (ps_moe_agree_check), before any
@@ -20,27 +21,10 @@ ncclResult_t ps_moe_agree(perseus_moe *m)
   snprintf(why, sizeof(why), "%s", perseus_moe_last_error());
   int64_t v[2 * PS_MOE_AGREE_FIELDS];
   ps_moe_agree_pack(&m->cfg, valid, v);
-  void *d = NULL;
-  cudaStream_t s = NULL;
-  ncclResult_t rc = ncclSuccess;
-  cudaError_t ce = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  if (ce == cudaSuccess) ce = cudaMalloc(&d, sizeof(v));
-  if (ce == cudaSuccess) ce = cudaMemcpyAsync(d, v, sizeof(v), cudaMemcpyHostToDevice, s);
-  if (ce == cudaSuccess)
-    rc = ncclAllReduce(d, d, 2 * PS_MOE_AGREE_FIELDS, ncclInt64, ncclMax, m->comm, s);
-  if (ce == cudaSuccess && rc == ncclSuccess)
-    ce = cudaMemcpyAsync(v, d, sizeof(v), cudaMemcpyDeviceToHost, s);
-  if (ce == cudaSuccess && rc == ncclSuccess) ce = cudaStreamSynchronize(s);
-  if (d) cudaFree(d);
-  if (s) cudaStreamDestroy(s);
-  if (ce != cudaSuccess) {
-    ps_moe_set_error("comparing the config across ranks: %s", cudaGetErrorString(ce));
+  char err[512];
+  if (ps_agree_reduce(m->comm, v, 2 * PS_MOE_AGREE_FIELDS, err, sizeof err)) {
+    ps_moe_set_error("%s", err);
     return ncclUnhandledCudaError;
-  }
-  if (rc != ncclSuccess) {
-    ps_moe_set_error("comparing the config across ranks: ncclAllReduce failed: %s (%s)",
-                     ncclGetErrorString(rc), ncclGetLastError(m->comm));
-    return rc;
   }
   if (!valid) {
     ps_moe_set_error("%s", why);

@@ -67,6 +67,14 @@ int ps_moe_layout(const perseus_moe_config_t *cfg, int nranks, ps_moe_layout_t *
  * and the range across the ranks in the error. Every rank reaches the same
  * verdict, so none goes on into a collective that the others left. */
 #define PS_MOE_AGREE_FIELDS 9
+/* The same for any operator's n fields (the fused decode's and AG+GEMM's
+ * too): out holds 2 (n + 1) values, the fields and `valid`, then their
+ * negations; ps_agree_verdict takes the element-wise maximum over the ranks
+ * and this rank's fields: 0, or -1 with the reason in err (api: the
+ * operator's prefix, for its _last_error(); noun: "layer", "operator"). */
+void ps_agree_pack(const int64_t *vals, int n, int valid, int64_t *out);
+int ps_agree_verdict(const char *const *names, const int64_t *vals, int n, int nranks, const int64_t *maxed,
+                     const char *api, const char *noun, char *err, size_t len);
 void ps_moe_agree_pack(const perseus_moe_config_t *cfg, int valid, int64_t out[2 * PS_MOE_AGREE_FIELDS]);
 int ps_moe_agree_check(const perseus_moe_config_t *cfg, int nranks,
                        const int64_t maxed[2 * PS_MOE_AGREE_FIELDS]);

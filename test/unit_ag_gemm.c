@@ -34,6 +34,12 @@ static void test_checks(void) {
   s = good, s.k = 4, bad_shape(s, 4, "k", "4");
   s = good, s.k = -8, bad_shape(s, 4, "k", "-8");
   bad_shape(good, 0, "ranks", "0");
+  /* sizes that would overflow the operator's counts (16M x 16M: 2^39 / 2^15 tiles) */
+  s = good, s.m = PS_AG_GEMM_MAX_DIM + 1, bad_shape(s, 4, "m", "16777217");
+  s = good, s.k = PS_AG_GEMM_MAX_DIM + 8, bad_shape(s, 4, "k", "16777224");
+  s = good, s.m = PS_AG_GEMM_MAX_DIM, s.n = PS_AG_GEMM_MAX_DIM, bad_shape(s, 4, "tiles", "8589934592");
+  s = good, s.m = 65536, s.n = 65536, s.k = 65536;
+  EXPECT(ps_ag_gemm_check(&s, 8) == 0, "65536 x 65536 x 65536 refused: %s", ps_ag_gemm_last_error());
   s = good, s.m = 3;
   EXPECT(ps_ag_gemm_check(&s, 8) == 0, "fewer rows than ranks (empty shards) refused: %s",
          ps_ag_gemm_last_error());

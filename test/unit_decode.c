@@ -38,6 +38,14 @@ static void test_checks(void) {
   c = good, c.head_dim = 0, bad_config(c, 4, "head_dim", "0");
   c = good, c.head_dim = PS_DECODE_MAX_HEAD_DIM + 8, bad_config(c, 4, "head_dim", "264");
   c = good, c.max_context = 0, bad_config(c, 4, "max_context", "0");
+  /* the bounds that keep the operator's sizes inside int and size_t */
+  c = good, c.batch = PS_DECODE_MAX_BATCH + 1, bad_config(c, 4, "batch", "65537");
+  c = good, c.kv_heads = 8192, c.q_heads = 8192, bad_config(c, 4, "kv_heads", "8192");
+  c = good, c.kv_heads = 1, c.q_heads = PS_DECODE_MAX_HEADS + 1, bad_config(c, 4, "q_heads", "4097");
+  c = good, c.max_context = PS_DECODE_MAX_CONTEXT + 1, bad_config(c, 4, "max_context", "1073741825");
+  c = good, c.batch = PS_DECODE_MAX_BATCH, c.q_heads = c.kv_heads = PS_DECODE_MAX_HEADS;
+  c.max_context = PS_DECODE_MAX_CONTEXT;
+  EXPECT(ps_decode_check_config(&c, 4) == 0, "the largest config refused: %s", ps_decode_last_error());
   bad_config(good, 0, "ranks", "0");
   EXPECT(ps_decode_check_config(NULL, 1) == -1, "a NULL config accepted");
 

@@ -26,6 +26,10 @@
  * rows (perseus_ag_gemm_check). The window's two halves alternate, so each rank's steps must run one
  * after another (one stream, or streams ordered by events).
  *
+ * create is collective and compares the shape and mode across the ranks:
+ * where they differ, or one rank refuses them, every rank fails (naming the
+ * field), none waits for the others.
+ *
  * Calls return 0, or -1 with the reason (naming the bad value and what was
  * expected, or the failed call) in perseus_ag_gemm_last_error(). */
 #ifndef PERSEUS_AG_GEMM_H
@@ -59,9 +63,11 @@ void perseus_ag_gemm_shard(int m, int nranks, int rank, int *start, int *end);
 int perseus_ag_gemm_create(ncclComm_t comm, const perseus_ag_gemm_shape_t *shape, int mode,
                            perseus_ag_gemm_t **out);
 
-/* One step on `stream`: a [rows of this rank's shard][K], bt [N][K], c [M][N]
- * (device memory), a and bt 16-byte aligned, c 4-byte aligned. Every rank
- * calls it, in the same order. */
+/* One step on `stream`: a [rows of this rank's shard][K] (NULL allowed
+ * where the shard is empty), bt [N][K], c [M][N] (device memory), a and bt
+ * 16-byte aligned, c 4-byte aligned. Every rank calls it, in the same order,
+ * on a stream that is not capturing a CUDA graph (refused: a step's counts
+ * are fixed when it is called). */
 int perseus_ag_gemm_step(perseus_ag_gemm_t *op, const uint16_t *a, const uint16_t *bt, uint16_t *c,
                          cudaStream_t stream);
 

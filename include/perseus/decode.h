@@ -27,6 +27,10 @@
  * events). The automatic chunk count comes from the GPU's SM count: ranks on
  * different GPU models must pass the same `splits`.
  *
+ * create is collective and compares its arguments across the ranks: where
+ * they differ, or one rank refuses them, every rank fails (naming the
+ * field), none waits for the others.
+ *
  * Calls return 0, or -1 with the reason (naming the bad value and what was
  * expected, or the failed call) in perseus_decode_last_error(). */
 #ifndef PERSEUS_DECODE_H
@@ -69,9 +73,11 @@ int perseus_decode_splits(const perseus_decode_t *op);
 
 /* One decode step on `stream`: q [B][Hq][D], this rank's shard k, v
  * [B][Hkv][stride][D] (bf16, 16-byte aligned; stride <= max_shard), n[b]
- * (device memory) its tokens of sequence b; out [B][Hq][D] bf16, attention
- * over the whole sequences, on every rank. Every rank calls it, in the same
- * order. */
+ * (device memory) its tokens of sequence b, 0 <= n[b] <= stride (a length
+ * outside that fails the step: perseus_decode_check names it); out
+ * [B][Hq][D] bf16, attention over the whole sequences, on every rank. Every
+ * rank calls it, in the same order, on a stream that is not capturing a
+ * CUDA graph (refused: a step's counts are fixed when it is called). */
 int perseus_decode_step(perseus_decode_t *op, float scale, const uint16_t *q, const uint16_t *k,
                         const uint16_t *v, size_t stride, const int *n, uint16_t *out, cudaStream_t stream);
 

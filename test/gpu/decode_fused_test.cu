@@ -6,7 +6,9 @@
  * shorter than the rank count (empty shards). Refused by name: a bad mode,
  * pull beyond NVLink, a shard longer than the operator was made for. A
  * step that one rank never runs ends on the others after
- * PERSEUS_DECODE_TIMEOUT_MS, or at an abort, naming that rank (op_faults.cuh).
+ * PERSEUS_DECODE_TIMEOUT_MS, or at an abort, naming that rank; a capturing
+ * stream, ranks that disagree and a length past the shard are refused by
+ * name (op_faults.cuh).
  * -p lsa (default): NVLink; -p gin: P2P off, the records cross perseus.
  * Exit: 0 passed, 1 failed, 77 fewer GPUs than -g asks (or none). */
 #include <string.h>
@@ -104,7 +106,7 @@ static void *df_fault_create(gc_world *w, void *ctx)
 {
   perseus_decode_t *f = NULL;
   if (perseus_decode_create(w->comm, &df_fault_cfg, 64, 0, ((df_fault_in *)ctx)->mode, &f))
-    gc_die(__FILE__, __LINE__, "fault case: create: %s", perseus_decode_last_error());
+    return NULL;
   return f;
 }
 
@@ -133,7 +135,22 @@ static int df_faults(gc_world *w, int mode, int rank, int R)
       [](void *f) { return perseus_decode_check((perseus_decode_t *)f); },
       [](void *f) { perseus_decode_abort((perseus_decode_t *)f); }, perseus_decode_last_error,
       [](void *f) { perseus_decode_destroy((perseus_decode_t *)f); }};
-  const int bad = op_faults(o, w, rank, R);
+  int bad = op_faults(o, w, rank, R);
+  /* a length past the shard on rank 0 (n[0] = stride + 1): its step ends
+   * naming it, reading nothing beyond k and v; the others' steps pass */
+  void *f = df_fault_create(w, &in);
+  if (!f) gc_die(__FILE__, __LINE__, "fault case: create: %s", perseus_decode_last_error());
+  const int over = 65;
+  if (rank == 0) GC_CUDA(cudaMemcpy(in.n, &over, sizeof(int), cudaMemcpyHostToDevice), "n");
+  if (df_fault_step(f, &in, w->stream)) gc_die(__FILE__, __LINE__, "step: %s", perseus_decode_last_error());
+  gc_wait_stream(w, "a step with a length past its shard", NULL, NULL);
+  const int rc = perseus_decode_check((perseus_decode_t *)f);
+  const int wrong = rank == 0 ? rc != -1 || !strstr(perseus_decode_last_error(), "n[0] = 65") : rc != 0;
+  printf("decode_fused_test: rank %d, n[0] = %d with a stride of 64: %s (%s)\n", rank, rank ? shard : over,
+         wrong ? "FAILED" : "ok", rc ? perseus_decode_last_error() : "check passed");
+  bad += wrong;
+  if (gp_barrier(R)) _exit(1);
+  perseus_decode_destroy((perseus_decode_t *)f);
   cudaFree(in.q), cudaFree(in.k), cudaFree(in.v), cudaFree(in.out), cudaFree(in.n);
   return bad;
 }
@@ -159,8 +176,8 @@ static int df_child(int rank, void *arg)
   /* a rank that never runs a step */
   gp_progress("decode_fused", -1, "a step one rank skips");
   const int fault_bad = df_faults(&w, PERSEUS_DECODE_PUSH, rank, R);
-  wrong += fault_bad, checks += R > 1;
-  if (rank == 0 && R > 1) printf("decode_fused_test: a skipped step (push): %s\n", fault_bad ? "FAIL" : "ok");
+  wrong += fault_bad, checks++;
+  if (rank == 0) printf("decode_fused_test: faults and refusals (push): %s\n", fault_bad ? "FAIL" : "ok");
   /* refusals, each naming what was wrong */
   perseus_decode_t *f = NULL;
   const perseus_decode_config_t ok = {1, 8, 8, 64, 64};

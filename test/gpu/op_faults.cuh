@@ -1,8 +1,12 @@
-/* A fused operator's step (decode, AG+GEMM) when one rank never runs it:
- * the waits of every other rank must end, the operator must say which rank
- * it waited for and refuse the next step, and an abort must end a wait that
- * has no time limit. Two cases, each on a fresh operator (every rank
- * creates and destroys it: both are collective), the last rank skipping:
+/* What a fused operator (decode, AG+GEMM) must survive, each case on a
+ * fresh operator (every rank creates and destroys it: both are collective):
+ *   - a stream capturing a CUDA graph: step refuses it by name;
+ *   - a bad timeout variable on the last rank only: create fails on every
+ *     rank (none waits in a collective the others left), the last naming
+ *     the variable, the others pointing at another rank;
+ * and, from 2 ranks, a step the last rank never runs: the waits of every
+ * other rank end, the operator says which rank it waited for and refuses
+ * the next step:
  *   - timeout: the operator's timeout variable at 300 ms: the step ends
  *     after it, not before, and within a few seconds;
  *   - abort: the variable at 0 (wait forever): the step is still running
@@ -24,7 +28,7 @@ struct op_fault_ops {
   const char *name;        /* for messages: "decode_fused_test" */
   const char *timeout_var; /* PERSEUS_DECODE_TIMEOUT_MS */
   void *ctx;               /* the test's inputs, passed to create and step */
-  void *(*create)(gc_world *w, void *ctx);                /* the operator, or NULL (dies) */
+  void *(*create)(gc_world *w, void *ctx);                /* the operator, or NULL */
   int (*step)(void *op, void *ctx, cudaStream_t st);      /* 0 or -1 */
   int (*check)(void *op);
   void (*abort)(void *op);
@@ -58,6 +62,7 @@ static int op_fault_case(const op_fault_ops &o, gc_world *w, int rank, int R, in
   void *op = o.create(w, o.ctx);
   if (was) setenv(o.timeout_var, keep, 1);
   else unsetenv(o.timeout_var);
+  if (!op) gc_die(__FILE__, __LINE__, "%s: create: %s", o.name, o.last_error());
   int bad = 0;
   char why[512] = "-", want[64];
   if (rank != skipper) {
@@ -90,10 +95,48 @@ static int op_fault_case(const op_fault_ops &o, gc_world *w, int rank, int R, in
   return bad;
 }
 
+static int op_refuses_capture(const op_fault_ops &o, gc_world *w, int rank)
+{
+  void *op = o.create(w, o.ctx);
+  if (!op) gc_die(__FILE__, __LINE__, "%s: create: %s", o.name, o.last_error());
+  cudaStream_t s;
+  GC_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "capture stream");
+  GC_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), "begin capture");
+  const int rc = o.step(op, o.ctx, s);
+  char why[512];
+  snprintf(why, sizeof why, "%s", o.last_error());
+  cudaGraph_t g = NULL;
+  GC_CUDA(cudaStreamEndCapture(s, &g), "end capture");
+  if (g) cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  const int bad = rc != -1 || !strstr(why, "capturing");
+  printf("%s: rank %d, a step on a capturing stream: %s (%s)\n", o.name, rank, bad ? "FAILED" : "refused", why);
+  o.destroy(op);
+  return bad;
+}
+
+static int op_disagrees(const op_fault_ops &o, gc_world *w, int rank, int R)
+{
+  const char *was = getenv(o.timeout_var);
+  char keep[64];
+  snprintf(keep, sizeof keep, "%s", was ? was : "");
+  if (rank == R - 1) setenv(o.timeout_var, "soon", 1);
+  void *op = o.create(w, o.ctx);
+  if (was) setenv(o.timeout_var, keep, 1);
+  else unsetenv(o.timeout_var);
+  const char *want = rank == R - 1 ? o.timeout_var : "another rank";
+  const int bad = op != NULL || !strstr(o.last_error(), want);
+  printf("%s: rank %d, %s=soon on rank %d: create %s (%s)\n", o.name, rank, o.timeout_var, R - 1,
+         op ? "SUCCEEDED" : "refused", o.last_error());
+  if (op) o.destroy(op);
+  return bad;
+}
+
 static int op_faults(const op_fault_ops &o, gc_world *w, int rank, int R)
 {
-  if (R < 2) return 0;
-  return op_fault_case(o, w, rank, R, 0) + op_fault_case(o, w, rank, R, 1);
+  int bad = op_refuses_capture(o, w, rank) + op_disagrees(o, w, rank, R);
+  if (R < 2) return bad;
+  return bad + op_fault_case(o, w, rank, R, 0) + op_fault_case(o, w, rank, R, 1);
 }
 
 #endif

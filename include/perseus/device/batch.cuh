@@ -30,6 +30,7 @@
 #include <nccl.h>
 #include <nccl_device.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "perseus/device/tile.cuh"
@@ -80,7 +81,8 @@ static inline void perseus_devcomm_requirements_init(ncclDevCommRequirements_t *
  *     Reset them before first use (perseus_batch_reset).
  * `ctx` picks the GIN context every tile and signal uses (0 if unsure).
  * `gin`: 0 when the devcomm will have no GIN at all (every peer reachable by
- * NVLink stores): then no signals are reserved. Reserving signals does not
+ * NVLink stores; refused, ncclInvalidArgument, where some are not): then no
+ * signals are reserved. Reserving signals does not
  * make NCCL connect GIN on a single node: set reqs->ginForceEnable when peers
  * may be beyond NVLink (forcing it where there is no GIN backend fails). */
 static inline ncclResult_t perseus_batch_requirement(ncclComm_t comm, int ctx, int gin,
@@ -91,6 +93,8 @@ static inline ncclResult_t perseus_batch_requirement(ncclComm_t comm, int ctx, i
   if (!reqs || !h || !req || ctx < 0 || reqs->ginSignalCount < 0) return ncclInvalidArgument;
   ncclResult_t rc = ncclCommCount(comm, &nranks);
   if (rc != ncclSuccess) return rc;
+  /* peers beyond NVLink need GIN: without its signals their counts could not arrive */
+  if (!gin && ncclTeamLsa(comm).nRanks != nranks) return ncclInvalidArgument;
   memset(req, 0, sizeof *req);
   memset(h, 0, sizeof *h);
   h->ctx = ctx;
@@ -146,7 +150,9 @@ __device__ __forceinline__ void perseus_batch_reset(ncclDevComm const &dc, perse
                                                     int tid, int nthreads) {
   uint64_t *words = perseus_batch_word(dc, h, 0, 0);
   for (int i = tid; i < PERSEUS_BATCH_WORDS * dc.nRanks; i += nthreads) words[i] = 0;
-  if (dc.ginContextCount <= h.ctx) return; /* no GIN: no signals were reserved */
+  /* no GIN: nothing to reset. Otherwise the same ncclGin{dc, h.ctx} the
+   * puts use, whatever NCCL makes of a ctx beyond its count. */
+  if (dc.ginContextCount == 0) return;
   ncclGin gin{dc, h.ctx};
   for (int r = tid; r < dc.nRanks; r += nthreads)
     if (perseus_lsa_index(dc, r) < 0) gin.resetSignal(h.signal0 + (ncclGinSignal_t)r);
@@ -372,22 +378,38 @@ static inline ncclResult_t perseus_batch_devcomm_create(ncclComm_t comm, int gin
     if (failed) *failed = what;
     return rc;
   }
-  void *word = NULL;
-  what = "resetting the batch counts";
-  if (gin && dev->ginContextCount < 1) {
-    what = "ncclDevCommCreate gave no GIN context";
-    rc = ncclInvalidUsage;
-  } else if (cudaMalloc(&word, sizeof(int)) != cudaSuccess) {
-    rc = ncclSystemError;
+  /* Every rank takes part in the barrier, carrying whether its own reset
+   * failed (maximum over the ranks), so that all of them fail together
+   * instead of some waiting in it for ever. */
+  static thread_local char why[192];
+  int *word = NULL, own = 0, any = 0;
+  cudaError_t ce = cudaMalloc(&word, sizeof(int));
+  if (ce != cudaSuccess) {
+    snprintf(why, sizeof why, "cudaMalloc (the barrier's word): %s", cudaGetErrorString(ce));
+    what = why, rc = ncclUnhandledCudaError;
   } else {
-    perseus_batch_reset_kernel<<<1, 128>>>(*dev, *h);
-    if (cudaGetLastError() != cudaSuccess || cudaMemset(word, 0, sizeof(int)) != cudaSuccess)
-      rc = ncclUnhandledCudaError;
-    if (rc == ncclSuccess) {
-      what = "ncclAllReduce (the barrier after the reset)";
-      rc = ncclAllReduce(word, word, 1, ncclInt32, ncclSum, comm, 0);
+    (void)cudaGetLastError(); /* an earlier, unrelated error is not the reset's */
+    if (gin && dev->ginContextCount < 1) {
+      what = "ncclDevCommCreate gave no GIN context", own = 1;
+    } else {
+      perseus_batch_reset_kernel<<<1, 128>>>(*dev, *h);
+      if ((ce = cudaGetLastError()) != cudaSuccess) {
+        snprintf(why, sizeof why, "launching the batch counts' reset: %s", cudaGetErrorString(ce));
+        what = why, own = 1;
+      }
     }
-    if (rc == ncclSuccess && cudaStreamSynchronize(0) != cudaSuccess) rc = ncclUnhandledCudaError;
+    if ((ce = cudaMemcpy(word, &own, sizeof own, cudaMemcpyHostToDevice)) != cudaSuccess) {
+      snprintf(why, sizeof why, "the barrier's word: %s", cudaGetErrorString(ce));
+      what = why, rc = ncclUnhandledCudaError;
+    } else if ((rc = ncclAllReduce(word, word, 1, ncclInt32, ncclMax, comm, 0)) != ncclSuccess) {
+      what = "ncclAllReduce (the barrier after the reset)";
+    } else if ((ce = cudaMemcpy(&any, word, sizeof any, cudaMemcpyDeviceToHost)) != cudaSuccess) {
+      snprintf(why, sizeof why, "the barrier after the reset: %s", cudaGetErrorString(ce));
+      what = why, rc = ncclUnhandledCudaError;
+    } else if (any) {
+      if (!own) what = "another rank could not reset its batch counts (its error says why)";
+      rc = ncclInvalidUsage;
+    }
     cudaFree(word);
   }
   if (rc != ncclSuccess) {
