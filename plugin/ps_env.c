@@ -128,6 +128,12 @@ ncclResult_t ps_config_load(ps_config_t *cfg) {
   PS_CHECK(ps_env_bool("PERSEUS_STATS", 0, &cfg->stats));
   PS_CHECK(ps_env_int("PERSEUS_STAGING_BYTES", 64 << 20, 64 << 10, 1LL << 36, &cfg->staging_bytes));
   PS_CHECK(ps_env_int("PERSEUS_STAGING_CHUNK", 512 << 10, 4096, 64 << 20, &cfg->staging_chunk));
+  if (cfg->staging_chunk % PS_STAGING_CHUNK_ALIGN) {
+    PS_WARN("PERSEUS_STAGING_CHUNK='%lld' is invalid: expected a multiple of %d from 4096 to "
+            "67108864 (a staged write pads each chunk's payload to a multiple of %d bytes)",
+            (long long)cfg->staging_chunk, PS_STAGING_CHUNK_ALIGN, PS_STAGING_CHUNK_ALIGN);
+    return ncclInvalidArgument;
+  }
   PS_CHECK(ps_env_int("PERSEUS_STAGING_COALESCE_US", 20, 0, 10000, &cfg->staging_coalesce_us));
   PS_CHECK(ps_env_int("PERSEUS_PROGRESS_INTERVAL_US", 4, 0, 1000, &cfg->progress_interval_us));
   static const char *const thread_choices[] = {"0", "1", "auto", NULL};

@@ -40,7 +40,8 @@ typedef struct {
   int progress_thread;     /* PERSEUS_PROGRESS_THREAD: 0 off, 1 on, 2 auto (ps_rma_thread.c) */
   int staging;             /* PERSEUS_STAGING: PS_STAGING_AUTO, _ALWAYS or _NEVER */
   int64_t staging_bytes;   /* PERSEUS_STAGING_BYTES: pinned memory per comm for GPU windows */
-  int64_t staging_chunk;   /* PERSEUS_STAGING_CHUNK: bytes a staged write carries at most */
+  int64_t staging_chunk;   /* PERSEUS_STAGING_CHUNK: bytes a staged write carries at most, a
+                            * multiple of PS_STAGING_CHUNK_ALIGN */
   int64_t staging_coalesce_us; /* PERSEUS_STAGING_COALESCE_US: how long a slot copying out of
                                 * the GPU takes more chunks */
   int64_t progress_interval_us; /* PERSEUS_PROGRESS_INTERVAL_US: least time between two
@@ -54,6 +55,11 @@ typedef struct {
 /* PERSEUS_STAGING: GPU windows through pinned host memory (always), registered
  * with the provider (never: FI_HMEM required), or direct where it can (auto). */
 enum { PS_STAGING_AUTO = 0, PS_STAGING_ALWAYS = 1, PS_STAGING_NEVER = 2 };
+
+/* PERSEUS_STAGING_CHUNK is a multiple of this: the padding of a staged
+ * record's payload (ps_stage_padded, ps_wire.h), so that a full chunk fills
+ * a receive slot exactly. */
+#define PS_STAGING_CHUNK_ALIGN 64
 
 ncclResult_t ps_config_load(ps_config_t *cfg);
 

@@ -12,11 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "ps_clock.h"
 #include "ps_log.h"
+#include "ps_rma.h"
+#include "ps_wire.h"
 
 /* Fastest hardware providers first; tcp;ofi_rxm is the portable floor. shm
  * and sockets are never picked implicitly (single-node / test providers). */
@@ -480,6 +483,20 @@ ps_device_t *ps_fabric_dev(int dev) {
   return (dev >= 0 && dev < ndevices) ? &devices[dev] : NULL;
 }
 const ps_config_t *ps_fabric_config(void) { return &config; }
-uint32_t ps_fabric_wire_hash(void) { return wire_hash; }
+/* PERSEUS_ORDERING as a wire hash carries it (ps_wire.h). Read at each call,
+ * as the one-sided connect reads it (ps_order_choose): a process may set it
+ * anew before each comm (perseus_put_signal_perf does). A bad value is
+ * connect's to refuse, naming it; here it only has to differ. */
+static uint32_t ordering_setting(void) {
+  const char *v = ps_env_str("PERSEUS_ORDERING");
+  if (!v) return PS_ORD_AUTO;
+  for (uint32_t i = 0; ps_ordering_names[i]; i++)
+    if (!strcasecmp(v, ps_ordering_names[i])) return i;
+  return PS_WIRE_ORDERING_INVALID;
+}
+
+uint32_t ps_fabric_wire_hash(void) {
+  return (wire_hash & ~PS_WIRE_ORDERING_MASK) | ordering_setting();
+}
 const char *ps_fabric_provider(void) { return provider; }
 uint64_t ps_fabric_next_key(void) { return atomic_fetch_add(&next_key, 1); }

@@ -63,7 +63,8 @@ ps_device_t *ps_fabric_dev(int dev); /* NULL when dev is out of range */
  * provider has no RMA there (the reason is logged). */
 ps_device_t *ps_fabric_rma_dev(int dev);
 const ps_config_t *ps_fabric_config(void);
-/* Identifies provider + wire format; peers whose hash differs are refused. */
+/* Identifies provider + wire format + PERSEUS_ORDERING (ps_wire.h); peers
+ * whose hash differs are refused. */
 uint32_t ps_fabric_wire_hash(void);
 const char *ps_fabric_provider(void);
 uint64_t ps_fabric_next_key(void);

@@ -266,6 +266,25 @@ static void finish_reported(ps_rma_comm_t *c) {
   /* a probe still in flight completes into the endpoint, which close discards unread */
 }
 
+/* NCCL deregisters its windows before it closes a comm: those still
+ * registered (an abort, or a caller that forgot them) are named as they
+ * go. The staging receive slots are the comm's own. */
+static void say_left_registered(const ps_rma_comm_t *c) {
+  char ids[160] = "";
+  size_t len = 0;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < c->nregions; i++) {
+    const ps_rma_region_t *r = c->regions[i];
+    if (!r || (c->stage && r == c->stage->rx)) continue;
+    if (len < sizeof ids) len += (size_t)snprintf(ids + len, sizeof ids - len, " %u", r->id);
+    n++;
+  }
+  if (n)
+    PS_INFO(NCCL_NET, "one-sided comm rank %d closes with %u window%s still registered (id%s%s%s): "
+            "deregistered now", c->rank, n, n == 1 ? "" : "s", n == 1 ? "" : "s", ids,
+            len < sizeof ids ? "" : "...");
+}
+
 /* report: PERSEUS_STATS for a comm that connected */
 static void close_comm(ps_rma_comm_t *c, int report) {
   ps_rma_thread_stop(c); /* first: nothing else runs passes over what is freed below */
@@ -277,6 +296,7 @@ static void close_comm(ps_rma_comm_t *c, int report) {
     if (c->lanes[p]) fi_close(&c->lanes[p]->fid);
   free(c->lanes);
   ps_ep_close(&c->ep); /* first: nothing completes into freed memory */
+  if (report) say_left_registered(c);
   for (uint32_t i = 0; i < c->nregions; i++)
     if (c->regions[i]) dereg_region(c, c->regions[i]);
   ps_stage_free(c); /* after the endpoint: nothing lands in its slots any more */
@@ -298,6 +318,18 @@ static void close_comm(ps_rma_comm_t *c, int report) {
   pthread_rwlock_destroy(&c->win_lock);
   pthread_mutex_destroy(&c->reqs_lock);
   free(c);
+}
+
+/* A region whose exchange failed: the caller is told the registration
+ * failed and may free the memory at once, while a peer may hold its key (a
+ * peer whose own exchange went through, or a hostile one) or have staged
+ * writes into it copying. The key is revoked and the copies end before
+ * returning; its id stays taken (ids are never reused) and names no region. */
+static void drop_failed_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
+  if (r->gpu && c->stage) (void)ps_cuda_quiesce(c->stage->cu, 10ULL * 1000000000ULL);
+  PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm rank %d: window %u (%p, %zu B) deregistered: its "
+          "registration exchange failed", c->rank, r->id, (void *)r->base, r->size);
+  dereg_region(c, r);
 }
 
 /* Collective: registers this rank's part (host memory with the provider;
@@ -336,7 +368,11 @@ static ncclResult_t reg_region(ps_rma_comm_t *c, void *data, size_t size, int st
   }
   r->desc = r->mr ? fi_mr_desc(r->mr) : NULL;
   c->regions[c->nregions++] = r;
-  PS_CHECK(ps_rma_allgather_region(c, r));
+  ncclResult_t rc = ps_rma_allgather_region(c, r);
+  if (rc != ncclSuccess) {
+    drop_failed_region(c, r);
+    return rc;
+  }
   *out = r;
   return ncclSuccess;
 }
@@ -360,11 +396,11 @@ static ncclResult_t stage_setup(ps_rma_comm_t *c, const void *gpu_ptr, size_t si
                                const ps_dmabuf_t *dmabuf, struct fid_mr **direct_mr) {
   PS_CHECK(ps_stage_init(c, gpu_ptr, size, dmabuf, direct_mr));
   ps_rma_region_t *rx;
+  /* the slots' memory goes below on failure: first no peer may write it,
+   * nor a signal name the region (a failed reg_region deregistered it) */
   ncclResult_t rc = reg_region(c, c->stage->rx_pool, c->stage->rx_bytes, 0, -1, NULL, NULL, &rx);
   if (rc == ncclSuccess) {
     rc = ps_stage_attach_rx(c, rx);
-    /* the slots' memory goes below: first no peer may write it, nor a
-     * signal name the region */
     if (rc != ncclSuccess) dereg_region(c, rx);
   }
   if (rc != ncclSuccess) ps_stage_free(c);

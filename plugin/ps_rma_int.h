@@ -41,15 +41,16 @@
 #include "ps_seqwin.h"
 
 #define PS_RMA_SIG_SLOTS 64          /* signal receives kept posted */
-#define PS_RMA_NACK_SLOTS 4          /* receives kept posted for peers' refusals of our signals */
+#define PS_RMA_NACK_SLOTS 4          /* receives kept posted for peers' refusals (and notices) */
 #define PS_RMA_REQ_CHUNK 1024        /* requests are allocated (and registered) this many at a time */
 #define PS_RMA_MAX_REQS (1u << 20)   /* at least this many outstanding per comm are allowed (ps_rma_req.c) */
 #define PS_RMA_MAX_WINDOW (1u << 22) /* a peer's writes can be this far ahead of its oldest missing one */
 
 /* Tags of the engine's own messages (bit 63: control, as in ps_wire.h). */
 #define PS_TAG_RMA_SIG (PS_TAG_CTRL | 0x20)
-/* A target's refusal of one of our signals: the refused signal message
- * (ps_sig_msg_t) sent back, src_rank naming the target. */
+/* A target's refusal of one of our signals or staged puts: a signal message
+ * (ps_sig_msg_t) sent back, src_rank naming the target, `covers` why
+ * (PS_NACK_*, ps_wire.h). */
 #define PS_TAG_RMA_NACK (PS_TAG_CTRL | 0x21)
 #define PS_TAG_RMA_STREAMS (PS_TAG_CTRL | 0x22) /* ps_streams_msg_t, once per comm */
 /* An empty message no one receives: sent to a peer a closing comm still
@@ -289,8 +290,8 @@ typedef struct {
   ps_rma_comm_t *comm;
 } ps_rma_sig_slot_t;
 
-/* Our refusal of a peer's signal, on its way back to it (one at a time per
- * peer: the first one already fails the peer's comm). */
+/* Our refusal of a peer's signal or staged put, on its way back to it (one
+ * at a time per peer: the first one already fails the peer's comm). */
 enum { PS_NACK_IDLE = 0, PS_NACK_QUEUED, PS_NACK_SENT };
 typedef struct {
   ps_sig_msg_t msg; /* registered (nacks_mr) */
@@ -558,9 +559,13 @@ void ps_stage_credit(ps_rma_comm_t *c, uint32_t src, uint64_t freed_below);
 /* A staged write landed in our receive slot: every record checked and each
  * chunk's copy into the GPU enqueued. Its chunks' put sequences go to seqs[]
  * (*nseq), its signals to sigs[] (*nsig), PS_STAGE_MAX_RECS at most in all,
- * for the caller to apply once covered. 0 when refused (the comm failed). */
+ * for the caller to apply once covered. Chunks into a window we deregistered
+ * are dropped, their slot freed all the same: *ndropped of them, the first
+ * in *dropped, for the caller to tell the origin. 0 when refused (the comm
+ * failed). */
 int ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *seqs, uint32_t *nseq,
-                     ps_sig_msg_t *sigs, uint32_t *nsig);
+                     ps_sig_msg_t *sigs, uint32_t *nsig, ps_stage_hdr_t *dropped,
+                     uint32_t *ndropped);
 /* 0: applied (or queued behind the copies); 1: no room now, try later */
 int ps_stage_signal(ps_rma_comm_t *c, char *addr, uint64_t add);
 /* Polls copies and signal words: 1 when arrivals, copies or words moved

@@ -14,9 +14,6 @@
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
-const char *const ps_ordering_names[] = {"auto", "ordered", "fence", "target",
-                                         "deferred", "drain", NULL};
-
 /* What strategy `s` needs from the provider, or NULL when it has it. */
 static const char *provider_missing_for(const ps_device_t *d, ps_ordering_t s) {
   switch (s) {

@@ -28,6 +28,10 @@
 
 #define PS_STAGE_HDR sizeof(ps_stage_hdr_t)
 
+/* Bytes of the largest record: a full chunk's header and payload, padded as
+ * rec_bytes counts it. A slot holds one. */
+static size_t full_rec_bytes(size_t chunk) { return PS_STAGE_HDR + ps_stage_padded(chunk); }
+
 /* A quarter of PERSEUS_STAGING_BYTES for send slots, the rest split evenly
  * into receive slots per origin rank (at least 2 each: one filling while
  * one copies); the chunk shrinks when many ranks share the budget. */
@@ -41,9 +45,12 @@ static ncclResult_t size_pools(ps_stage_t *st, int nranks) {
             total, nranks, (size_t)nranks * 2 * (4096 + PS_STAGE_HDR) * 4 / 3 + 4096);
     return ncclInvalidUsage;
   }
-  if (chunk + PS_STAGE_HDR > fit) chunk = (fit - PS_STAGE_HDR) & ~(size_t)4095;
+  /* shrunk to whole 4 KiB (at least one: fit holds that), so still a
+   * multiple of PS_STAGING_CHUNK_ALIGN, which a full chunk's record fills
+   * without padding */
+  if (full_rec_bytes(chunk) > fit) chunk = (fit - PS_STAGE_HDR) & ~(size_t)4095;
   st->chunk = chunk;
-  st->slot_bytes = chunk + PS_STAGE_HDR;
+  st->slot_bytes = full_rec_bytes(chunk);
   st->coalesce_ns = (uint64_t)cfg->staging_coalesce_us * 1000;
   st->per_peer = (uint32_t)(rx / ((size_t)nranks * st->slot_bytes));
   st->nsend = (uint32_t)(send / st->slot_bytes);
@@ -254,6 +261,20 @@ int ps_stage_open_to(const ps_rma_comm_t *c, const ps_rma_peer_t *p) {
   return p->prep_req || open_to(c, p->prep_tail, PS_STAGE_HDR);
 }
 
+/* Whether record i of r fits an empty slot (a bare chunk starts past the
+ * header it does not use). size_pools sizes slots for the largest record:
+ * one that does not fit would spill into the next slot at the target, so
+ * the comm fails instead of writing it. */
+static int fits_fresh(ps_rma_comm_t *c, const ps_rma_req_t *r, uint32_t i) {
+  const ps_stage_t *st = c->stage;
+  size_t need = rec_bytes(st, r, i) + (r->dst_staged ? 0 : PS_STAGE_HDR);
+  if (need <= st->slot_bytes) return 1;
+  ps_rma_fail(c, ncclInternalError, "staging: record %u of a put to rank %u needs %zu B of a "
+              "%zu B slot (chunks of %zu B): not written past the slot", i, r->peer, need,
+              st->slot_bytes, st->chunk);
+  return 0;
+}
+
 /* Prepares this peer's queued chunks, in order, each into the last slot
  * prepared for the peer where it joins, else into a free slot (at most
  * `limit` of them); returns how many free slots it took. */
@@ -273,6 +294,7 @@ static int prepare(ps_rma_comm_t *c, ps_rma_peer_t *p, int limit) {
     uint32_t i = r->prepared;
     ps_stage_slot_t *s = p->prep_tail;
     if (!joins(c, s, r, i)) {
+      if (!fits_fresh(c, r, i)) return taken;
       if (taken == limit || !(s = st->free_slots)) break;
       st->free_slots = s->next;
       s->ticket = 0, s->pass = c->passes, s->opened_ns = c->now_ns, s->used = 0, s->nrec = 0;

@@ -33,26 +33,35 @@ static int check_first(ps_rma_comm_t *c, uint32_t src, uint32_t slot, const ps_s
   return 1;
 }
 
+/* What take_record made of a record. */
+enum { PS_REC_REFUSED, PS_REC_TAKEN, PS_REC_DROPPED };
+
 /* Record h of a staged write (its payload at byte doff of receive slot
- * buf): checks the window it names and enqueues its copy into the GPU; 0
- * when refused (the comm failed). */
+ * buf): checks the window it names and enqueues its copy into the GPU.
+ * A window we deregistered is no fault of ours or the peer's (its put left
+ * before our notice reached it): the payload is dropped and the caller
+ * tells the origin (PS_REC_DROPPED). A window never registered, or not a
+ * GPU one, or a range outside it, is a broken peer: the comm fails
+ * (PS_REC_REFUSED). */
 static int take_record(ps_rma_comm_t *c, uint32_t src, const char *buf, const ps_stage_hdr_t *h,
                        size_t doff, uint64_t *ticket) {
   ps_stage_t *st = c->stage;
-  if (h->sig_op) return 1; /* checked against its region when it is applied */
+  if (h->sig_op) return PS_REC_TAKEN; /* checked against its region when it is applied */
+  if (h->region_id < c->nregions && !c->regions[h->region_id]) return PS_REC_DROPPED;
   ps_rma_region_t *r = h->region_id < c->nregions ? c->regions[h->region_id] : NULL;
   if (!r || !r->staged || h->offset > r->size || r->size - h->offset < h->len) {
     ps_rma_fail(c, ncclRemoteError, "staged write from rank %u rejected: region %u offset %llu "
-                "+ %llu B is not inside a GPU window (%zu B)", src, h->region_id,
-                (unsigned long long)h->offset, (unsigned long long)h->len, r ? r->size : (size_t)0);
-    return 0;
+                "+ %llu B is not inside a GPU window (%s%zu B)", src, h->region_id,
+                (unsigned long long)h->offset, (unsigned long long)h->len,
+                r ? "" : "never registered: ", r ? r->size : (size_t)0);
+    return PS_REC_REFUSED;
   }
   if (h->len && ps_cuda_h2d(st->cu, PS_CUDA_COPY_STREAM, r->base + h->offset, buf + doff, h->len,
                             ticket) != ncclSuccess) {
     ps_rma_fail(c, ncclSystemError, "copying a staged write from rank %u into the GPU failed", src);
-    return 0;
+    return PS_REC_REFUSED;
   }
-  return 1;
+  return PS_REC_TAKEN;
 }
 
 /* Record h: a chunk's put sequence to seqs, or a signal to sigs. */
@@ -69,9 +78,10 @@ static void sort_record(uint32_t src, const ps_stage_hdr_t *h, uint64_t *seqs, u
 }
 
 int ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *seqs, uint32_t *nseq,
-                     ps_sig_msg_t *sigs, uint32_t *nsig) {
+                     ps_sig_msg_t *sigs, uint32_t *nsig, ps_stage_hdr_t *dropped,
+                     uint32_t *ndropped) {
   ps_stage_t *st = c->stage;
-  *nseq = 0, *nsig = 0;
+  *nseq = 0, *nsig = 0, *ndropped = 0;
   if (!st || slot >= st->per_peer) {
     ps_rma_fail(c, ncclRemoteError, "rank %u sent a staged write to slot %u, but it has %u", src,
                 slot, st ? st->per_peer : 0);
@@ -88,7 +98,10 @@ int ps_stage_arrived(ps_rma_comm_t *c, uint32_t src, uint32_t slot, uint64_t *se
   if (!check_first(c, src, slot, &h[0])) return 0;
   uint64_t ticket = 0;
   for (uint32_t i = 0; i < n; i++) {
-    if (!take_record(c, src, buf, &h[i], doff[i], &ticket)) return 0;
+    int taken = take_record(c, src, buf, &h[i], doff[i], &ticket);
+    if (taken == PS_REC_REFUSED) return 0;
+    if (taken == PS_REC_DROPPED && !(*ndropped)++) *dropped = h[i];
+    /* a dropped chunk still arrived: target's count goes past it */
     sort_record(src, &h[i], seqs, nseq, sigs, nsig);
   }
   ps_stage_copy_t *k = &st->copies[(st->copy_head + st->ncopies) % ring_size(c)];
@@ -202,9 +215,7 @@ int ps_stage_signal(ps_rma_comm_t *c, char *addr, uint64_t add) {
 /* A credit only matters to its origin: one that cannot be delivered means
  * the origin closed (a credit racing its shutdown) or is unreachable, which
  * its own liveness check reports. Not this comm's failure: stop sending. */
-static void drop_credits(ps_rma_comm_t *c, int peer, const char *why) {
-  PS_INFO(NCCL_NET, "one-sided comm rank %d: staging credits to rank %d not delivered (%s); "
-          "no more will be sent", c->rank, peer, why);
+static void drop_credits(ps_rma_comm_t *c, int peer) {
   c->peers[peer].credit_busy = 1; /* never cleared: nothing more goes to it */
 }
 
@@ -212,8 +223,10 @@ static void credit_sent(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err
   ps_rma_comm_t *c = op->owner;
   (void)e;
   c->peers[op->idx].credit_busy = 0;
-  if (err) { /* the origin is gone, or its own liveness check will say so */
-    drop_credits(c, op->idx, errstr);
+  if (err) { /* the origin closed, or its own liveness check will say it is gone */
+    PS_INFO(NCCL_NET, "one-sided comm rank %d: staging credits to rank %d not delivered (%s); "
+            "no more will be sent", c->rank, op->idx, errstr);
+    drop_credits(c, op->idx);
     return;
   }
   c->stage->changed = 1; /* more may have been freed meanwhile */
@@ -232,7 +245,11 @@ void ps_stage_send_credits(ps_rma_comm_t *c) {
     int posted = 0;
     if (ps_rma_post_credit(c, (uint32_t)i, &st->credit[i], sizeof st->credit[i], st->credit_desc,
                            &st->credit_op[i], &posted) != ncclSuccess) {
-      drop_credits(c, i, "the provider refused the send");
+      /* the provider's error on the post (the endpoint logged it), not a
+       * peer that closed, which shows as a failed completion */
+      PS_WARN("one-sided comm rank %d: the provider refused a staging credit to rank %d (its staged "
+              "writes to this rank stall without it); no more credits go to it", c->rank, i);
+      drop_credits(c, i);
       continue;
     }
     if (!posted) {

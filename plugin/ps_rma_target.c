@@ -8,11 +8,15 @@
  * misaligned, is refused and sent back to its origin (PS_TAG_RMA_NACK),
  * whose comm fails naming the window: the origin's request completed when
  * its message left, so without this the origin would report success for a
- * signal nobody will ever see. Our own comm goes on: nothing here was
- * touched. And when we deregister a window, every peer is told at once
- * (PS_SIG_OP_CLOSED on the same tag), so that its later calls into our part
- * are refused at the call: a plain put into a closed window would otherwise
- * be dropped by some providers without an error on either side. */
+ * signal nobody will ever see. A staged put into a GPU window we
+ * deregistered is refused the same way (its bytes are dropped in
+ * ps_rma_stage_rx.c). Our own comm goes on: nothing here was touched. A
+ * signal that could never apply (it covers what no working peer can have
+ * sent) fails our comm instead of waiting forever. And when we deregister
+ * a window, every peer is told at once (PS_SIG_OP_CLOSED on the same tag),
+ * so that its later calls into our part are refused at the call: a plain
+ * put into a closed window would otherwise be dropped by some providers
+ * without an error on either side. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,19 +24,10 @@
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
-/* Why a signal was refused; travels back in the refusal's `covers`. */
-enum { PS_NACK_DEREGISTERED = 1, PS_NACK_MISALIGNED = 2 };
-
-/* Queues m's refusal back to its origin (sent by the next progress pass). */
-static void refuse_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m, int reason) {
-  const char *why = reason == PS_NACK_DEREGISTERED
-                        ? "the window was deregistered here"
-                        : "the word is not 8-byte aligned here (the window was registered at a "
-                          "misaligned address)";
+/* Queues the refusal of m (its origin in m->src_rank) back to its origin:
+ * sent by the next progress pass. */
+static void queue_nack(ps_rma_comm_t *c, const ps_sig_msg_t *m, int reason) {
   ps_rma_nack_t *n = &c->nacks[m->src_rank];
-  PS_WARN("one-sided comm rank %d: signal from rank %u into window %u at offset %llu refused: %s; "
-          "rank %u is told", c->rank, m->src_rank, m->region_id, (unsigned long long)m->offset, why,
-          m->src_rank);
   if (n->state != PS_NACK_IDLE) return; /* one on its way already fails that comm */
   n->msg = *m;
   n->msg.src_rank = (uint32_t)c->rank;
@@ -40,6 +35,31 @@ static void refuse_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m, int reason) {
   n->msg.covers_staged = 0;
   n->state = PS_NACK_QUEUED;
   c->nack_pending = 1;
+}
+
+static void refuse_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m, int reason) {
+  const char *why = reason == PS_NACK_DEREGISTERED
+                        ? "the window was deregistered here"
+                        : "the word is not 8-byte aligned here (the window was registered at a "
+                          "misaligned address)";
+  PS_WARN("one-sided comm rank %d: signal from rank %u into window %u at offset %llu refused: %s; "
+          "rank %u is told", c->rank, m->src_rank, m->region_id, (unsigned long long)m->offset, why,
+          m->src_rank);
+  queue_nack(c, m, reason);
+}
+
+/* A staged write from src carried n chunks into a window we deregistered,
+ * h the first: their bytes were dropped (the slot is freed as usual). The
+ * origin's put was reported done, so it is told, as for a signal. */
+static void refuse_staged(ps_rma_comm_t *c, uint32_t src, const ps_stage_hdr_t *h, uint32_t n) {
+  PS_WARN("one-sided comm rank %d: staged put from rank %u into window %u at offset %llu (%u "
+          "chunk%s, the first %llu B) dropped: the window was deregistered here; rank %u is told",
+          c->rank, src, h->region_id, (unsigned long long)h->offset, n, n == 1 ? "" : "s",
+          (unsigned long long)h->len, src);
+  ps_sig_msg_t m = {.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
+                    .op = NCCL_NET_SIGNAL_OP_ADD, .src_rank = src, .region_id = h->region_id,
+                    .offset = h->offset, .value = h->len};
+  queue_nack(c, &m, PS_NACK_PUT_DEREGISTERED);
 }
 
 /* 0: applied, or refused (or, on a GPU word, queued behind the copies
@@ -68,6 +88,42 @@ static int apply_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m) {
    * ordering publishes the new value after everything written before it. */
   __atomic_fetch_add((uint64_t *)(r->base + m->offset), add, __ATOMIC_RELEASE);
   return 0;
+}
+
+/* A working peer's signal covers only what it posted before the signal:
+ * under target, writes at most PS_RMA_MAX_WINDOW past the oldest one that
+ * has not arrived (mark_arrived's bound), and staged writes inside the
+ * credit we gave (ps_stage_arrived's). A signal beyond those, or one that
+ * counts writes this comm's strategy never counts, could never apply: held,
+ * it would wait without a word, so the comm fails naming the value. */
+static int coverable(ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_sig_msg_t *m) {
+  if (m->covers && c->ordering != PS_ORD_TARGET) {
+    ps_rma_fail(c, ncclInvalidUsage, "rank %u sent a signal that waits until %llu of its writes "
+                "arrived, as the target strategy counts them, but this rank's ordering is %s, "
+                "which never counts them: every rank must set the same PERSEUS_ORDERING",
+                m->src_rank, (unsigned long long)m->covers, ps_ordering_names[c->ordering]);
+    return 0;
+  }
+  if (m->covers >= p->arrived.below + PS_RMA_MAX_WINDOW) {
+    ps_rma_fail(c, ncclRemoteError, "rank %u sent a signal covering its writes up to %llu, over %u "
+                "past the oldest one missing (%llu): it could never apply", m->src_rank,
+                (unsigned long long)m->covers, PS_RMA_MAX_WINDOW,
+                (unsigned long long)p->arrived.below);
+    return 0;
+  }
+  if (!m->covers_staged) return 1;
+  if (!c->stage || m->covers_staged >= p->stage_done.below + c->stage->per_peer) {
+    char have[96] = "this rank stages nothing (no GPU window)";
+    if (c->stage)
+      snprintf(have, sizeof have, "its credit holds staged writes %llu to %llu",
+               (unsigned long long)p->stage_done.below,
+               (unsigned long long)(p->stage_done.below + c->stage->per_peer - 1));
+    ps_rma_fail(c, ncclRemoteError, "rank %u sent a signal covering its staged writes up to %llu, "
+                "but %s: it could never apply", m->src_rank, (unsigned long long)m->covers_staged,
+                have);
+    return 0;
+  }
+  return 1;
 }
 
 /* Whether what the signal covers is there: its writes arrived (target
@@ -118,8 +174,12 @@ static void remote_write(void *comm, uint64_t data) {
   if (data & PS_STAGED_DATA) {
     uint64_t seqs[PS_STAGE_MAX_RECS];
     ps_sig_msg_t sigs[PS_STAGE_MAX_RECS];
-    uint32_t nseq, nsig;
-    if (!ps_stage_arrived(c, (uint32_t)src, (uint32_t)data, seqs, &nseq, sigs, &nsig)) return;
+    ps_stage_hdr_t dropped;
+    uint32_t nseq, nsig, ndropped;
+    if (!ps_stage_arrived(c, (uint32_t)src, (uint32_t)data, seqs, &nseq, sigs, &nsig, &dropped,
+                          &ndropped))
+      return;
+    if (ndropped) refuse_staged(c, (uint32_t)src, &dropped, ndropped);
     for (uint32_t i = 0; i < nseq && c->ordering == PS_ORD_TARGET && !c->error; i++)
       mark_arrived(c, (uint32_t)src, seqs[i]);
     for (uint32_t i = 0; i < nsig && !c->error; i++) take_signal(c, &sigs[i]);
@@ -160,7 +220,7 @@ static void on_signal(ps_rma_comm_t *c, const ps_rma_sig_slot_t *s, size_t len) 
  * is there, else held until it is. */
 static void take_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m) {
   ps_rma_peer_t *p = &c->peers[m->src_rank];
-  if (covered(c, p, m) && !apply_signal(c, m)) return;
+  if (!coverable(c, p, m) || (covered(c, p, m) && !apply_signal(c, m))) return;
   /* A peer cannot have more signals waiting than its writes in flight; the
    * cap only bounds what a broken peer can make us allocate. */
   if (p->nheld == p->cap_held) {
@@ -217,9 +277,10 @@ static void on_closed(ps_rma_comm_t *c, ps_rma_sig_slot_t *s, const ps_sig_msg_t
     ps_rma_fail(c, ncclSystemError, "cannot re-post a refusal receive");
 }
 
-/* A peer refused one of our signals (refuse_signal): the caller believes it
- * landed, so the comm fails, naming the window and, where it is still
- * registered here, its local address. Or a peer's window-closed notice. */
+/* A peer refused one of our signals (refuse_signal) or dropped a staged put
+ * of ours (refuse_staged): the caller believes it landed, so the comm fails,
+ * naming the window and, where it is still registered here, its local
+ * address. Or a peer's window-closed notice. */
 static void nack_rx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err,
                          const char *errstr) {
   ps_rma_sig_slot_t *s = op->owner;
@@ -241,6 +302,13 @@ static void nack_rx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int er
   ps_rma_region_t *r = m.region_id < c->nregions ? c->regions[m.region_id] : NULL;
   char here[96] = "deregistered here too";
   if (r) snprintf(here, sizeof here, "here at %p, %zu B, still registered", (void *)r->base, r->size);
+  if (m.covers == PS_NACK_PUT_DEREGISTERED) {
+    ps_rma_fail(c, ncclRemoteError, "rank %u dropped our staged put (%llu B at offset %llu) into "
+                "window %u (%s): the window is deregistered there: every rank must stop writing "
+                "into a window before any rank deregisters it", m.src_rank,
+                (unsigned long long)m.value, (unsigned long long)m.offset, m.region_id, here);
+    return;
+  }
   const char *why = m.covers == PS_NACK_DEREGISTERED
                         ? "the window is deregistered there: every rank must stop signalling a "
                           "window before any rank deregisters it"
@@ -307,8 +375,10 @@ void ps_rma_send_notices(ps_rma_comm_t *c) {
     int posted = 0;
     if (ps_rma_post_sig_send(c, (uint32_t)i, &n->msg, sizeof n->msg, c->notes_desc,
                              PS_TAG_RMA_NACK, &n->op, &posted) != ncclSuccess) {
-      PS_INFO(NCCL_NET, "one-sided comm rank %d: the provider refused a window-closed notice to "
-              "rank %d", c->rank, i);
+      /* a post error (not a delivery failure): the peer's calls into
+       * windows we deregister go unchecked from now on */
+      PS_WARN("one-sided comm rank %d: the provider refused a window-closed notice to rank %d "
+              "(window %u); no more notices go to it", c->rank, i, n->queue[0]);
       n->gone = 1, n->nq = 0;
       continue;
     }

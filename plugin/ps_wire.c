@@ -3,6 +3,23 @@
 #include <string.h>
 
 #include "ps_log.h"
+#include "ps_rma.h"
+
+/* Here rather than with the strategies (ps_rma_order.c): a wire hash carries
+ * the setting's index, and a refused handle names both settings, in the
+ * parsers that tests link without the engine. */
+const char *const ps_ordering_names[] = {"auto", "ordered", "fence", "target",
+                                         "deferred", "drain", NULL};
+_Static_assert(PS_ORD_DRAIN < PS_WIRE_ORDERING_INVALID,
+               "a wire hash's ordering bits hold every strategy and the invalid mark");
+
+/* The PERSEUS_ORDERING setting a wire hash's low bits carry, or NULL where
+ * they carry none. */
+static const char *setting_name(uint32_t bits) {
+  if (bits == PS_WIRE_ORDERING_INVALID) return "a value that names no strategy";
+  if (bits == PS_ORD_AUTO) return "auto (or unset)";
+  return bits <= PS_ORD_DRAIN ? ps_ordering_names[bits] : NULL;
+}
 
 ncclResult_t ps_handle_encode(ps_handle_t *h, uint32_t wire_hash, uint32_t dev, uint64_t listen_id,
                               const void *addr, size_t addrlen) {
@@ -46,15 +63,26 @@ static ncclResult_t check_ident(const char *what, uint32_t magic, uint16_t versi
   return ncclSuccess;
 }
 
+/* The peer's wire hash against ours: where only the ordering bits differ,
+ * the refusal names both PERSEUS_ORDERING settings. */
+static ncclResult_t check_hash(const char *what, uint32_t hash, uint32_t want_hash) {
+  if (hash == want_hash) return ncclSuccess;
+  const char *theirs = setting_name(hash & PS_WIRE_ORDERING_MASK),
+             *ours = setting_name(want_hash & PS_WIRE_ORDERING_MASK);
+  if (!((hash ^ want_hash) & ~PS_WIRE_ORDERING_MASK) && theirs && ours)
+    PS_WARN("%s rejected: the peer's PERSEUS_ORDERING is %s, this rank's is %s: every rank must "
+            "set the same", what, theirs, ours);
+  else
+    PS_WARN("%s rejected: peer uses another provider (wire hash 0x%08x, ours 0x%08x)", what, hash,
+            want_hash);
+  return ncclInvalidArgument;
+}
+
 /* Handles and handshake messages also name the provider and an address. */
 static ncclResult_t check_header(const char *what, uint32_t magic, uint16_t version, uint32_t hash,
                                  uint32_t want_hash, size_t addrlen, size_t addrmax) {
   PS_CHECK(check_ident(what, magic, version));
-  if (hash != want_hash) {
-    PS_WARN("%s rejected: peer uses another provider (wire hash 0x%08x, ours 0x%08x)", what, hash,
-            want_hash);
-    return ncclInvalidArgument;
-  }
+  PS_CHECK(check_hash(what, hash, want_hash));
   if (addrlen == 0 || addrlen > addrmax) {
     PS_WARN("%s rejected: address length %zu outside [1, %zu]", what, addrlen, addrmax);
     return ncclInvalidArgument;

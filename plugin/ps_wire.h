@@ -10,7 +10,7 @@
 #include "ps_nccl_abi.h"
 
 #define PS_WIRE_MAGIC 0x50535553u /* "PSUS" */
-#define PS_WIRE_VERSION 7
+#define PS_WIRE_VERSION 8
 #define PS_HANDLE_ADDR_MAX 96
 #define PS_CTRL_ADDR_MAX 224
 #define PS_MAX_STREAMS 8       /* endpoints of one comm (PERSEUS_NSTREAMS) */
@@ -31,11 +31,21 @@
 #define PS_STRIPE_SIZE_BITS 40
 #define PS_STRIPE_SEQ_MASK 0x3fffffu
 
+/* A wire hash (in handles and handshake messages) hashes the provider and
+ * wire format, its low bits replaced by the sender's PERSEUS_ORDERING
+ * setting: its index in ps_ordering_names (0: auto, or unset), or
+ * PS_WIRE_ORDERING_INVALID for a value that names no strategy. Ranks whose
+ * settings differ refuse each other's handles, naming both: one strategy's
+ * signal means something else to another (a `target` origin's signal waits
+ * for write counts an `ordered` target never keeps). */
+#define PS_WIRE_ORDERING_MASK 0x7u
+#define PS_WIRE_ORDERING_INVALID 0x7u
+
 typedef struct {
   uint32_t magic;
   uint16_t version;
   uint16_t addrlen;
-  uint32_t wire_hash; /* provider + wire format of the listener */
+  uint32_t wire_hash; /* provider + wire format + PERSEUS_ORDERING of the listener */
   uint32_t dev;
   uint64_t listen_id;
   uint8_t addr[PS_HANDLE_ADDR_MAX];
@@ -83,6 +93,17 @@ ncclResult_t ps_ctrl_decode(const void *buf, size_t len, uint16_t type, uint32_t
  * write (in front of the payload in a staging slot). */
 #define PS_SIG_OP_CREDIT 0x100 /* value: every staged write with sequence < value was consumed */
 #define PS_SIG_OP_CLOSED 0x101 /* region_id: the sender deregistered its part of that window */
+
+/* A target's refusal (PS_TAG_RMA_NACK in ps_rma_int.h) is a signal message
+ * sent back, src_rank naming the target and `covers` why: */
+enum {
+  PS_NACK_DEREGISTERED = 1, /* a signal into a window it deregistered */
+  PS_NACK_MISALIGNED = 2,   /* a signal into a word it registered misaligned */
+  /* a staged put into a GPU window it deregistered, its bytes dropped:
+   * region_id and offset name its first chunk dropped, value that chunk's
+   * bytes (op is ADD, unused) */
+  PS_NACK_PUT_DEREGISTERED = 3,
+};
 
 typedef struct {
   uint32_t magic;

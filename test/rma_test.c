@@ -33,6 +33,13 @@
  *              rank 0's close, with staged puts waiting for rank 1's slots,
  *              must find it gone in seconds (PERSEUS_PEER_TIMEOUT_MS is 60 s
  *              here) and return.
+ *   regfail    both ranks register a GPU window, then rank 0 registers a
+ *              host window where the others register a GPU one: every rank's
+ *              call must fail (ncclInvalidUsage), and so must a later one
+ *              (the comm failed). The failed window must be gone: the test
+ *              checks the close's report of windows still registered
+ *              (NCCL_DEBUG=INFO), which must name the first window alone.
+ *              Needs a plugin with CUDA (the fake-CUDA one).
  * -G [dsg]: register the destination window (d), the source (s) and the
  * signal words (g) as NCCL_PTR_CUDA; with the fake-CUDA test plugin that
  * exercises staging on hosts without a GPU. m: every odd tile goes to a
@@ -463,6 +470,23 @@ static int closing(drv_rank_t *r, drv_gin_t *g, void **ccp, const args_t *a) {
   return 0;
 }
 
+static int regfail(drv_rank_t *r, drv_gin_t *g, void *cc) {
+  enum { SZ = 4096 };
+  static unsigned char gpu_win[SZ], second[SZ], later[SZ];
+  void *gpu_mh = NULL, *mh = NULL;
+  CHECK(g->reg_sym(cc, gpu_win, SZ, NCCL_PTR_CUDA, 0, &gpu_mh) == ncclSuccess, "reg GPU window");
+  int type = r->rank == 0 ? NCCL_PTR_HOST : NCCL_PTR_CUDA;
+  ncclResult_t rc = g->reg_sym(cc, second, SZ, type, 0, &mh);
+  CHECK(rc == ncclInvalidUsage && !mh, "a %s window where another rank registered %s memory: "
+        "regMrSym returned %d, expected ncclInvalidUsage (5)", type == NCCL_PTR_HOST ? "host" : "GPU",
+        type == NCCL_PTR_HOST ? "GPU" : "host", rc);
+  rc = g->reg_sym(cc, later, SZ, NCCL_PTR_HOST, 0, &mh);
+  CHECK(rc != ncclSuccess && !mh, "regMrSym after a failed exchange returned %d, expected the "
+        "comm's failure", rc);
+  /* the GPU window stays registered: the close names it, and nothing else */
+  return 0;
+}
+
 static int rank_fn(drv_rank_t *r, void *arg) {
   const args_t *a = arg;
   drv_gin_t g;
@@ -491,6 +515,7 @@ static int rank_fn(drv_rank_t *r, void *arg) {
         g.ptr_support & NCCL_PTR_DMABUF ? "names" : "lacks", a->dmabuf);
   int rc = !strcmp(a->scenario, "api")      ? api(r, &g, cc)
            : !strcmp(a->scenario, "cycles") ? cycles(r, &g, cc, a)
+           : !strcmp(a->scenario, "regfail") ? regfail(r, &g, cc)
            : !strcmp(a->scenario, "close") || !strcmp(a->scenario, "gone") ? closing(r, &g, &cc, a)
                                             : invariant(r, &g, cc, a);
   /* closed even after a failure: shm leaves a dead endpoint's name behind,
@@ -548,7 +573,7 @@ int main(int argc, char **argv) {
     else if (c == 'G') a.gpu = optarg;
     else if (c == 'D' && (!strcmp(optarg, "y") || !strcmp(optarg, "n"))) a.dmabuf = optarg[0];
     else {
-      fprintf(stderr, "usage: %s [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-s invariant|props|api|cycles|close|gone] "
+      fprintf(stderr, "usage: %s [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-s invariant|props|api|cycles|close|gone|regfail] "
               "[-r RANKS 2..16] [-b BATCHES 1..%d] [-G dsgm: GPU windows] [-D y|n: GPU windows by dma-buf, DMABUF offered or not] [-e RANK:NAME=VALUE: one rank's "
               "setting] [-R: expect the ordering to be refused] [-u: reuse the source once reported]\n",
               argv[0], MAX_BATCHES);
@@ -558,8 +583,9 @@ int main(int argc, char **argv) {
   if (o.nranks < 2 || o.nranks > 16 || a.batches < 1 || a.batches > MAX_BATCHES ||
       (a.gpu && strspn(a.gpu, "dsgm") != strlen(a.gpu)) ||
       (strcmp(a.scenario, "invariant") && strcmp(a.scenario, "props") && strcmp(a.scenario, "api") &&
-       strcmp(a.scenario, "cycles") && strcmp(a.scenario, "close") && strcmp(a.scenario, "gone"))) {
-    fprintf(stderr, "ranks must be 2..16, batches 1..%d, -G letters from dsgm, scenario invariant, props, api, cycles, close or gone\n",
+       strcmp(a.scenario, "cycles") && strcmp(a.scenario, "close") && strcmp(a.scenario, "gone") &&
+       strcmp(a.scenario, "regfail"))) {
+    fprintf(stderr, "ranks must be 2..16, batches 1..%d, -G letters from dsgm, scenario invariant, props, api, cycles, close, gone or regfail\n",
             MAX_BATCHES);
     return 2;
   }

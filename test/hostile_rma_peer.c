@@ -1,0 +1,297 @@
+/* What a one-sided target does with a peer that breaks the engine's
+ * promises, and with a staged put into a GPU window it deregistered. Rank 0
+ * is real (the plugin through ncclGinPlugin_v11); in the signal scenarios
+ * rank 1 is a fake peer (fake_rma_peer.h) that joins rank 0's comm and
+ * sends crafted messages. -s:
+ *   covers_ordered  a signal that waits for a write count (target's) into an
+ *                   `ordered` comm, which never counts writes: the comm fails
+ *                   naming both, instead of holding it forever
+ *   covers_window   target: a signal covering writes PS_RMA_MAX_WINDOW past
+ *                   the oldest one missing is held (it may apply); one more
+ *                   fails the comm, naming the value
+ *   staged_none     a signal covering staged writes, no GPU window here
+ *   staged_credit   (fake-CUDA plugin) a signal covering staged writes inside
+ *                   the credit is held; far beyond it fails the comm
+ *   nack_put        the fake refuses a staged put of ours (a window it
+ *                   deregistered): rank 0's comm fails naming the window
+ *   put_dereg_gpu   (3 real ranks, fake-CUDA plugin) rank 0 puts into rank
+ *                   1's part of a GPU window that rank 1 deregistered before
+ *                   rank 0 heard of it: rank 1 drops the bytes and tells rank
+ *                   0, whose comm fails naming the window; rank 1's stays
+ *                   healthy and its staging still serves rank 2
+ * The comm's reasons are logged as WARNs, which the meson tests match.
+ * Usage: perseus_hostile_rma_peer -s SCENARIO [-p PLUGIN]; exit 0 pass,
+ * 1 fail, 2 usage. */
+#include <dlfcn.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_rma_peer.h"
+#include "ps_driver_gin.h"
+#include "ps_driver_int.h"
+#include "ps_gin_abi.h"
+#include "ps_rma_int.h" /* PS_RMA_MAX_WINDOW, the tags */
+#include "ps_wire.h"
+
+#define SZ 4096
+#define NRANKS_MAX 3
+
+typedef struct {
+  const char *plugin, *scenario;
+} args_t;
+
+static const ncclGin_v11_t *tbl;
+
+/* After drv_gin_connect's handles: a step counter the ranks share. */
+static int *flag_of(drv_rank_t *r) {
+  return (int *)(void *)((char *)r->user + drv_gin_shared_bytes(NRANKS_MAX));
+}
+
+/* ... then rank 0's FI_OFI_RXM_ENABLE_PASSTHRU once its plugin set it up:
+ * rxm's passthru mode speaks another protocol, which the fake must speak
+ * too ("" where unset). */
+#define PASSTHRU_MAX 16
+static char *passthru_of(drv_rank_t *r) { return (char *)(flag_of(r) + 1); }
+
+static ps_sig_msg_t sig_msg(uint64_t covers, uint64_t covers_staged) {
+  return (ps_sig_msg_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
+                        .op = NCCL_NET_SIGNAL_OP_INC, .src_rank = 1, .region_id = 0,
+                        .offset = 0, .value = 1, .covers = covers,
+                        .covers_staged = covers_staged};
+}
+
+/* --- rank 0, real, against the fake --- */
+
+/* Rank 0 listens, the fake builds its handle from rank 0's, then rank 0
+ * connects to both. */
+static int real_connect(drv_rank_t *r, const args_t *a, drv_gin_t *g, void **cc) {
+  unsigned char(*h)[NCCL_NET_HANDLE_MAXSIZE] = r->user;
+  void *lc = NULL, *hp[2] = {h[0], h[1]};
+  CHECK(!drv_gin_load(a->plugin, "gin11", g), "loading the gin11 table");
+  void *lib = drv_open_plugin(a->plugin, NULL);
+  tbl = lib ? dlsym(lib, "ncclGinPlugin_v11") : NULL;
+  CHECK(tbl, "no ncclGinPlugin_v11");
+  CHECK(tbl->listen(NULL, r->dev, h[0], &lc) == ncclSuccess, "listen");
+  const char *pt = getenv("FI_OFI_RXM_ENABLE_PASSTHRU");
+  snprintf(passthru_of(r), PASSTHRU_MAX, "%s", pt ? pt : "");
+  CHECK(!drv_barrier(r, 60) && !drv_barrier(r, 60), "barriers around the fake's handle");
+  ncclResult_t rc = tbl->connect(NULL, hp, 2, 0, lc, cc);
+  CHECK(tbl->closeListen(lc) == ncclSuccess && rc == ncclSuccess, "connect: rc %d", rc);
+  CHECK(!drv_barrier(r, 60), "barrier after connect");
+  return 0;
+}
+
+static int expect_healthy(drv_rank_t *r, drv_gin_t *g, void *cc, const char *what) {
+  for (double end = drv_now() + 0.3; drv_now() < end;)
+    CHECK(g->progress(cc) == ncclSuccess, "%s failed the comm", what);
+  return 0;
+}
+
+static int expect_failure(drv_rank_t *r, drv_gin_t *g, void *cc, const char *what) {
+  ncclResult_t rc = ncclSuccess;
+  for (double end = drv_now() + 10; rc == ncclSuccess; rc = g->progress(cc))
+    CHECK(drv_now() < end, "%s: no error after 10 s (held without a word?)", what);
+  bool err = false;
+  CHECK(g->last_error(cc, &err) == ncclSuccess && err, "%s: queryLastError reports no error", what);
+  printf("rank 0: %s failed the comm (rc %d)\n", what, rc);
+  return 0;
+}
+
+/* A collective registration, the fake echoing our parts meanwhile. */
+static int real_register(drv_rank_t *r, drv_gin_t *g, void *cc, void *buf, int type, void **mh) {
+  ncclResult_t rc = g->reg_sym(cc, buf, SZ, type, 0, mh);
+  __atomic_store_n(flag_of(r), 1, __ATOMIC_RELEASE);
+  CHECK(rc == ncclSuccess, "regMrSym with the fake peer: rc %d", rc);
+  return 0;
+}
+
+static int real_side(drv_rank_t *r, const args_t *a) {
+  const char *s = a->scenario;
+  drv_gin_t g;
+  void *cc = NULL, *mh = NULL, *buf = calloc(1, SZ);
+  CHECK(buf, "out of memory");
+  if (real_connect(r, a, &g, &cc)) return 1;
+  int rc = 0;
+  if (!strcmp(s, "staged_credit") || !strcmp(s, "nack_put"))
+    rc = real_register(r, &g, cc, buf, !strcmp(s, "nack_put") ? NCCL_PTR_HOST : NCCL_PTR_CUDA, &mh);
+  CHECK(!rc && !drv_barrier(r, 60), "barrier after the fake's first message");
+  if (!strcmp(s, "covers_window") || !strcmp(s, "staged_credit")) {
+    /* the first signal could still be covered: held, no error */
+    if (expect_healthy(r, &g, cc, "a signal inside the bounds")) return 1;
+    CHECK(!drv_barrier(r, 60) && !drv_barrier(r, 60), "barriers around the second message");
+  }
+  rc = expect_failure(r, &g, cc, s);
+  if (mh) (void)g.dereg_sym(cc, mh); /* the comm failed: only the local part matters */
+  CHECK(tbl->closeColl(cc) == ncclSuccess && drv_gin_close(&g, NULL) == ncclSuccess, "close");
+  free(buf);
+  return rc;
+}
+
+/* --- rank 1, the fake --- */
+
+static int fake_side(drv_rank_t *r, const args_t *a) {
+  unsigned char(*h)[NCCL_NET_HANDLE_MAXSIZE] = r->user;
+  const char *s = a->scenario;
+  CHECK(!drv_barrier(r, 60), "fake peer: barrier after rank 0 listened");
+  if (*passthru_of(r)) setenv("FI_OFI_RXM_ENABLE_PASSTHRU", passthru_of(r), 1);
+  fake_peer_t *f = fake_open();
+  CHECK(f && !fake_handle(f, 1, h[0], h[1]), "fake peer: open");
+  CHECK(!drv_barrier(r, 60) && !drv_barrier(r, 60), "fake peer: barriers around connect");
+  ps_sig_msg_t m = sig_msg(0, 0), second = m;
+  uint64_t tag = PS_TAG_RMA_SIG;
+  if (!strcmp(s, "covers_ordered")) {
+    m.covers = 5;
+  } else if (!strcmp(s, "covers_window")) {
+    m.covers = PS_RMA_MAX_WINDOW; /* arrived.below (1) + the window - 1 */
+    second.covers = PS_RMA_MAX_WINDOW + 1;
+  } else if (!strcmp(s, "staged_none")) {
+    m.covers_staged = 1;
+  } else if (!strcmp(s, "staged_credit")) {
+    m.covers_staged = 1; /* staged write 1: inside any credit */
+    second.covers_staged = 1u << 20;
+  } else { /* nack_put: as a target refuses a staged put into a window it deregistered */
+    m = (ps_sig_msg_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
+                       .op = NCCL_NET_SIGNAL_OP_ADD, .src_rank = 1, .region_id = 0,
+                       .offset = 64, .value = SZ, .covers = PS_NACK_PUT_DEREGISTERED};
+    tag = PS_TAG_RMA_NACK;
+  }
+  if (!strcmp(s, "staged_credit") || !strcmp(s, "nack_put"))
+    CHECK(!fake_serve(f, flag_of(r), 60), "fake peer: rank 0's registration");
+  CHECK(!fake_send(f, tag, &m, sizeof m) && !drv_barrier(r, 60), "fake peer: first message");
+  if (!strcmp(s, "covers_window") || !strcmp(s, "staged_credit"))
+    CHECK(!drv_barrier(r, 60) && !fake_send(f, tag, &second, sizeof second) && !drv_barrier(r, 60),
+          "fake peer: second message");
+  fake_close(f);
+  return 0;
+}
+
+/* --- put_dereg_gpu: three real ranks --- */
+
+typedef struct {
+  drv_gin_t g;
+  void *cc;
+  unsigned char *src, *dst, *dst2;
+  uint64_t *sig;
+  void *src_mh, *dst_mh, *dst2_mh, *sig_mh;
+} gpu_win_t;
+
+static int gpu_open(drv_rank_t *r, const args_t *a, gpu_win_t *w) {
+  size_t P = (size_t)r->nranks;
+  CHECK(!drv_gin_load(a->plugin, "gin11", &w->g), "loading the gin11 table");
+  CHECK(drv_gin_connect(r, &w->g, &w->cc) == ncclSuccess, "connect");
+  w->src = calloc(P, SZ), w->dst = calloc(P, SZ), w->dst2 = calloc(P, SZ), w->sig = calloc(P, 8);
+  CHECK(w->src && w->dst && w->dst2 && w->sig, "out of memory");
+  drv_gin_t *g = &w->g;
+  CHECK(g->reg_sym(w->cc, w->src, P * SZ, NCCL_PTR_HOST, 0, &w->src_mh) == ncclSuccess &&
+            g->reg_sym(w->cc, w->dst, P * SZ, NCCL_PTR_CUDA, 0, &w->dst_mh) == ncclSuccess &&
+            g->reg_sym(w->cc, w->dst2, P * SZ, NCCL_PTR_CUDA, 0, &w->dst2_mh) == ncclSuccess &&
+            g->reg_sym(w->cc, w->sig, P * 8, NCCL_PTR_HOST, NCCL_NET_MR_FLAG_FORCE_SO, &w->sig_mh) ==
+                ncclSuccess,
+        "regMrSym");
+  CHECK(!drv_gin_barrier(r, g, w->cc, 60), "barrier after registration");
+  return 0;
+}
+
+/* Rank 0: a put rank 1 can no longer take, issued before rank 0 made a
+ * pass that could read rank 1's window-closed notice. */
+static int put_into_closed(drv_rank_t *r, gpu_win_t *w) {
+  drv_gin_t *g = &w->g;
+  void *req = NULL;
+  int done = 0;
+  drv_fill(w->src, SZ, 0xdead);
+  ncclResult_t rc = g->iput(w->cc, 0, w->src_mh, SZ, 0, w->dst_mh, 1, &req);
+  CHECK(rc == ncclSuccess && req, "the put was refused at the call (rc %d): the notice came first", rc);
+  for (double end = drv_now() + 10; !done && rc == ncclSuccess; rc = g->test(w->cc, req, &done))
+    CHECK(drv_now() < end, "the put into rank 1's deregistered window never completed");
+  if (expect_failure(r, g, w->cc, "a staged put into rank 1's deregistered GPU window")) return 1;
+  __atomic_store_n(flag_of(r), 1, __ATOMIC_RELEASE);
+  return 0;
+}
+
+/* Ranks 1 and 2: healthy while rank 0 fails, then a staged put+signal each
+ * way into the window still registered, its bytes checked. */
+static int stay_healthy(drv_rank_t *r, gpu_win_t *w) {
+  drv_gin_t *g = &w->g;
+  uint32_t me = (uint32_t)r->rank, peer = 3 - me;
+  void *req = NULL;
+  ncclResult_t rc = ncclSuccess;
+  for (double end = drv_now() + 30; !__atomic_load_n(flag_of(r), __ATOMIC_ACQUIRE);) {
+    CHECK(drv_now() < end && !drv_peer_failed(r), "rank 0 never saw its error");
+    CHECK(g->progress(w->cc) == ncclSuccess, "progress failed: this comm must stay healthy");
+  }
+  drv_fill(w->src + peer * SZ, SZ, 0x100 + me);
+  rc = g->iput_signal(w->cc, peer * SZ, w->src_mh, SZ, me * SZ, w->dst2_mh, peer, me * 8, w->sig_mh,
+                      1, NCCL_NET_SIGNAL_OP_ADD, &req);
+  CHECK(rc == ncclSuccess && !drv_gin_wait(g, w->cc, req, 30, &rc), "put+signal to rank %u: rc %d",
+        peer, rc);
+  for (double end = drv_now() + 30; __atomic_load_n(&w->sig[peer], __ATOMIC_ACQUIRE) < 1;) {
+    CHECK(drv_now() < end, "no signal from rank %u", peer);
+    CHECK(g->progress(w->cc) == ncclSuccess, "progress failed waiting for rank %u", peer);
+  }
+  long bad = drv_verify(w->dst2 + peer * SZ, SZ, 0x100 + peer);
+  CHECK(bad < 0, "data from rank %u wrong at byte %ld", peer, bad);
+  bool err = true;
+  CHECK(g->last_error(w->cc, &err) == ncclSuccess && !err, "queryLastError reports an error");
+  return 0;
+}
+
+static int put_dereg_gpu(drv_rank_t *r, const args_t *a) {
+  gpu_win_t w = {0};
+  if (gpu_open(r, a, &w)) return 1;
+  /* no pass of rank 0's from here to its put: rank 1's notice stays unread */
+  CHECK(!drv_barrier(r, 60), "barrier before rank 1 deregisters");
+  if (r->rank == 1) {
+    CHECK(w.g.dereg_sym(w.cc, w.dst_mh) == ncclSuccess, "deregMrSym");
+    w.dst_mh = NULL;
+  }
+  CHECK(!drv_barrier(r, 60), "barrier after rank 1 deregistered");
+  int rc = r->rank == 0 ? put_into_closed(r, &w) : stay_healthy(r, &w);
+  CHECK(!drv_barrier(r, 60), "barrier before deregistration");
+  void *mhs[] = {w.src_mh, w.dst_mh, w.dst2_mh, w.sig_mh};
+  for (int i = 0; i < 4; i++) /* rank 0's comm failed: its refusals do not matter */
+    CHECK(!mhs[i] || w.g.dereg_sym(w.cc, mhs[i]) == ncclSuccess || r->rank == 0, "deregMrSym");
+  ncclResult_t xrc = drv_gin_close(&w.g, w.cc);
+  CHECK(xrc == ncclSuccess || r->rank == 0, "close: rc %d", xrc);
+  free(w.src), free(w.dst), free(w.dst2), free(w.sig);
+  return rc;
+}
+
+static int rank_fn(drv_rank_t *r, void *arg) {
+  const args_t *a = arg;
+  if (!strcmp(a->scenario, "put_dereg_gpu")) return put_dereg_gpu(r, a);
+  return r->rank == 0 ? real_side(r, a) : fake_side(r, a);
+}
+
+int main(int argc, char **argv) {
+  static const char *const scen[] = {"covers_ordered", "covers_window", "staged_none",
+                                     "staged_credit",  "nack_put",      "put_dereg_gpu"};
+  args_t a = {0};
+  const char *abi = NULL;
+  int c, known = 0, nr = 0;
+  while ((c = getopt(argc, argv, "p:s:h")) != -1) {
+    if (c != 'h' && drv_gin_opt(c, optarg, &abi, &a.plugin, &a.scenario, &nr)) continue;
+    fprintf(stderr, "usage: %s -s covers_ordered|covers_window|staged_none|staged_credit|"
+            "nack_put|put_dereg_gpu [-p PLUGIN]\n", argv[0]);
+    return c == 'h' ? 0 : 2;
+  }
+  for (size_t i = 0; i < sizeof scen / sizeof *scen; i++)
+    known |= a.scenario && !strcmp(a.scenario, scen[i]);
+  if (!known) {
+    fprintf(stderr, "-s names no scenario (-h for the list)\n");
+    return 2;
+  }
+  int gpu = !strcmp(a.scenario, "put_dereg_gpu");
+  /* the put must be issued before any pass of rank 0's reads rank 1's
+   * notice: passes only inside rank 0's own calls */
+  if (gpu) setenv("PERSEUS_PROGRESS_THREAD", "0", 1);
+  drv_opts_t o = {.nranks = gpu ? 3 : 2, .timeout_s = 120, .no_load = 1, .no_mesh = 1,
+                  .shared_bytes = drv_gin_shared_bytes(NRANKS_MAX) + sizeof(int) + PASSTHRU_MAX};
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  double t0 = drv_now();
+  int rc = drv_run(&o, rank_fn, &a);
+  printf("hostile_rma_peer %s, %d ranks: %s (%.2f s)\n", a.scenario, o.nranks, rc ? "FAIL" : "ok",
+         drv_now() - t0);
+  return rc ? 1 : 0;
+}
