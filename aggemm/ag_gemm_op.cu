@@ -57,16 +57,11 @@ struct perseus_ag_gemm {
 
 // The reason a step gave up, into the operator's error; -1.
 static int fail_fault(const perseus_ag_gemm_t *f, const char *when) {
-  const perseus_wait_fault &w = *f->fault;
-  if (!w.set) return ps_ag_gemm_fail("%s: the operator was aborted (perseus_ag_gemm_abort); destroy it", when);
-  if (w.what == WAIT_SPLITS)
-    return ps_ag_gemm_fail("%s: step %llu (from 1) waited %llu ms (PERSEUS_AG_GEMM_TIMEOUT_MS %lld) for this "
-                           "rank's own blocks (split K, %llu of %llu); destroy the operator",
-                           when, w.tag, w.waited_ns / 1000000, f->timeout_ms, w.got, w.want);
-  return ps_ag_gemm_fail("%s: step %llu (from 1) waited %llu ms (PERSEUS_AG_GEMM_TIMEOUT_MS %lld) for rank %d's "
-                         "rows (count %llu of %llu): rank %d did not run that step, or failed in it; C is not "
-                         "valid and the operator cannot go on: destroy it",
-                         when, w.tag, w.waited_ns / 1000000, f->timeout_ms, w.src, w.got, w.want, w.src);
+  static const ps_fault_words words = {"perseus_ag_gemm", "PERSEUS_AG_GEMM_TIMEOUT_MS", WAIT_SPLITS,
+                                       "split-K partials stored", "rows", "C"};
+  char err[512];
+  ps_fault_describe(f->fault, &words, f->timeout_ms, when, err, sizeof err);
+  return ps_ag_gemm_fail("%s", err);
 }
 
 // A bf16 matrix of `rows` x `cols` (cols contiguous) at p, in boxes of
@@ -174,7 +169,11 @@ int perseus_ag_gemm_create(ncclComm_t comm, const perseus_ag_gemm_shape_t *shape
   const int lsa = ncclTeamLsa(comm).nRanks;
   cudaError_t ce = cudaSuccess;
   perseus_ag_gemm_t *f = (perseus_ag_gemm_t *)calloc(1, sizeof(*f));
-  if (!f) return ps_ag_gemm_fail("out of host memory");
+  char why[512];
+  if (!f) {
+    ps_op_all_ready(comm, 0, "perseus_ag_gemm", why, sizeof why); // the others are told
+    return ps_ag_gemm_fail("out of host memory");
+  }
   int r0, r1;
   ps_ag_gemm_shard(s->m, R, rank, &r0, &r1);
   f->comm = comm, f->rank = rank, f->nranks = R, f->mode = mode, f->s = *s, f->encode = (encode_fn)fn;
@@ -200,15 +199,8 @@ int perseus_ag_gemm_create(ncclComm_t comm, const perseus_ag_gemm_shape_t *shape
   f->splits = (ksteps + per - 1) / per;
   const size_t bytes = 2 * (size_t)s->m * row_bytes;
   int err = 0;
-  char why[256];
   if ((rc = ncclMemAlloc(&f->buf, bytes)) != ncclSuccess) {
     err = fail_nccl("ncclMemAlloc (the gathered-A window)", rc, comm);
-  } else if ((rc = ncclCommWindowRegister(comm, f->buf, bytes, &f->win, NCCL_WIN_COLL_SYMMETRIC)) !=
-             ncclSuccess) {
-    err = fail_nccl("ncclCommWindowRegister (the gathered-A window)", rc, comm);
-  } else if (!f->win) {
-    err = ps_ag_gemm_fail("ncclCommWindowRegister gave no window: NCCL has no symmetric memory on this "
-                          "communicator");
   } else if ((ce = cudaMalloc(&f->counters, 4 * sizeof(*f->counters))) != cudaSuccess ||
              (ce = cudaMemset(f->counters, 0, 4 * sizeof(*f->counters))) != cudaSuccess) {
     err = ps_ag_gemm_fail("the operator's counters: %s", cudaGetErrorString(ce));
@@ -220,12 +212,27 @@ int perseus_ag_gemm_create(ncclComm_t comm, const perseus_ag_gemm_shape_t *shape
               (ce = cudaMemset(f->tile_done, 0, 2 * tiles * sizeof(unsigned int))) != cudaSuccess)) {
     err = ps_ag_gemm_fail("the split-K sums (%d splits of %d x %d floats): %s", f->splits, s->m, s->n,
                           cudaGetErrorString(ce));
+  }
+  // every rank set up before the collectives below, or none enters them;
+  // after them, every rank keeps the operator or none does
+  const char *what = "";
+  const int ready_failed = ps_op_all_ready(comm, !err, "perseus_ag_gemm", why, sizeof why);
+  if (ready_failed) {
+    if (!err) ps_ag_gemm_fail("%s", why);
+    err = -1;
+  } else if ((rc = ncclCommWindowRegister(comm, f->buf, bytes, &f->win, NCCL_WIN_COLL_SYMMETRIC)) != ncclSuccess) {
+    err = fail_nccl("ncclCommWindowRegister (the gathered-A window)", rc, comm);
+  } else if (!f->win) {
+    err = ps_ag_gemm_fail("ncclCommWindowRegister gave no window: NCCL has no symmetric memory on this "
+                          "communicator");
+  } else if ((rc = perseus_batch_devcomm_create(comm, f->gin_any, &f->dev, &f->h, &what)) != ncclSuccess) {
+    err = fail_nccl(what, rc, comm);
   } else {
-    const char *what = "";
-    if ((rc = perseus_batch_devcomm_create(comm, f->gin_any, &f->dev, &f->h, &what)) != ncclSuccess)
-      err = fail_nccl(what, rc, comm);
-    else
-      f->have_dev = 1, err = window_maps(f);
+    f->have_dev = 1, err = window_maps(f);
+  }
+  if (!ready_failed && ps_op_all_ready(comm, !err, "perseus_ag_gemm", why, sizeof why)) {
+    if (!err) ps_ag_gemm_fail("%s", why);
+    err = -1;
   }
   if (err) {
     perseus_ag_gemm_destroy(f);

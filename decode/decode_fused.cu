@@ -187,20 +187,15 @@ cudaError_t prepare(size_t smem, int *per_sm) {
 // The reason a step gave up, into the operator's error; -1.
 int fail_fault(const perseus_decode_t *f, const char *when) {
   const perseus_wait_fault &w = *f->fault;
-  if (!w.set)
-    return ps_decode_fail("%s: the operator was aborted (perseus_decode_abort); destroy it", when);
-  if (w.what == BAD_LENGTH)
+  if (w.set && w.what == BAD_LENGTH)
     return ps_decode_fail("%s: step %llu (from 1): n[%d] = %lld tokens, outside this rank's shard of 0..%llu (the "
                           "stride): its output is not valid and the operator cannot go on: destroy it",
                           when, w.tag, w.src, (long long)w.got, w.want);
-  if (w.what == WAIT_OWN_RECORDS)
-    return ps_decode_fail("%s: step %llu (from 1) waited %llu ms (PERSEUS_DECODE_TIMEOUT_MS %lld) for this rank's own "
-                          "blocks, %llu of %llu records written; destroy the operator",
-                          when, w.tag, w.waited_ns / 1000000, f->timeout_ms, w.got, w.want);
-  return ps_decode_fail("%s: step %llu (from 1) waited %llu ms (PERSEUS_DECODE_TIMEOUT_MS %lld) for rank %d's records "
-                        "(count %llu of %llu): rank %d did not run that step, or failed in it; its output is "
-                        "not valid and the operator cannot go on: destroy it",
-                        when, w.tag, w.waited_ns / 1000000, f->timeout_ms, w.src, w.got, w.want, w.src);
+  static const ps_fault_words words = {"perseus_decode", "PERSEUS_DECODE_TIMEOUT_MS", WAIT_OWN_RECORDS,
+                                       "records written", "records", "its output"};
+  char err[512];
+  ps_fault_describe(&w, &words, f->timeout_ms, when, err, sizeof err);
+  return ps_decode_fail("%s", err);
 }
 
 int fail_nccl(const char *what, ncclResult_t rc, ncclComm_t comm) {
@@ -219,9 +214,9 @@ int create_dev(perseus_decode_t *f, int gin) {
 
 
 // What create checks on this rank alone: 0, or -1 with the reason. Sets the
-// timeout, the GPU, its SM count and the chunks a row (splits resolved).
+// timeout, the GPU's SM count and the chunks a row (splits resolved).
 int local_checks(ncclComm_t comm, const ps_decode_config_t *cfg, int R, int mode, int max_shard, int *splits,
-                 long long *timeout_ms, int *dev, int *sms) {
+                 long long *timeout_ms, int *sms) {
   if (ps_decode_check_config(cfg, R)) return -1;
   const int G = cfg->q_heads / cfg->kv_heads;
   if (G > PS_DECODE_MAX_GROUP || (G & (G - 1)))
@@ -234,12 +229,12 @@ int local_checks(ncclComm_t comm, const ps_decode_config_t *cfg, int R, int mode
   if (*splits < 0 || *splits > 65535)
     return ps_decode_fail("splits %d: expected 0 (automatic) to 65535", *splits);
   if (ps_decode_env_timeout_ms(timeout_ms)) return -1;
-  int coop = 0;
-  cudaError_t ce = cudaGetDevice(dev);
-  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *dev);
-  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, *dev);
+  int coop = 0, dev = 0;
+  cudaError_t ce = cudaGetDevice(&dev);
+  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev);
   if (ce != cudaSuccess) return ps_decode_fail("the current GPU: %s", cudaGetErrorString(ce));
-  if (!coop) return ps_decode_fail("GPU %d has no cooperative launch, which the fused kernel needs", *dev);
+  if (!coop) return ps_decode_fail("GPU %d has no cooperative launch, which the fused kernel needs", dev);
   const int lsa = ncclTeamLsa(comm).nRanks;
   if (mode == PERSEUS_DECODE_PULL && lsa != R)
     return ps_decode_fail("pull reads every peer's records over NVLink, but %d of %d ranks are "
@@ -278,17 +273,21 @@ int perseus_decode_create(ncclComm_t comm, const perseus_decode_config_t *config
   const ps_decode_config_t cfg_in = {config->batch, config->q_heads, config->kv_heads, config->head_dim,
                                      config->max_context},
                            *cfg = &cfg_in;
-  int R = 0, rank = 0, dev = 0, sms = 0;
+  int R = 0, rank = 0, sms = 0;
   ncclResult_t rc = ncclCommCount(comm, &R);
   if (rc == ncclSuccess) rc = ncclCommUserRank(comm, &rank);
   if (rc != ncclSuccess) return fail_nccl("ncclCommCount/ncclCommUserRank", rc, comm);
   long long timeout_ms = 0;
-  const int valid = local_checks(comm, cfg, R, mode, max_shard, &splits, &timeout_ms, &dev, &sms) == 0;
+  const int valid = local_checks(comm, cfg, R, mode, max_shard, &splits, &timeout_ms, &sms) == 0;
   if (agree(comm, cfg, mode, max_shard, valid ? splits : 0, valid)) return -1;
   const int G = cfg->q_heads / cfg->kv_heads, lsa = ncclTeamLsa(comm).nRanks;
   cudaError_t ce = cudaSuccess;
   perseus_decode_t *f = (perseus_decode_t *)calloc(1, sizeof(*f));
-  if (!f) return ps_decode_fail("out of host memory");
+  char why[512];
+  if (!f) {
+    ps_op_all_ready(comm, 0, "perseus_decode", why, sizeof why); // the others are told
+    return ps_decode_fail("out of host memory");
+  }
   f->comm = comm, f->rank = rank, f->nranks = R, f->mode = mode, f->cfg = *cfg, f->max_shard = max_shard;
   f->timeout_ms = timeout_ms, f->splits = splits;
   f->part = ps_decode_records_floats(cfg, f->splits);
@@ -305,7 +304,7 @@ int perseus_decode_create(ncclComm_t comm, const perseus_decode_config_t *config
     default: ce = prepare<16>(f->smem, &per_sm); break;
   }
   int err = 0;
-  char why[256];
+  const size_t bytes = 2 * (size_t)R * f->part * sizeof(float);
   if (ce != cudaSuccess) {
     err = ps_decode_fail("sizing the fused kernel's grid (%zu B of shared memory a block): %s", f->smem,
                          cudaGetErrorString(ce));
@@ -314,23 +313,32 @@ int perseus_decode_create(ncclComm_t comm, const perseus_decode_config_t *config
                          f->smem, kThreads);
   } else {
     f->grid = per_sm * sms < items ? per_sm * sms : items;
-    const size_t bytes = 2 * (size_t)R * f->part * sizeof(float);
     if ((rc = ncclMemAlloc(&f->buf, bytes)) != ncclSuccess) {
       err = fail_nccl("ncclMemAlloc (the records window)", rc, comm);
-    } else if ((rc = ncclCommWindowRegister(comm, f->buf, bytes, &f->win, NCCL_WIN_COLL_SYMMETRIC)) !=
-               ncclSuccess) {
-      err = fail_nccl("ncclCommWindowRegister (the records window)", rc, comm);
-    } else if (!f->win) {
-      err = ps_decode_fail("ncclCommWindowRegister gave no window: NCCL has no symmetric memory on "
-                           "this communicator");
     } else if ((ce = cudaMalloc(&f->local_done, 3 * sizeof(*f->local_done))) != cudaSuccess ||
                (ce = cudaMemset(f->local_done, 0, 3 * sizeof(*f->local_done))) != cudaSuccess) {
       err = ps_decode_fail("the records counter: %s", cudaGetErrorString(ce));
     } else if (ps_fault_alloc(&f->fault, &f->fault_dev, why, sizeof why)) {
       err = ps_decode_fail("%s", why);
-    } else {
-      err = create_dev(f, lsa != R);
     }
+  }
+  // every rank set up before the collectives below, or none enters them;
+  // after them, every rank keeps the operator or none does
+  const int ready_failed = ps_op_all_ready(comm, !err, "perseus_decode", why, sizeof why);
+  if (ready_failed) {
+    if (!err) ps_decode_fail("%s", why);
+    err = -1;
+  } else if ((rc = ncclCommWindowRegister(comm, f->buf, bytes, &f->win, NCCL_WIN_COLL_SYMMETRIC)) != ncclSuccess) {
+    err = fail_nccl("ncclCommWindowRegister (the records window)", rc, comm);
+  } else if (!f->win) {
+    err = ps_decode_fail("ncclCommWindowRegister gave no window: NCCL has no symmetric memory on "
+                         "this communicator");
+  } else {
+    err = create_dev(f, lsa != R);
+  }
+  if (!ready_failed && ps_op_all_ready(comm, !err, "perseus_decode", why, sizeof why)) {
+    if (!err) ps_decode_fail("%s", why);
+    err = -1;
   }
   if (err) {
     perseus_decode_destroy(f);

@@ -4,6 +4,7 @@
 #include "moe_kernel.cuh"
 #include "ps_moe_entry.h"
 #include "ps_moe_layer.h"
+#include "ps_op_host.h"
 
 /* The dispatch's segment table (2 x R x L = 2 x E ints) lives in the
  * kernel's dynamic shared memory. */
@@ -152,17 +153,10 @@ static ncclResult_t ps_moe_tensor_maps(perseus_moe *m)
 /* The devcomm: a control handle, a combine handle, a rows handle (a GIN
  * peer's rows in one put) and one handle per local expert, each a block of
  * nranks GIN signals (when any peer needs GIN) and per-peer counters. */
-static ncclResult_t ps_moe_devcomm(perseus_moe *m)
+/* req and h: room for m->L + PS_MOE_SHARED_HANDLES each (the caller's). */
+static ncclResult_t ps_moe_devcomm(perseus_moe *m, ncclDevResourceRequirements_t *req, perseus_batch_handle *h)
 {
   const int nh = m->L + PS_MOE_SHARED_HANDLES;
-  ncclDevResourceRequirements_t *req =
-      (ncclDevResourceRequirements_t *)calloc((size_t)nh, sizeof(*req));
-  perseus_batch_handle *h = (perseus_batch_handle *)calloc((size_t)nh, sizeof(*h));
-  if (!req || !h) {
-    free(req), free(h);
-    ps_moe_set_error("out of host memory for %d resource requirements", nh);
-    return ncclSystemError;
-  }
   ncclDevCommRequirements_t reqs;
   perseus_devcomm_requirements_init(&reqs);
   reqs.ginForceEnable = m->gin;
@@ -174,16 +168,13 @@ static ncclResult_t ps_moe_devcomm(perseus_moe *m)
   if (rc != ncclSuccess) {
     ps_moe_set_error("ncclDevCommCreate(%d batch handles, GIN %s) failed: %s (%s)", nh,
                      m->gin ? "forced" : "off", ncclGetErrorString(rc), ncclGetLastError(m->comm));
-    free(req), free(h);
     return rc;
   }
   m->have_dc = 1;
   m->args.hctl = h[0], m->args.hcomb = h[1], m->args.hrows = h[2];
   /* all of them, for the reset kernel; the forward takes the shared ones as arguments */
-  cudaError_t ce = cudaMemcpy(m->args.st.hexp - PS_MOE_SHARED_HANDLES, h, (size_t)nh * sizeof(*h),
-                              cudaMemcpyHostToDevice);
-  free(req), free(h);
-  PS_MOE_CUDA(ce, "%d expert handles", m->L);
+  PS_MOE_CUDA(cudaMemcpy(m->args.st.hexp - PS_MOE_SHARED_HANDLES, h, (size_t)nh * sizeof(*h),
+                         cudaMemcpyHostToDevice), "%d expert handles", m->L);
   /* a pageable copy may still be in flight on return; the reset kernel reads them */
   PS_MOE_CUDA(cudaStreamSynchronize(0), "%d expert handles", m->L);
   if (m->dc.lsaSize != m->nranks && m->dc.ginContextCount < 1) {
@@ -202,49 +193,53 @@ __global__ void ps_moe_reset_signals(ncclDevComm dc, const perseus_batch_handle 
 }
 
 /* The reset, then a barrier (a one-word all-reduce behind it): no peer adds
- * to our counts before they are 0. Collective, like perseus_moe_create. The
- * barrier carries whether a rank's reset failed (the maximum), so that every
+ * to our counts before they are 0. Collective, like perseus_moe_create; a
+ * rank whose setup failed before (`prior`) takes part without resetting.
+ * The barrier carries whether a rank failed (the maximum), so that every
  * rank fails together instead of some waiting in it. */
-static ncclResult_t ps_moe_zero_signals(perseus_moe *m)
+static ncclResult_t ps_moe_zero_signals(perseus_moe *m, ncclResult_t prior)
 {
-  cudaStream_t s;
-  PS_MOE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "rank %d", m->rank);
-  (void)cudaGetLastError(); /* an earlier, unrelated error is not the reset's */
-  ps_moe_reset_signals<<<m->L + PS_MOE_SHARED_HANDLES, 128, 0, s>>>(
-      m->dc, m->args.st.hexp - PS_MOE_SHARED_HANDLES);
-  const cudaError_t launch = cudaGetLastError();
-  int own = launch != cudaSuccess, any = 0;
-  ncclResult_t rc = ncclSuccess;
-  void *word = NULL;
-  cudaError_t ce = cudaMalloc(&word, sizeof(int));
-  if (ce == cudaSuccess) ce = cudaMemcpyAsync(word, &own, sizeof own, cudaMemcpyHostToDevice, s);
-  if (ce == cudaSuccess) rc = ncclAllReduce(word, word, 1, ncclInt32, ncclMax, m->comm, s);
-  if (ce == cudaSuccess && rc == ncclSuccess) ce = cudaMemcpyAsync(&any, word, sizeof any, cudaMemcpyDeviceToHost, s);
-  if (ce == cudaSuccess && rc == ncclSuccess) ce = cudaStreamSynchronize(s);
-  if (word) cudaFree(word);
-  cudaStreamDestroy(s);
-  if (own || ce != cudaSuccess) {
+  int64_t failed = prior != ncclSuccess;
+  cudaError_t ce = cudaSuccess;
+  if (!failed) {
+    cudaStream_t s = NULL;
+    (void)cudaGetLastError(); /* an earlier, unrelated error is not the reset's */
+    ce = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (ce == cudaSuccess) {
+      ps_moe_reset_signals<<<m->L + PS_MOE_SHARED_HANDLES, 128, 0, s>>>(
+          m->dc, m->args.st.hexp - PS_MOE_SHARED_HANDLES);
+      ce = cudaGetLastError();
+      if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+      cudaStreamDestroy(s);
+    }
+    failed = ce != cudaSuccess;
+  }
+  const int own = (int)failed;
+  char err[512];
+  const int reduce_failed =
+      ps_reduce_max(m->comm, &failed, 1, "the barrier after resetting the GIN signals", err, sizeof err);
+  if (prior != ncclSuccess) return prior; /* its own error stands */
+  if (own) {
     ps_moe_set_error("resetting the counts of %d batch handles failed: %s", m->L + PS_MOE_SHARED_HANDLES,
-                     cudaGetErrorString(own ? launch : ce));
+                     cudaGetErrorString(ce));
     return ncclUnhandledCudaError;
   }
-  if (rc != ncclSuccess) {
-    ps_moe_set_error("ncclAllReduce (the barrier after resetting the GIN signals) failed: %s (%s)",
-                     ncclGetErrorString(rc), ncclGetLastError(m->comm));
-    return rc;
+  if (reduce_failed) {
+    ps_moe_set_error("%s", err);
+    return ncclSystemError;
   }
-  if (any) {
-    ps_moe_set_error("another rank could not reset its batch counts (its perseus_moe_last_error() says why)");
+  if (failed) {
+    ps_moe_set_error("another rank could not register its window, create its devcomm or reset its batch counts "
+                     "(its perseus_moe_last_error() says why)");
     return ncclInvalidUsage;
   }
   return ncclSuccess;
 }
 
-static ncclResult_t ps_moe_setup(perseus_moe *m)
+/* What setup does on this rank alone, after the agreement: the layout, the
+ * device memory (the window's too, cleared), the fault record and the grid. */
+static ncclResult_t ps_moe_setup_local(perseus_moe *m)
 {
-  PS_MOE_NCCL(ncclCommCount(m->comm, &m->nranks), "comm %p", (void *)m->comm);
-  PS_MOE_NCCL(ncclCommUserRank(m->comm, &m->rank), "comm %p", (void *)m->comm);
-  if (ncclResult_t rc = ps_moe_agree(m)) return rc;
   ps_moe_layout_t lay;
   if (ps_moe_layout(&m->cfg, m->nranks, &lay)) return ncclInvalidArgument;
   m->L = lay.local_experts;
@@ -255,19 +250,9 @@ static ncclResult_t ps_moe_setup(perseus_moe *m)
   if (rc == ncclSuccess) rc = ps_moe_tensor_maps(m);
   if (rc != ncclSuccess) return rc;
   PS_MOE_NCCL(ncclMemAlloc(&m->win_ptr, m->win_bytes), "%zu-byte window", m->win_bytes);
-  PS_MOE_NCCL(ncclCommWindowRegister(m->comm, m->win_ptr, m->win_bytes, &m->win,
-                                     NCCL_WIN_COLL_SYMMETRIC), "%zu-byte window", m->win_bytes);
-  if (!m->win) {
-    ps_moe_set_error("ncclCommWindowRegister gave no window: NCCL has no symmetric memory on this "
-                     "communicator (CUDA P2P between the local GPUs and cuMem are needed)");
-    return ncclInvalidUsage;
-  }
   PS_MOE_CUDA(cudaMemset(m->win_ptr, 0, m->win_bytes), "%zu-byte window", m->win_bytes);
   /* cudaMemset is asynchronous: done before the devcomm's barrier lets peers write */
   PS_MOE_CUDA(cudaStreamSynchronize(0), "%zu-byte window", m->win_bytes);
-  rc = ps_moe_devcomm(m);
-  if (rc == ncclSuccess) rc = ps_moe_zero_signals(m);
-  if (rc != ncclSuccess) return rc;
   PS_MOE_CUDA(cudaEventCreateWithFlags(&m->done, cudaEventDisableTiming), "rank %d", m->rank);
   if ((rc = ps_moe_ctl_create(m)) != ncclSuccess) return rc;
   int dev = 0, sms = 0;
@@ -287,6 +272,48 @@ static ncclResult_t ps_moe_setup(perseus_moe *m)
     }
     m->grid[i] = per_sm * sms;
   }
+  return ncclSuccess;
+}
+
+static ncclResult_t ps_moe_setup(perseus_moe *m)
+{
+  PS_MOE_NCCL(ncclCommCount(m->comm, &m->nranks), "comm %p", (void *)m->comm);
+  PS_MOE_NCCL(ncclCommUserRank(m->comm, &m->rank), "comm %p", (void *)m->comm);
+  if (ncclResult_t rc = ps_moe_agree(m)) return rc;
+  ncclResult_t rc = ps_moe_setup_local(m);
+  const int nh = m->L + PS_MOE_SHARED_HANDLES;
+  ncclDevResourceRequirements_t *req = NULL;
+  perseus_batch_handle *h = NULL;
+  if (rc == ncclSuccess) {
+    req = (ncclDevResourceRequirements_t *)calloc((size_t)nh, sizeof(*req));
+    h = (perseus_batch_handle *)calloc((size_t)nh, sizeof(*h));
+    if (!req || !h) {
+      ps_moe_set_error("out of host memory for %d resource requirements", nh);
+      rc = ncclSystemError;
+    }
+  }
+  /* every rank set up before the collectives below, or none enters them */
+  char why[512];
+  if (ps_op_all_ready(m->comm, rc == ncclSuccess, "perseus_moe", why, sizeof why)) {
+    free(req), free(h);
+    if (rc != ncclSuccess) return rc;
+    ps_moe_set_error("%s", why);
+    return ncclInvalidUsage;
+  }
+  rc = ncclCommWindowRegister(m->comm, m->win_ptr, m->win_bytes, &m->win, NCCL_WIN_COLL_SYMMETRIC);
+  if (rc != ncclSuccess) {
+    ps_moe_set_error("ncclCommWindowRegister (%zu-byte window) failed: %s (%s)", m->win_bytes,
+                     ncclGetErrorString(rc), ncclGetLastError(m->comm));
+  } else if (!m->win) {
+    ps_moe_set_error("ncclCommWindowRegister gave no window: NCCL has no symmetric memory on this "
+                     "communicator (CUDA P2P between the local GPUs and cuMem are needed)");
+    rc = ncclInvalidUsage;
+  } else {
+    rc = ps_moe_devcomm(m, req, h);
+  }
+  free(req), free(h);
+  /* its barrier carries every rank's outcome: all keep the layer or none */
+  if ((rc = ps_moe_zero_signals(m, rc)) != ncclSuccess) return rc;
   ps_moe_args &a = m->args;
   a.dc = m->dc, a.win = m->win;
   a.H = m->cfg.hidden, a.F = m->cfg.ffn, a.E = m->cfg.experts, a.L = m->L, a.k = m->cfg.topk;

@@ -19,8 +19,9 @@
  * ps_moe_ref.h): v, `count` values, replaced by their maximum over the
  * ranks, on a stream of its own. A rank whose own checks refused its
  * arguments takes part too, so that every rank returns instead of waiting
- * in the operator's first collective. 0, or -1 with the failed call in err. */
-static inline int ps_agree_reduce(ncclComm_t comm, int64_t *v, int count, char *err, size_t len) {
+ * in the operator's first collective. 0, or -1 with the failed call in err,
+ * after `what` (what the reduction is for). */
+static inline int ps_reduce_max(ncclComm_t comm, int64_t *v, int count, const char *what, char *err, size_t len) {
   const size_t bytes = (size_t)count * sizeof *v;
   void *d = NULL;
   cudaStream_t s = NULL;
@@ -34,15 +35,18 @@ static inline int ps_agree_reduce(ncclComm_t comm, int64_t *v, int count, char *
   if (d) cudaFree(d);
   if (s) cudaStreamDestroy(s);
   if (ce != cudaSuccess) {
-    snprintf(err, len, "comparing the config across ranks: %s", cudaGetErrorString(ce));
+    snprintf(err, len, "%s: %s", what, cudaGetErrorString(ce));
     return -1;
   }
   if (rc != ncclSuccess) {
-    snprintf(err, len, "comparing the config across ranks: ncclAllReduce failed: %s (%s)", ncclGetErrorString(rc),
-             ncclGetLastError(comm));
+    snprintf(err, len, "%s: ncclAllReduce failed: %s (%s)", what, ncclGetErrorString(rc), ncclGetLastError(comm));
     return -1;
   }
   return 0;
+}
+
+static inline int ps_agree_reduce(ncclComm_t comm, int64_t *v, int count, char *err, size_t len) {
+  return ps_reduce_max(comm, v, count, "comparing the config across ranks", err, len);
 }
 
 /* A whole agreement for an operator's create: this rank's n (at most 16)
@@ -70,6 +74,26 @@ static inline int ps_op_agree(ncclComm_t comm, const char *const *names, const i
   return ps_agree_verdict(names, vals, n, nranks, v, api, "operator", err, len);
 }
 
+/* After an operator's work on this rank alone (allocations, kernel sizing),
+ * before its first collective after the agreement (the window's
+ * registration): whether every rank's succeeded. A rank whose own failed
+ * (`ready` 0) takes part too, so that none waits in the registration for
+ * it. 0 when every rank is ready; -1 otherwise, with err naming another
+ * rank's failure, or empty where this rank's own failure is the reason. */
+static inline int ps_op_all_ready(ncclComm_t comm, int ready, const char *api, char *err, size_t len) {
+  int64_t failed = !ready;
+  err[0] = 0;
+  if (ps_reduce_max(comm, &failed, 1, "telling the ranks whether each set up its part", err, len)) return -1;
+  if (!ready) {
+    err[0] = 0;
+    return -1;
+  }
+  if (!failed) return 0;
+  snprintf(err, len, "another rank could not set up its part (its %s_last_error() says why): the operator is "
+           "created on every rank or on none", api);
+  return -1;
+}
+
 /* A step's fault record (<perseus/device/wait.cuh>): zeroed mapped host
  * memory, *dev as the GPU addresses it. 0, or -1 with the reason in err. */
 static inline int ps_fault_alloc(perseus_wait_fault **host, perseus_wait_fault **dev, char *err, size_t len) {
@@ -85,6 +109,33 @@ static inline int ps_fault_alloc(perseus_wait_fault **host, perseus_wait_fault *
     return -1;
   }
   return 0;
+}
+
+/* How an operator names what its steps wait for (ps_fault_describe). */
+typedef struct {
+  const char *api;         /* "perseus_decode": its _abort is named */
+  const char *timeout_var; /* "PERSEUS_DECODE_TIMEOUT_MS" */
+  unsigned own_what;       /* the record's `what` for a wait on this rank's own blocks */
+  const char *own_done;    /* what those blocks count: "records written" */
+  const char *peer_units;  /* what a peer's count counts: "records" */
+  const char *output;      /* what a failed step leaves invalid: "its output" */
+} ps_fault_words;
+
+/* Why a step gave up (an abort, or a wait that timed out on this rank's own
+ * blocks or on a peer), into err, after `when`. */
+static inline void ps_fault_describe(const perseus_wait_fault *w, const ps_fault_words *o, long long timeout_ms,
+                                     const char *when, char *err, size_t len) {
+  if (!w->set)
+    snprintf(err, len, "%s: the operator was aborted (%s_abort); destroy it", when, o->api);
+  else if (w->what == o->own_what)
+    snprintf(err, len, "%s: step %llu (from 1) waited %llu ms (%s %lld) for this rank's own blocks (%llu of %llu %s); "
+             "destroy the operator", when, w->tag, w->waited_ns / 1000000, o->timeout_var, timeout_ms, w->got,
+             w->want, o->own_done);
+  else
+    snprintf(err, len, "%s: step %llu (from 1) waited %llu ms (%s %lld) for rank %d's %s (count %llu of %llu): "
+             "rank %d did not run that step, or failed in it; %s is not valid and the operator cannot go on: "
+             "destroy it", when, w->tag, w->waited_ns / 1000000, o->timeout_var, timeout_ms, w->src, o->peer_units,
+             w->got, w->want, w->src, o->output);
 }
 
 /* Whether a step gave up or the host aborted. */

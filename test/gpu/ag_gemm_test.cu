@@ -123,6 +123,19 @@ static void *ag_fault_create(gc_world *w, void *)
   return f;
 }
 
+/* An operator whose gathered-A window takes 256 MiB (M 8192 x K 8192 x 2
+ * halves x 2 bytes). */
+static const perseus_ag_gemm_shape_t ag_big_shape = {8192, 256, 8192};
+static const size_t ag_big_window = (size_t)2 * 8192 * 8192 * 2;
+
+static void *ag_big_create(gc_world *w, void *)
+{
+  perseus_ag_gemm_t *f = NULL;
+  if (perseus_ag_gemm_create(w->comm, &ag_big_shape, PERSEUS_AG_GEMM_PUSH, &f))
+    return NULL;
+  return f;
+}
+
 static int ag_fault_step(void *f, void *ctx, cudaStream_t st)
 {
   const ag_fault_in &in = *(const ag_fault_in *)ctx;
@@ -142,7 +155,7 @@ static int ag_faults(gc_world *w, int rank, int R)
       "ag_gemm_test", "PERSEUS_AG_GEMM_TIMEOUT_MS", &in, ag_fault_create, ag_fault_step,
       [](void *f) { return perseus_ag_gemm_check((perseus_ag_gemm_t *)f); },
       [](void *f) { perseus_ag_gemm_abort((perseus_ag_gemm_t *)f); }, perseus_ag_gemm_last_error,
-      [](void *f) { perseus_ag_gemm_destroy((perseus_ag_gemm_t *)f); }};
+      [](void *f) { perseus_ag_gemm_destroy((perseus_ag_gemm_t *)f); }, ag_big_create, ag_big_window};
   const int bad = op_faults(o, w, rank, R);
   cudaFree(in.a), cudaFree(in.b), cudaFree(in.c);
   return bad;

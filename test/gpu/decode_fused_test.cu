@@ -134,7 +134,7 @@ static int df_faults(gc_world *w, int mode, int rank, int R)
       "decode_fused_test", "PERSEUS_DECODE_TIMEOUT_MS", &in, df_fault_create, df_fault_step,
       [](void *f) { return perseus_decode_check((perseus_decode_t *)f); },
       [](void *f) { perseus_decode_abort((perseus_decode_t *)f); }, perseus_decode_last_error,
-      [](void *f) { perseus_decode_destroy((perseus_decode_t *)f); }};
+      [](void *f) { perseus_decode_destroy((perseus_decode_t *)f); }, NULL, 0};
   int bad = op_faults(o, w, rank, R);
   /* a length past the shard on rank 0 (n[0] = stride + 1): its step ends
    * naming it, reading nothing beyond k and v; the others' steps pass */

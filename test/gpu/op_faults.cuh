@@ -4,6 +4,10 @@
  *   - a bad timeout variable on the last rank only: create fails on every
  *     rank (none waits in a collective the others left), the last naming
  *     the variable, the others pointing at another rank;
+ *   - from 2 ranks, where the test gives a big operator: the last rank out
+ *     of device memory at create (it holds all but half of what the big
+ *     operator's window needs): create fails on every rank, the others
+ *     pointing at another rank, none waiting in the window's registration;
  * and, from 2 ranks, a step the last rank never runs: the waits of every
  * other rank end, the operator says which rank it waited for and refuses
  * the next step:
@@ -34,6 +38,8 @@ struct op_fault_ops {
   void (*abort)(void *op);
   const char *(*last_error)(void);
   void (*destroy)(void *op);
+  void *(*create_big)(gc_world *w, void *ctx); /* an operator whose window needs big_bytes; NULL: none */
+  size_t big_bytes;
 };
 
 struct op_aborter {
@@ -132,10 +138,34 @@ static int op_disagrees(const op_fault_ops &o, gc_world *w, int rank, int R)
   return bad;
 }
 
+static int op_out_of_memory(const op_fault_ops &o, gc_world *w, int rank, int R)
+{
+  void *hog = NULL;
+  size_t free_b = 0, total_b = 0, take = 0;
+  if (rank == R - 1) {
+    GC_CUDA(cudaMemGetInfo(&free_b, &total_b), "device memory");
+    if (free_b < o.big_bytes) gc_die(__FILE__, __LINE__, "%s: %zu bytes free, the case needs %zu", o.name, free_b,
+                                     o.big_bytes);
+    take = free_b - o.big_bytes / 2;
+    GC_CUDA(cudaMalloc(&hog, take), "holding %zu of %zu free bytes", take, free_b);
+  }
+  void *op = o.create_big(w, o.ctx);
+  char why[512];
+  snprintf(why, sizeof why, "%s", o.last_error());
+  if (hog) cudaFree(hog);
+  const int other = strstr(why, "another rank could not set up") != NULL;
+  const int bad = op != NULL || (rank == R - 1 ? other || !why[0] : !other);
+  printf("%s: rank %d, rank %d out of device memory at create: %s (%s)\n", o.name, rank, R - 1,
+         bad ? "FAILED" : "refused", op ? "created" : why);
+  if (op) o.destroy(op);
+  return bad;
+}
+
 static int op_faults(const op_fault_ops &o, gc_world *w, int rank, int R)
 {
   int bad = op_refuses_capture(o, w, rank) + op_disagrees(o, w, rank, R);
   if (R < 2) return bad;
+  if (o.create_big) bad += op_out_of_memory(o, w, rank, R);
   return bad + op_fault_case(o, w, rank, R, 0) + op_fault_case(o, w, rank, R, 1);
 }
 

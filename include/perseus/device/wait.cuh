@@ -62,15 +62,20 @@ __device__ __forceinline__ unsigned long long perseus_now_ns() {
   return t;
 }
 
-/* Whether a fault was recorded (this kernel's waits, an earlier kernel's,
- * or the host's abort, seen within about PERSEUS_WAIT_HOST_READ_NS). */
-__device__ inline bool perseus_wait_failed(const perseus_wait_bound &b) {
+/* perseus_wait_failed with the clock already read (`now`). */
+__device__ inline bool perseus_wait_failed_at(const perseus_wait_bound &b, unsigned long long now) {
   if (*(volatile unsigned long long *)&b.state[0]) return true;
-  const unsigned long long now = perseus_now_ns(), last = *(volatile unsigned long long *)&b.state[1];
+  const unsigned long long last = *(volatile unsigned long long *)&b.state[1];
   if (now - last < PERSEUS_WAIT_HOST_READ_NS || atomicCAS(&b.state[1], last, now) != last) return false;
   if (!(b.fault->set | b.fault->abort)) return false;
   atomicExch(&b.state[0], 1ull);
   return true;
+}
+
+/* Whether a fault was recorded (this kernel's waits, an earlier kernel's,
+ * or the host's abort, seen within about PERSEUS_WAIT_HOST_READ_NS). */
+__device__ inline bool perseus_wait_failed(const perseus_wait_bound &b) {
+  return perseus_wait_failed_at(b, perseus_now_ns());
 }
 
 /* Records a timeout (the first one only). */
@@ -100,8 +105,8 @@ __device__ bool perseus_wait_until(const perseus_wait_bound &b, int src, unsigne
     const uint64_t got = count();
     if ((int64_t)(got - want) >= 0) return true;
     if (n % 32 == 31) {
-      if (perseus_wait_failed(b)) return false;
       const unsigned long long now = perseus_now_ns();
+      if (perseus_wait_failed_at(b, now)) return false;
       if (!t0) t0 = now;
       else if (b.timeout_ns && now - t0 > b.timeout_ns) {
         perseus_wait_record(b, src, what, want, got, now - t0);
