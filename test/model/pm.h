@@ -148,6 +148,9 @@ int pm_cq_open(struct fid_domain *d, struct fi_cq_attr *attr, struct fid_cq **ou
  * entries (attach when the endpoint is enabled, detach before it closes). */
 int pm_cq_attach(pm_cq_t *cq, pm_ep_seg_t *seg);
 void pm_cq_detach(pm_cq_t *cq, pm_ep_seg_t *seg);
+/* Entries from NIC thread `pm_nic_tid` go into that thread's own ring of
+ * the CQ; other threads (-1) share one. */
+extern _Thread_local int pm_nic_tid;
 void pm_cq_push(pm_cq_t *cq, const struct fi_cq_tagged_entry *e);
 void pm_cq_push_err(pm_cq_t *cq, void *ctx, uint64_t flags, int err, size_t olen, const char *why);
 

@@ -6,43 +6,11 @@
 #include <string.h>
 
 #include "pm.h"
-
-/* --- rings: bounded multi-producer queues whose slots each begin with a
- * sequence word saying whose turn it is (the inbox, the notice ring, the
- * completion queue) --- */
-/* Claims the next slot of the ring of n slots `stride` bytes apart at base,
- * whose producers share *head: 1 with *pos (the caller fills slot pos % n,
- * then stores pos + 1 into its sequence word, releasing it), 0 when full. */
-static int ring_claim(_Atomic uint64_t *head, void *base, size_t stride, uint64_t n, uint64_t *pos) {
-  uint64_t p = atomic_load_explicit(head, memory_order_relaxed);
-  for (;;) {
-    _Atomic uint64_t *seq = (_Atomic uint64_t *)((char *)base + (p % n) * stride);
-    uint64_t have = atomic_load_explicit(seq, memory_order_acquire);
-    if (have == p) {
-      if (atomic_compare_exchange_weak(head, &p, p + 1)) return *pos = p, 1;
-    } else if (have < p) {
-      return 0;
-    } else {
-      p = atomic_load_explicit(head, memory_order_relaxed);
-    }
-  }
-}
-
-/* The consumer's side (one consumer): the slot at position pos once its
- * producer released it, else NULL; ring_free hands it to the producers'
- * next lap. */
-static void *ring_ready(void *base, size_t stride, uint64_t n, uint64_t pos) {
-  _Atomic uint64_t *seq = (_Atomic uint64_t *)((char *)base + (pos % n) * stride);
-  return atomic_load_explicit(seq, memory_order_acquire) == pos + 1 ? (void *)seq : NULL;
-}
-
-static void ring_free(void *slot, uint64_t n, uint64_t pos) {
-  atomic_store_explicit((_Atomic uint64_t *)slot, pos + n, memory_order_release);
-}
+#include "pm_ring.h"
 
 int pm_inbox_put(pm_ep_seg_t *s, const pm_msg_t *m) {
   uint64_t pos;
-  if (!ring_claim(&s->head, s->ring, sizeof s->ring[0], PM_INBOX, &pos)) return -FI_EAGAIN;
+  if (!pm_ring_claim(&s->head, s->ring, sizeof s->ring[0], PM_INBOX, &pos)) return -FI_EAGAIN;
   pm_msg_t *slot = &s->ring[pos % PM_INBOX];
   memcpy((char *)slot + sizeof slot->seq, (const char *)m + sizeof m->seq, sizeof *m - sizeof m->seq);
   atomic_store_explicit(&slot->seq, pos + 1, memory_order_release);
@@ -51,17 +19,17 @@ int pm_inbox_put(pm_ep_seg_t *s, const pm_msg_t *m) {
 
 int pm_inbox_get(pm_ep_seg_t *s, pm_msg_t *out) {
   uint64_t pos = atomic_load_explicit(&s->tail, memory_order_relaxed);
-  pm_msg_t *slot = ring_ready(s->ring, sizeof s->ring[0], PM_INBOX, pos);
+  pm_msg_t *slot = pm_ring_ready(s->ring, sizeof s->ring[0], PM_INBOX, pos);
   if (!slot) return -FI_EAGAIN;
   memcpy((char *)out + sizeof out->seq, (char *)slot + sizeof slot->seq, sizeof *out - sizeof out->seq);
-  ring_free(slot, PM_INBOX, pos);
+  pm_ring_free(slot, PM_INBOX, pos);
   atomic_store_explicit(&s->tail, pos + 1, memory_order_relaxed);
   return 0;
 }
 
 int pm_rcq_put(pm_ep_seg_t *s, uint64_t data) {
   uint64_t pos;
-  if (!ring_claim(&s->rcq_head, s->rcq, sizeof s->rcq[0], PM_RCQ, &pos)) return -FI_EAGAIN;
+  if (!pm_ring_claim(&s->rcq_head, s->rcq, sizeof s->rcq[0], PM_RCQ, &pos)) return -FI_EAGAIN;
   s->rcq[pos % PM_RCQ].data = data;
   atomic_store_explicit(&s->rcq[pos % PM_RCQ].seq, pos + 1, memory_order_release);
   return 0;
@@ -70,10 +38,10 @@ int pm_rcq_put(pm_ep_seg_t *s, uint64_t data) {
 /* The oldest notice of the ring (single consumer: the CQ's lock). */
 static int rcq_get(pm_ep_seg_t *s, uint64_t *data) {
   uint64_t pos = atomic_load_explicit(&s->rcq_tail, memory_order_relaxed);
-  __typeof__(&s->rcq[0]) slot = ring_ready(s->rcq, sizeof s->rcq[0], PM_RCQ, pos);
+  __typeof__(&s->rcq[0]) slot = pm_ring_ready(s->rcq, sizeof s->rcq[0], PM_RCQ, pos);
   if (!slot) return -FI_EAGAIN;
   *data = slot->data;
-  ring_free(slot, PM_RCQ, pos);
+  pm_ring_free(slot, PM_RCQ, pos);
   atomic_store_explicit(&s->rcq_tail, pos + 1, memory_order_relaxed);
   return 0;
 }
@@ -105,8 +73,24 @@ typedef struct pm_cq_spill {
   pm_cqe_t x;
 } pm_cq_spill_t;
 
+/* A NIC thread's own ring of completions, that thread its only producer:
+ * it claims nothing, and the reader never writes a slot, only how far it
+ * read (the producer looks there when its last look says full). A NIC
+ * writes completion entries the same way. */
+#define PM_CQ_LANE 1024
+typedef struct {
+  struct {
+    _Atomic uint64_t seq; /* pos + 1 once written */
+    pm_cqe_t x;
+  } __attribute__((aligned(64))) *ring;
+  uint64_t head __attribute__((aligned(64))), seen_tail; /* the producer's */
+  _Atomic uint64_t tail __attribute__((aligned(64)));     /* the reader's */
+} pm_cq_lane_t;
+
 struct pm_cq {
   struct fid_cq cq;
+  pm_cq_lane_t *lane; /* one per NIC thread (pm_params()->nic_threads) */
+  int nlanes;
   pthread_mutex_t lock; /* readers: the ring's tail, the spill list's head, rseg */
   struct {
     _Atomic uint64_t seq;
@@ -145,9 +129,23 @@ void pm_cq_detach(pm_cq_t *c, pm_ep_seg_t *seg) {
   pthread_mutex_unlock(&c->lock);
 }
 
+_Thread_local int pm_nic_tid = -1;
+
 static void cq_add(pm_cq_t *c, const pm_cqe_t *x) {
+  if (pm_nic_tid >= 0 && pm_nic_tid < c->nlanes && !atomic_load_explicit(&c->spilled, memory_order_relaxed)) {
+    pm_cq_lane_t *l = &c->lane[pm_nic_tid];
+    if (l->head - l->seen_tail >= PM_CQ_LANE)
+      l->seen_tail = atomic_load_explicit(&l->tail, memory_order_acquire);
+    if (l->head - l->seen_tail < PM_CQ_LANE) {
+      __typeof__(&l->ring[0]) slot = &l->ring[l->head % PM_CQ_LANE];
+      slot->x = *x;
+      atomic_store_explicit(&slot->seq, l->head + 1, memory_order_release);
+      l->head++;
+      return;
+    }
+  }
   uint64_t pos;
-  if (ring_claim(&c->head, c->ring, sizeof c->ring[0], PM_CQ_RING, &pos)) {
+  if (pm_ring_claim(&c->head, c->ring, sizeof c->ring[0], PM_CQ_RING, &pos)) {
     c->ring[pos % PM_CQ_RING].x = *x;
     atomic_store_explicit(&c->ring[pos % PM_CQ_RING].seq, pos + 1, memory_order_release);
     return;
@@ -180,22 +178,35 @@ void pm_cq_push_err(pm_cq_t *cq, void *ctx, uint64_t flags, int err, size_t olen
   cq_add(cq, &(pm_cqe_t){.e = {.op_context = ctx, .flags = flags}, .err = d});
 }
 
-/* The oldest entry (reader, c->lock held): the ring's, else the spill
- * list's; NULL when there is none. cq_pop takes it. */
-static const pm_cqe_t *cq_peek(pm_cq_t *c) {
-  __typeof__(&c->ring[0]) slot = ring_ready(c->ring, sizeof c->ring[0], PM_CQ_RING, c->tail);
-  if (slot) return &slot->x;
+/* The next entry to read (reader, c->lock held): a lane's, else the shared
+ * ring's, else the spill list's; NULL when there is none. *from says where
+ * (a lane's index, -1 the ring, -2 the spill list) for cq_pop. */
+static const pm_cqe_t *cq_peek(pm_cq_t *c, int *from) {
+  for (int i = 0; i < c->nlanes; i++) {
+    pm_cq_lane_t *l = &c->lane[i];
+    uint64_t t = atomic_load_explicit(&l->tail, memory_order_relaxed);
+    __typeof__(&l->ring[0]) slot = &l->ring[t % PM_CQ_LANE];
+    if (atomic_load_explicit(&slot->seq, memory_order_acquire) == t + 1) return *from = i, &slot->x;
+  }
+  __typeof__(&c->ring[0]) slot = pm_ring_ready(c->ring, sizeof c->ring[0], PM_CQ_RING, c->tail);
+  if (slot) return *from = -1, &slot->x;
   if (!atomic_load_explicit(&c->spilled, memory_order_acquire)) return NULL;
   pthread_mutex_lock(&c->spill_lock);
   const pm_cqe_t *x = c->spill ? &c->spill->x : NULL; /* only readers unlink */
   pthread_mutex_unlock(&c->spill_lock);
-  return x;
+  return *from = -2, x;
 }
 
-static void cq_pop(pm_cq_t *c, const pm_cqe_t *x) {
-  __typeof__(&c->ring[0]) slot = &c->ring[c->tail % PM_CQ_RING];
-  if (x == &slot->x) {
-    ring_free(slot, PM_CQ_RING, c->tail++);
+static void cq_pop(pm_cq_t *c, int from) {
+  if (from >= 0) { /* read: the slot is the producer's again */
+    pm_cq_lane_t *l = &c->lane[from];
+    atomic_store_explicit(&l->tail, atomic_load_explicit(&l->tail, memory_order_relaxed) + 1,
+                          memory_order_release);
+    return;
+  }
+  if (from == -1) {
+    pm_ring_free(&c->ring[c->tail % PM_CQ_RING], PM_CQ_RING, c->tail);
+    c->tail++;
     return;
   }
   pthread_mutex_lock(&c->spill_lock);
@@ -216,9 +227,10 @@ static ssize_t cq_read(struct fid_cq *fid, void *buf, size_t count) {
       out[n++] = (struct fi_cq_tagged_entry){.flags = FI_REMOTE_WRITE | FI_RMA | FI_REMOTE_CQ_DATA,
                                              .data = data};
   const pm_cqe_t *x = NULL;
-  while ((size_t)n < count && (x = cq_peek(c)) && !x->err) {
+  int from = 0;
+  while ((size_t)n < count && (x = cq_peek(c, &from)) && !x->err) {
     out[n++] = x->e;
-    cq_pop(c, x);
+    cq_pop(c, from);
   }
   int err = !n && x && x->err;
   pthread_mutex_unlock(&c->lock);
@@ -229,7 +241,8 @@ static ssize_t cq_readerr(struct fid_cq *fid, struct fi_cq_err_entry *buf, uint6
   pm_cq_t *c = (pm_cq_t *)fid;
   (void)flags;
   pthread_mutex_lock(&c->lock);
-  const pm_cqe_t *x = cq_peek(c);
+  int from = 0;
+  const pm_cqe_t *x = cq_peek(c, &from);
   if (!x || !x->err) {
     pthread_mutex_unlock(&c->lock);
     return -FI_EAGAIN;
@@ -238,7 +251,7 @@ static ssize_t cq_readerr(struct fid_cq *fid, struct fi_cq_err_entry *buf, uint6
   *buf = (struct fi_cq_err_entry){.op_context = x->e.op_context, .flags = x->e.flags,
                                   .err = d->err, .olen = d->olen, .prov_errno = d->err};
   snprintf(c->last_err, sizeof c->last_err, "%s", d->why);
-  cq_pop(c, x);
+  cq_pop(c, from);
   free(d);
   pthread_mutex_unlock(&c->lock);
   return 1;
@@ -259,6 +272,12 @@ static int cq_close(struct fid *fid) {
   for (pm_cq_spill_t *s = c->spill, *n; s; s = n) n = s->next, free(s->x.err), free(s);
   for (uint64_t i = c->tail; i < atomic_load(&c->head); i++) /* entries never read */
     if (atomic_load(&c->ring[i % PM_CQ_RING].seq) == i + 1) free(c->ring[i % PM_CQ_RING].x.err);
+  for (int i = 0; i < c->nlanes; i++) {
+    pm_cq_lane_t *l = &c->lane[i];
+    for (uint64_t t = atomic_load(&l->tail); t < l->head; t++) free(l->ring[t % PM_CQ_LANE].x.err);
+    free(l->ring);
+  }
+  free(c->lane);
   free(c->ring);
   free(c->rseg);
   free(c);
@@ -276,6 +295,21 @@ int pm_cq_open(struct fid_domain *d, struct fi_cq_attr *attr, struct fid_cq **ou
   if (c && !(c->ring = aligned_alloc(64, PM_CQ_RING * sizeof *c->ring))) free(c), c = NULL;
   if (!c) return -FI_ENOMEM;
   (void)d;
+  c->nlanes = pm_params()->nic_threads;
+  if (!(c->lane = aligned_alloc(64, (size_t)c->nlanes * sizeof *c->lane))) {
+    free(c->ring), free(c);
+    return -FI_ENOMEM;
+  }
+  memset(c->lane, 0, (size_t)c->nlanes * sizeof *c->lane);
+  for (int i = 0; i < c->nlanes; i++) {
+    pm_cq_lane_t *l = &c->lane[i];
+    if (!(l->ring = aligned_alloc(64, PM_CQ_LANE * sizeof *l->ring))) {
+      for (int j = 0; j < i; j++) free(c->lane[j].ring);
+      free(c->lane), free(c->ring), free(c);
+      return -FI_ENOMEM;
+    }
+    memset(l->ring, 0, PM_CQ_LANE * sizeof *l->ring);
+  }
   memset(c->ring, 0, PM_CQ_RING * sizeof *c->ring);
   for (uint64_t i = 0; i < PM_CQ_RING; i++) atomic_store(&c->ring[i].seq, i);
   c->spill_tail = &c->spill;

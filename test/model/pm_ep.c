@@ -9,42 +9,30 @@
 #include <unistd.h>
 
 #include "pm_ep.h"
+#include "pm_ring.h"
 
 /* --- posting --- */
-static ssize_t post(pm_ep_t *e, pm_op_t *op, uint64_t flags) {
-  if (!pm_av_get(e->av, op->dest)) {
-    pm_op_release(e, op);
-    return -FI_EINVAL;
-  }
-  op->fence = !!(flags & FI_FENCE);
-  op->posted_ns = pm_now_ns();
-  op->next = atomic_load_explicit(&e->sub_top, memory_order_relaxed);
-  while (!atomic_compare_exchange_weak_explicit(&e->sub_top, &op->next, op, memory_order_release,
-                                                memory_order_relaxed))
-    ;
+/* Claims the next submission entry, fills it and hands it to the NIC (the
+ * release of its sequence word): -FI_EAGAIN when the ring is full, as a
+ * NIC's send queue would be. */
+static ssize_t post(pm_ep_t *e, int type, void *ctx, void *buf, size_t len, fi_addr_t dest, uint64_t a0,
+                    uint64_t key, uint64_t data, int remote_cq, uint64_t flags) {
+  if (!e->sq) return -FI_EOPBADSTATE; /* not enabled */
+  if (!pm_av_get(e->av, dest)) return -FI_EINVAL;
+  uint64_t pos;
+  if (!pm_ring_claim(&e->sq_head, e->sq, sizeof *e->sq, PM_SQ, &pos)) return -FI_EAGAIN;
+  pm_sqe_t *q = &e->sq[pos % PM_SQ];
+  q->ctx = ctx, q->buf = buf, q->len = len, q->a0 = a0, q->key = key, q->data = data;
+  q->dest = (uint32_t)dest, q->type = (uint8_t)type, q->fence = !!(flags & FI_FENCE);
+  q->remote_cq = (uint8_t)remote_cq;
+  atomic_store_explicit(&q->seq, pos + 1, memory_order_release);
   return 0;
-}
-
-static pm_op_t *new_op(pm_ep_t *e, int type, void *ctx, uint64_t cflags, void *buf, size_t len,
-                       fi_addr_t dest) {
-  while (atomic_flag_test_and_set_explicit(&e->cache_busy, memory_order_acquire))
-    ;
-  if (!e->cache) e->cache = atomic_exchange_explicit(&e->finished, NULL, memory_order_acquire);
-  pm_op_t *op = e->cache;
-  if (op) e->cache = op->next;
-  atomic_flag_clear_explicit(&e->cache_busy, memory_order_release);
-  if (!op && !(op = aligned_alloc(_Alignof(pm_op_t), sizeof *op))) return NULL;
-  *op = (pm_op_t){.type = type, .ctx = ctx, .cflags = cflags, .buf = buf, .len = len, .dest = dest};
-  return op;
 }
 
 /* A tagged send; with has_data, `data` reaches the receiver as remote CQ data. */
 static ssize_t send_tagged(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest,
                            uint64_t tag, int has_data, uint64_t data, void *ctx) {
-  pm_op_t *op = new_op((pm_ep_t *)ep, OP_TSEND, ctx, FI_SEND | FI_TAGGED | FI_MSG, (void *)buf, len, dest);
-  if (!op) return -FI_ENOMEM;
-  op->tag = tag, op->data = data, op->remote_cq = has_data;
-  return post((pm_ep_t *)ep, op, 0);
+  return post((pm_ep_t *)ep, OP_TSEND, ctx, (void *)buf, len, dest, tag, 0, data, has_data, 0);
 }
 
 static ssize_t tsend(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest,
@@ -78,13 +66,9 @@ static ssize_t trecv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_ad
 static ssize_t rma_msg(struct fid_ep *ep, const struct fi_msg_rma *msg, uint64_t flags, int type) {
   if (msg->iov_count != 1 || msg->rma_iov_count != 1 || msg->msg_iov[0].iov_len != msg->rma_iov[0].len)
     return -FI_EINVAL;
-  pm_op_t *op = new_op((pm_ep_t *)ep, type, msg->context, FI_RMA | (type == OP_WRITE ? FI_WRITE : FI_READ),
-                       msg->msg_iov[0].iov_base, msg->msg_iov[0].iov_len, msg->addr);
-  if (!op) return -FI_ENOMEM;
-  op->raddr = msg->rma_iov[0].addr, op->key = msg->rma_iov[0].key;
-  op->remote_cq = type == OP_WRITE && (flags & FI_REMOTE_CQ_DATA);
-  op->data = msg->data;
-  return post((pm_ep_t *)ep, op, flags);
+  return post((pm_ep_t *)ep, type, msg->context, msg->msg_iov[0].iov_base, msg->msg_iov[0].iov_len, msg->addr,
+              msg->rma_iov[0].addr, msg->rma_iov[0].key, msg->data,
+              type == OP_WRITE && (flags & FI_REMOTE_CQ_DATA), flags);
 }
 
 static ssize_t writemsg(struct fid_ep *ep, const struct fi_msg_rma *msg, uint64_t flags) {
@@ -100,11 +84,8 @@ static ssize_t atomicmsg(struct fid_ep *ep, const struct fi_msg_atomic *msg, uin
       msg->msg_iov[0].count != 1 || msg->rma_iov[0].count != 1 || msg->datatype != FI_UINT64 ||
       msg->op != FI_SUM)
     return -FI_EOPNOTSUPP;
-  pm_op_t *op = new_op((pm_ep_t *)ep, OP_ATOMIC, msg->context, FI_ATOMIC | FI_WRITE, NULL, 8, msg->addr);
-  if (!op) return -FI_ENOMEM;
-  op->raddr = msg->rma_iov[0].addr, op->key = msg->rma_iov[0].key;
-  op->data = *(const uint64_t *)msg->msg_iov[0].addr;
-  return post((pm_ep_t *)ep, op, flags);
+  return post((pm_ep_t *)ep, OP_ATOMIC, msg->context, NULL, 8, msg->addr, msg->rma_iov[0].addr,
+              msg->rma_iov[0].key, *(const uint64_t *)msg->msg_iov[0].addr, 0, flags);
 }
 
 /* --- endpoint object --- */
@@ -125,7 +106,6 @@ static int ep_close(struct fid *fid) {
     free_ops(e->share[t].waiting), free_ops(e->share[t].acking);
     pthread_mutex_destroy(&e->share[t].lock);
   }
-  free_ops(atomic_load(&e->sub_top));
   free_ops(atomic_load(&e->finished)), free_ops(e->cache);
   for (pm_recv_t *r = e->recvs, *n; r; r = n) n = r->next, free(r);
   for (pm_recv_t *r = atomic_load(&e->recv_top), *n; r; r = n) n = r->next, free(r);
@@ -133,6 +113,7 @@ static int ep_close(struct fid *fid) {
   for (pm_held_t *h = e->held, *n; h; h = n) n = h->next, free(h);
   if (e->seg) pm_cq_detach(e->cq, e->seg), pm_unlink(e->name, e->seg, sizeof *e->seg);
   free(e->links);
+  free(e->sq);
   free(e);
   return 0;
 }
@@ -152,6 +133,8 @@ static int ep_control(struct fid *fid, int command, void *arg) {
   if (command != FI_ENABLE) return -FI_ENOSYS;
   if (!e->cq || !e->av) return -FI_ENOCQ;
   if (e->seg) return 0;
+  if (!e->sq && !(e->sq = aligned_alloc(_Alignof(pm_sqe_t), PM_SQ * sizeof *e->sq))) return -FI_ENOMEM;
+  for (uint64_t i = 0; i < PM_SQ; i++) atomic_store(&e->sq[i].seq, i);
   e->seg = pm_create(e->name, sizeof *e->seg);
   if (!e->seg) return -FI_ENOMEM;
   e->seg->magic = PM_MAGIC, e->seg->pid = getpid();
@@ -195,7 +178,6 @@ int pm_ep_open(struct fid_domain *domain, struct fi_info *info, struct fid_ep **
   memset(e, 0, sizeof *e);
   e->d = (pm_domain_t *)domain;
   e->rnd = (unsigned)pm_now_ns();
-  atomic_flag_clear(&e->cache_busy);
   for (int t = 0; t < PM_MAX_NIC_THREADS; t++) {
     pthread_mutex_init(&e->share[t].lock, NULL);
     e->share[t].rnd = e->rnd + (unsigned)t;

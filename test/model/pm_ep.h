@@ -8,9 +8,24 @@
 
 enum { OP_WRITE = 1, OP_READ, OP_TSEND, OP_ATOMIC };
 
-/* One cache-line pair, aligned: the caller fills it, the NIC threads move
- * and complete it, and it comes back for reuse; each stage moves two lines
- * between cores, as a NIC's descriptor and completion entry would. */
+/* A posted operation as the caller leaves it in the endpoint's submission
+ * ring: one cache line with its sequence word, as a NIC's descriptor (the
+ * caller writes it, the NIC reads it once). */
+typedef struct {
+  _Atomic uint64_t seq; /* the ring's turn (pm_ring.h) */
+  void *ctx, *buf;
+  uint64_t len;
+  uint64_t a0;          /* RMA and atomics: the remote address; a send: the tag */
+  uint64_t key, data;
+  uint32_t dest;        /* an AV index (PM_AV_BLOCK * PM_AV_BLOCKS of them) */
+  uint8_t type, fence, remote_cq;
+} __attribute__((aligned(64))) pm_sqe_t;
+_Static_assert(sizeof(pm_sqe_t) == 64, "a submission entry is one cache line");
+#define PM_SQ 1024 /* entries an endpoint's submission ring holds: beyond, a post is -FI_EAGAIN */
+
+/* An operation inside the NIC, from its submission to its completion: the
+ * NIC threads' own (taken from and returned to its endpoint's pool by
+ * them), never the caller's. */
 typedef struct pm_op {
   struct pm_op *next;
   int type, err;     /* err: move_data failed: the completion's error, `why` its text */
@@ -66,24 +81,24 @@ typedef struct pm_ep {
   pm_av_t *av;
   char name[PM_NAME_LEN];
   pm_ep_seg_t *seg;
-  /* Posted and not yet on a link, newest first: a caller's post is one
-   * compare-and-swap (a NIC's doorbell), never a lock the NIC thread takes
-   * on every pass; the NIC thread takes the whole list at once. */
-  _Atomic(pm_op_t *) sub_top;
+  /* Posted and not yet taken: the caller claims an entry and fills it (a
+   * NIC's descriptor and doorbell), thread 0 takes entries in order on its
+   * pass; the caller never touches the NIC's operations. */
+  pm_sqe_t *sq;
+  _Atomic uint64_t sq_head __attribute__((aligned(64))); /* the posters' */
+  uint64_t sq_tail __attribute__((aligned(64)));          /* thread 0's */
   pm_link_t *links; /* grown by thread 0 holding every share's lock */
   size_t nlinks;
   pm_nic_share_t share[PM_MAX_NIC_THREADS];
   /* thread 0's (the caller adds to recv_top by compare-and-swap): */
   pm_recv_t *recvs;               /* posted receives the NIC thread matches, in order */
-  _Atomic(pm_recv_t *) recv_top;  /* posted since its last pass, newest first (as sub_top) */
+  _Atomic(pm_recv_t *) recv_top;  /* posted since its last pass, newest first */
   pm_held_t *unexp, *held;
   unsigned rnd;
   /* Operations are reused, not freed: the NIC threads push finished ones
-   * here (a compare-and-swap), and posting takes them back in bulk into
-   * `cache`, so a post and its completion cost no allocator call (and no
-   * allocator lock shared between the caller and the NIC threads). */
+   * here (a compare-and-swap), and thread 0 takes them back in bulk into
+   * `cache` as it takes new posts: no allocator call per operation. */
   _Atomic(pm_op_t *) finished;
-  atomic_flag cache_busy; /* posts from several threads take turns at `cache` */
   pm_op_t *cache;
 } pm_ep_t;
 
@@ -92,7 +107,7 @@ typedef struct pm_ep {
  * freed only after no pass uses it). */
 int pm_nic_add(pm_ep_t *e);
 void pm_nic_remove(pm_ep_t *e);
-/* A finished operation goes back to its endpoint's posting side. */
+/* A finished operation goes back to its endpoint's pool. */
 void pm_op_release(pm_ep_t *e, pm_op_t *op);
 
 #endif

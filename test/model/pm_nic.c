@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "pm_ep.h"
+#include "pm_ring.h"
 
 /* Held for reading by the NIC threads through each pass, for writing (writers first) where
  * an endpoint comes or goes (its memory is freed only when no pass uses it). */
@@ -251,7 +252,7 @@ static int fence_holds(const pm_nic_share_t *s, const pm_op_t *op, int ahead) {
   return 0;
 }
 
-static int take_posted(pm_ep_t *e, int n);
+static int take_posted(pm_ep_t *e, int n, uint64_t now);
 
 /* Thread tid's links (of n threads), its share s locked: each link's
  * operations whose time came, in order (or, reordering, any of them). */
@@ -323,7 +324,7 @@ static int complete_waiting(pm_ep_t *e, pm_nic_share_t *s, uint64_t now) {
 static int ep_pass(pm_ep_t *e, uint64_t now, int tid, int n) {
   pm_nic_share_t *s = &e->share[tid];
   int work = 0;
-  if (!tid) work |= take_posted(e, n);
+  if (!tid) work |= take_posted(e, n, now);
   if (atomic_load_explicit(&s->queued, memory_order_acquire)) {
     pthread_mutex_lock(&s->lock);
     work |= links_pass(e, s, now, tid, n);
@@ -358,6 +359,7 @@ static void *nic_main(void *arg) {
   int idle = 0;
   char name[16]; /* per-thread CPU time in /proc/<pid>/task/<tid>/stat names it */
   snprintf(name, sizeof name, "model-nic%d", tid);
+  pm_nic_tid = tid;
   (void)pthread_setname_np(pthread_self(), name);
   while (!atomic_load(&nic_stop)) {
     uint64_t now = pm_now_ns();
@@ -427,17 +429,40 @@ static void to_link(pm_ep_t *e, pm_link_t *l, pm_op_t *op) {
   l->tail = op;
 }
 
-/* The operations posted since the last pass go onto their links, in order. */
-static int take_posted(pm_ep_t *e, int n) {
-  if (!atomic_load_explicit(&e->sub_top, memory_order_relaxed)) return 0;
-  pm_op_t *top = atomic_exchange_explicit(&e->sub_top, NULL, memory_order_acquire), *op = NULL;
-  while (top) { /* newest first: reversed into posting order */
-    pm_op_t *next = top->next;
-    top->next = op, op = top, top = next;
+/* An operation for a new post (thread 0): from the endpoint's pool, which
+ * the NIC threads refill as operations finish. */
+static pm_op_t *new_op(pm_ep_t *e) {
+  if (!e->cache) e->cache = atomic_exchange_explicit(&e->finished, NULL, memory_order_acquire);
+  pm_op_t *op = e->cache;
+  if (op) e->cache = op->next;
+  else op = aligned_alloc(_Alignof(pm_op_t), sizeof *op);
+  return op;
+}
+
+static uint64_t completion_flags(int type) {
+  switch (type) {
+    case OP_TSEND: return FI_SEND | FI_TAGGED | FI_MSG;
+    case OP_WRITE: return FI_RMA | FI_WRITE;
+    case OP_READ: return FI_RMA | FI_READ;
+    default: return FI_ATOMIC | FI_WRITE;
   }
-  int any = op != NULL;
-  for (pm_op_t *next; op; op = next) {
-    next = op->next;
+}
+
+/* The operations posted since the last pass go onto their links, in order;
+ * `now` stands for their posting time (a NIC fetches a descriptor after
+ * its doorbell, not at it). */
+static int take_posted(pm_ep_t *e, int n, uint64_t now) {
+  int any = 0;
+  for (pm_sqe_t *q; (q = pm_ring_ready(e->sq, sizeof *e->sq, PM_SQ, e->sq_tail));) {
+    pm_op_t *op = new_op(e);
+    if (!op) break; /* out of memory: the posts wait for a later pass */
+    *op = (pm_op_t){.type = q->type, .ctx = q->ctx, .cflags = completion_flags(q->type), .buf = q->buf,
+                    .len = q->len, .dest = q->dest, .key = q->key, .data = q->data, .fence = (char)q->fence,
+                    .remote_cq = (char)q->remote_cq, .posted_ns = now};
+    if (q->type == OP_TSEND) op->tag = q->a0;
+    else op->raddr = q->a0;
+    pm_ring_free(q, PM_SQ, e->sq_tail++);
+    any = 1;
     pm_link_t *l = link_of(e, op->dest, n);
     if (!l) {
       complete(e, op, FI_ENOMEM, "out of memory for a link");
