@@ -220,11 +220,8 @@ int perseus_ag_gemm_create(ncclComm_t comm, const perseus_ag_gemm_shape_t *shape
   if (ready_failed) {
     if (!err) ps_ag_gemm_fail("%s", why);
     err = -1;
-  } else if ((rc = ncclCommWindowRegister(comm, f->buf, bytes, &f->win, NCCL_WIN_COLL_SYMMETRIC)) != ncclSuccess) {
-    err = fail_nccl("ncclCommWindowRegister (the gathered-A window)", rc, comm);
-  } else if (!f->win) {
-    err = ps_ag_gemm_fail("ncclCommWindowRegister gave no window: NCCL has no symmetric memory on this "
-                          "communicator");
+  } else if (ps_op_window(comm, f->buf, bytes, &f->win, "the gathered-A window", why, sizeof why)) {
+    err = ps_ag_gemm_fail("%s", why);
   } else if ((rc = perseus_batch_devcomm_create(comm, f->gin_any, &f->dev, &f->h, &what)) != ncclSuccess) {
     err = fail_nccl(what, rc, comm);
   } else {

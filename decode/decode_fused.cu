@@ -328,11 +328,8 @@ int perseus_decode_create(ncclComm_t comm, const perseus_decode_config_t *config
   if (ready_failed) {
     if (!err) ps_decode_fail("%s", why);
     err = -1;
-  } else if ((rc = ncclCommWindowRegister(comm, f->buf, bytes, &f->win, NCCL_WIN_COLL_SYMMETRIC)) != ncclSuccess) {
-    err = fail_nccl("ncclCommWindowRegister (the records window)", rc, comm);
-  } else if (!f->win) {
-    err = ps_decode_fail("ncclCommWindowRegister gave no window: NCCL has no symmetric memory on "
-                         "this communicator");
+  } else if (ps_op_window(comm, f->buf, bytes, &f->win, "the records window", why, sizeof why)) {
+    err = ps_decode_fail("%s", why);
   } else {
     err = create_dev(f, lsa != R);
   }

@@ -300,13 +300,8 @@ static ncclResult_t ps_moe_setup(perseus_moe *m)
     ps_moe_set_error("%s", why);
     return ncclInvalidUsage;
   }
-  rc = ncclCommWindowRegister(m->comm, m->win_ptr, m->win_bytes, &m->win, NCCL_WIN_COLL_SYMMETRIC);
-  if (rc != ncclSuccess) {
-    ps_moe_set_error("ncclCommWindowRegister (%zu-byte window) failed: %s (%s)", m->win_bytes,
-                     ncclGetErrorString(rc), ncclGetLastError(m->comm));
-  } else if (!m->win) {
-    ps_moe_set_error("ncclCommWindowRegister gave no window: NCCL has no symmetric memory on this "
-                     "communicator (CUDA P2P between the local GPUs and cuMem are needed)");
+  if (ps_op_window(m->comm, m->win_ptr, m->win_bytes, &m->win, "the layer's window", why, sizeof why)) {
+    ps_moe_set_error("%s", why);
     rc = ncclInvalidUsage;
   } else {
     rc = ps_moe_devcomm(m, req, h);

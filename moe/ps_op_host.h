@@ -74,6 +74,22 @@ static inline int ps_op_agree(ncclComm_t comm, const char *const *names, const i
   return ps_agree_verdict(names, vals, n, nranks, v, api, "operator", err, len);
 }
 
+/* The operator's symmetric window over buf (from ncclMemAlloc), collective
+ * over comm; `what` names it. 0, or -1 with the reason in err. */
+static inline int ps_op_window(ncclComm_t comm, void *buf, size_t bytes, ncclWindow_t *win, const char *what,
+                               char *err, size_t len) {
+  const ncclResult_t rc = ncclCommWindowRegister(comm, buf, bytes, win, NCCL_WIN_COLL_SYMMETRIC);
+  if (rc != ncclSuccess) {
+    snprintf(err, len, "ncclCommWindowRegister (%s, %zu B) failed: %s (%s)", what, bytes, ncclGetErrorString(rc),
+             ncclGetLastError(comm));
+    return -1;
+  }
+  if (*win) return 0;
+  snprintf(err, len, "ncclCommWindowRegister gave no window for %s: NCCL has no symmetric memory on this "
+           "communicator (CUDA P2P between the local GPUs and cuMem are needed)", what);
+  return -1;
+}
+
 /* After an operator's work on this rank alone (allocations, kernel sizing),
  * before its first collective after the agreement (the window's
  * registration): whether every rank's succeeded. A rank whose own failed
