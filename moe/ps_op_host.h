@@ -1,7 +1,8 @@
 /* Host-side pieces every fused operator (MoE, decode, AG+GEMM) shares:
- * the all-reduce of its agreement across ranks, its steps' fault record,
- * and the refusal of a capturing stream. Header only: each operator's
- * library compiles it in. */
+ * the all-reduces of its create (the arguments' agreement across ranks,
+ * then whether every rank set up its part), its window's registration, its
+ * steps' fault record and its words, and the refusal of a capturing stream.
+ * Header only: each operator's library compiles it in. */
 #ifndef PS_OP_HOST_H
 #define PS_OP_HOST_H
 
