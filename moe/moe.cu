@@ -152,8 +152,8 @@ static ncclResult_t ps_moe_tensor_maps(perseus_moe *m)
 
 /* The devcomm: a control handle, a combine handle, a rows handle (a GIN
  * peer's rows in one put) and one handle per local expert, each a block of
- * nranks GIN signals (when any peer needs GIN) and per-peer counters. */
-/* req and h: room for m->L + PS_MOE_SHARED_HANDLES each (the caller's). */
+ * nranks GIN signals (when any peer needs GIN) and per-peer counters. req
+ * and h: room for m->L + PS_MOE_SHARED_HANDLES each (the caller's). */
 static ncclResult_t ps_moe_devcomm(perseus_moe *m, ncclDevResourceRequirements_t *req, perseus_batch_handle *h)
 {
   const int nh = m->L + PS_MOE_SHARED_HANDLES;
