@@ -252,7 +252,7 @@ static int fence_holds(const pm_nic_share_t *s, const pm_op_t *op, int ahead) {
   return 0;
 }
 
-static int take_posted(pm_ep_t *e, int n, uint64_t now);
+static int take_posted(pm_ep_t *e, int n);
 
 /* Thread tid's links (of n threads), its share s locked: each link's
  * operations whose time came, in order (or, reordering, any of them). */
@@ -324,7 +324,7 @@ static int complete_waiting(pm_ep_t *e, pm_nic_share_t *s, uint64_t now) {
 static int ep_pass(pm_ep_t *e, uint64_t now, int tid, int n) {
   pm_nic_share_t *s = &e->share[tid];
   int work = 0;
-  if (!tid) work |= take_posted(e, n, now);
+  if (!tid) work |= take_posted(e, n);
   if (atomic_load_explicit(&s->queued, memory_order_acquire)) {
     pthread_mutex_lock(&s->lock);
     work |= links_pass(e, s, now, tid, n);
@@ -449,11 +449,14 @@ static uint64_t completion_flags(int type) {
 }
 
 /* The operations posted since the last pass go onto their links, in order;
- * `now` stands for their posting time (a NIC fetches a descriptor after
- * its doorbell, not at it). */
-static int take_posted(pm_ep_t *e, int n, uint64_t now) {
+ * the time they are taken stands for their posting time (a NIC fetches a
+ * descriptor after its doorbell, not at it), read once a pass, after the
+ * first descriptor was seen: no operation starts before it was posted. */
+static int take_posted(pm_ep_t *e, int n) {
   int any = 0;
+  uint64_t now = 0;
   for (pm_sqe_t *q; (q = pm_ring_ready(e->sq, sizeof *e->sq, PM_SQ, e->sq_tail));) {
+    if (!now) now = pm_now_ns();
     pm_op_t *op = new_op(e);
     if (!op) break; /* out of memory: the posts wait for a later pass */
     *op = (pm_op_t){.type = q->type, .ctx = q->ctx, .cflags = completion_flags(q->type), .buf = q->buf,
