@@ -102,6 +102,17 @@ static int window_maps(perseus_ag_gemm_t *f) {
   return 0;
 }
 
+// The operator's devcomm (GIN where a peer is beyond NVLink) and its
+// windows' tensor maps, after the window: 0, or -1 with the reason recorded.
+static int attach_dev(void *op) {
+  perseus_ag_gemm_t *f = (perseus_ag_gemm_t *)op;
+  const char *what = "";
+  const ncclResult_t rc = perseus_batch_devcomm_create(f->comm, f->gin_any, &f->dev, &f->h, &what);
+  if (rc != ncclSuccess) return fail_nccl(what, rc, f->comm);
+  f->have_dev = 1;
+  return window_maps(f);
+}
+
 // What create checks on this rank alone: 0, or -1 with the reason. Sets
 // the timeout, the SM count, the blocks an SM holds and the TMA encoder.
 static int local_checks(ncclComm_t comm, const ps_ag_gemm_shape_t *s, int R, int mode, long long *timeout_ms,
@@ -213,22 +224,9 @@ int perseus_ag_gemm_create(ncclComm_t comm, const perseus_ag_gemm_shape_t *shape
     err = ps_ag_gemm_fail("the split-K sums (%d splits of %d x %d floats): %s", f->splits, s->m, s->n,
                           cudaGetErrorString(ce));
   }
-  // every rank set up before the collectives below, or none enters them;
-  // after them, every rank keeps the operator or none does
-  const char *what = "";
-  const int ready_failed = ps_op_all_ready(comm, !err, "perseus_ag_gemm", why, sizeof why);
-  if (ready_failed) {
-    if (!err) ps_ag_gemm_fail("%s", why);
-    err = -1;
-  } else if (ps_op_window(comm, f->buf, bytes, &f->win, "the gathered-A window", why, sizeof why)) {
-    err = ps_ag_gemm_fail("%s", why);
-  } else if ((rc = perseus_batch_devcomm_create(comm, f->gin_any, &f->dev, &f->h, &what)) != ncclSuccess) {
-    err = fail_nccl(what, rc, comm);
-  } else {
-    f->have_dev = 1, err = window_maps(f);
-  }
-  if (!ready_failed && ps_op_all_ready(comm, !err, "perseus_ag_gemm", why, sizeof why)) {
-    if (!err) ps_ag_gemm_fail("%s", why);
+  if (ps_op_setup_collective(comm, !err, f->buf, bytes, &f->win, "the gathered-A window", attach_dev, f,
+                             "perseus_ag_gemm", why, sizeof why)) {
+    if (why[0]) ps_ag_gemm_fail("%s", why);
     err = -1;
   }
   if (err) {

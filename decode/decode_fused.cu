@@ -204,8 +204,12 @@ int fail_nccl(const char *what, ncclResult_t rc, ncclComm_t comm) {
 }
 
 
-int create_dev(perseus_decode_t *f, int gin) {
+// The operator's devcomm (GIN where a peer is beyond NVLink), after its
+// window: 0, or -1 with the reason recorded.
+int attach_dev(void *op) {
+  perseus_decode_t *f = (perseus_decode_t *)op;
   const char *what = "";
+  const int gin = ncclTeamLsa(f->comm).nRanks != f->nranks;
   const ncclResult_t rc = perseus_batch_devcomm_create(f->comm, gin, &f->dev, &f->h, &what);
   if (rc != ncclSuccess) return fail_nccl(what, rc, f->comm);
   f->have_dev = 1;
@@ -280,7 +284,7 @@ int perseus_decode_create(ncclComm_t comm, const perseus_decode_config_t *config
   long long timeout_ms = 0;
   const int valid = local_checks(comm, cfg, R, mode, max_shard, &splits, &timeout_ms, &sms) == 0;
   if (agree(comm, cfg, mode, max_shard, valid ? splits : 0, valid)) return -1;
-  const int G = cfg->q_heads / cfg->kv_heads, lsa = ncclTeamLsa(comm).nRanks;
+  const int G = cfg->q_heads / cfg->kv_heads;
   cudaError_t ce = cudaSuccess;
   perseus_decode_t *f = (perseus_decode_t *)calloc(1, sizeof(*f));
   char why[512];
@@ -322,19 +326,9 @@ int perseus_decode_create(ncclComm_t comm, const perseus_decode_config_t *config
       err = ps_decode_fail("%s", why);
     }
   }
-  // every rank set up before the collectives below, or none enters them;
-  // after them, every rank keeps the operator or none does
-  const int ready_failed = ps_op_all_ready(comm, !err, "perseus_decode", why, sizeof why);
-  if (ready_failed) {
-    if (!err) ps_decode_fail("%s", why);
-    err = -1;
-  } else if (ps_op_window(comm, f->buf, bytes, &f->win, "the records window", why, sizeof why)) {
-    err = ps_decode_fail("%s", why);
-  } else {
-    err = create_dev(f, lsa != R);
-  }
-  if (!ready_failed && ps_op_all_ready(comm, !err, "perseus_decode", why, sizeof why)) {
-    if (!err) ps_decode_fail("%s", why);
+  if (ps_op_setup_collective(comm, !err, f->buf, bytes, &f->win, "the records window", attach_dev, f,
+                             "perseus_decode", why, sizeof why)) {
+    if (why[0]) ps_decode_fail("%s", why);
     err = -1;
   }
   if (err) {

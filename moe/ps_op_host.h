@@ -101,14 +101,28 @@ static inline int ps_op_all_ready(ncclComm_t comm, int ready, const char *api, c
   int64_t failed = !ready;
   err[0] = 0;
   if (ps_reduce_max(comm, &failed, 1, "telling the ranks whether each set up its part", err, len)) return -1;
-  if (!ready) {
-    err[0] = 0;
-    return -1;
-  }
+  if (!ready) return -1;
   if (!failed) return 0;
   snprintf(err, len, "another rank could not set up its part (its %s_last_error() says why): the operator is "
            "created on every rank or on none", api);
   return -1;
+}
+
+/* The collective part of an operator's create, after its work on this rank
+ * alone (`ready` 0: that failed, its reason already recorded): every rank
+ * set up its part before the window's registration or none enters it; then
+ * the window over buf, then `attach` (the operator's devcomm and what hangs
+ * on it; 0, or -1 with its reason recorded); then every rank keeps the
+ * operator or none does. 0, or -1 with a reason not yet recorded in err
+ * (empty where this rank's own recorded failure is the reason). */
+static inline int ps_op_setup_collective(ncclComm_t comm, int ready, void *buf, size_t bytes, ncclWindow_t *win,
+                                         const char *win_what, int (*attach)(void *), void *op, const char *api,
+                                         char *err, size_t len) {
+  if (ps_op_all_ready(comm, ready, api, err, len)) return -1;
+  const int ok = !ps_op_window(comm, buf, bytes, win, win_what, err, len) && !attach(op);
+  char later[256]; /* a failed second reduction does not hide this rank's first reason */
+  if (ps_op_all_ready(comm, ok, api, ok ? err : later, ok ? len : sizeof later)) return -1;
+  return 0;
 }
 
 /* A step's fault record (<perseus/device/wait.cuh>): zeroed mapped host

@@ -115,23 +115,14 @@ struct ag_fault_in {
 };
 static const perseus_ag_gemm_shape_t ag_fault_shape = {256, 256, 128};
 
-static void *ag_fault_create(gc_world *w, void *)
-{
-  perseus_ag_gemm_t *f = NULL;
-  if (perseus_ag_gemm_create(w->comm, &ag_fault_shape, PERSEUS_AG_GEMM_PUSH, &f))
-    return NULL;
-  return f;
-}
-
-/* An operator whose gathered-A window takes 256 MiB (M 8192 x K 8192 x 2
- * halves x 2 bytes). */
+/* An operator whose gathered-A window takes 256 MiB (2 halves of M x K bf16). */
 static const perseus_ag_gemm_shape_t ag_big_shape = {8192, 256, 8192};
-static const size_t ag_big_window = (size_t)2 * 8192 * 8192 * 2;
+static const size_t ag_big_window = (size_t)2 * ag_big_shape.m * ag_big_shape.k * 2;
 
-static void *ag_big_create(gc_world *w, void *)
+static void *ag_create(gc_world *w, const perseus_ag_gemm_shape_t &s)
 {
   perseus_ag_gemm_t *f = NULL;
-  if (perseus_ag_gemm_create(w->comm, &ag_big_shape, PERSEUS_AG_GEMM_PUSH, &f))
+  if (perseus_ag_gemm_create(w->comm, &s, PERSEUS_AG_GEMM_PUSH, &f))
     return NULL;
   return f;
 }
@@ -152,10 +143,12 @@ static int ag_faults(gc_world *w, int rank, int R)
   GC_CUDA(cudaMemset(in.a, 0, (size_t)s.m * s.k * 2), "a");
   GC_CUDA(cudaMemset(in.b, 0, (size_t)s.n * s.k * 2), "b");
   const op_fault_ops o = {
-      "ag_gemm_test", "PERSEUS_AG_GEMM_TIMEOUT_MS", &in, ag_fault_create, ag_fault_step,
+      "ag_gemm_test", "PERSEUS_AG_GEMM_TIMEOUT_MS", &in,
+      [](gc_world *w, void *) { return ag_create(w, ag_fault_shape); }, ag_fault_step,
       [](void *f) { return perseus_ag_gemm_check((perseus_ag_gemm_t *)f); },
       [](void *f) { perseus_ag_gemm_abort((perseus_ag_gemm_t *)f); }, perseus_ag_gemm_last_error,
-      [](void *f) { perseus_ag_gemm_destroy((perseus_ag_gemm_t *)f); }, ag_big_create, ag_big_window};
+      [](void *f) { perseus_ag_gemm_destroy((perseus_ag_gemm_t *)f); },
+      [](gc_world *w, void *) { return ag_create(w, ag_big_shape); }, ag_big_window};
   const int bad = op_faults(o, w, rank, R);
   cudaFree(in.a), cudaFree(in.b), cudaFree(in.c);
   return bad;
