@@ -50,8 +50,8 @@ volatile sig_atomic_t coll_signal;
 
 static int set_colls(const char *arg)
 {
-  char buf[256], *save = NULL;
-  snprintf(buf, sizeof(buf), "%s", arg);
+  char *buf = strdup(arg), *save = NULL; /* a copy of any length: no name cut short */
+  if (!buf) return -1;
   memset(coll_cfg.coll_on, 0, sizeof(coll_cfg.coll_on));
   for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
     int found = 0;
@@ -70,8 +70,12 @@ static int set_colls(const char *arg)
       for (int c = 0; c < C_N; c++) coll_cfg.coll_on[c] = 1;
       found = 1;
     }
-    if (!found) return -1;
+    if (!found) {
+      free(buf);
+      return -1;
+    }
   }
+  free(buf);
   for (int c = 0; c < C_N; c++)
     if (coll_cfg.coll_on[c]) return 0;
   return -1; /* no collective named: a run would measure nothing */
@@ -112,7 +116,7 @@ static void usage(FILE *f)
     "NCCL collectives, nccl-tests style: NCCL with the perseus net plugin vs NCCL's\n"
     "built-in Socket transport, in one run, one forked process per GPU, over loopback.\n"
     "  -g N      number of GPUs/ranks (default: all visible GPUs)\n"
-    "  -b SIZE   min bytes (default 1M; suffixes K, M, G)\n"
+    "  -b SIZE   min bytes (default 1M; suffixes K, M, G, T)\n"
     "  -e SIZE   max bytes (default 1G)\n"
     "  -f N      multiplication factor between sizes (default 2)\n"
     "  -n N      timed iterations per size (default 20)\n"
@@ -165,7 +169,7 @@ static int parse_args(int argc, char **argv)
       bad = !coll_cfg.sweep_on[SW_PERSEUS] && !coll_cfg.sweep_on[SW_SOCKET];
       break;
     case 'P': plugin_arg = optarg; break;
-    case 'I': coll_cfg.iface = optarg; break;
+    case 'I': coll_cfg.iface = optarg, bad = !*optarg; break; /* empty: no interface named */
     case 'T': bad = sp_parse_int(optarg, 1, 7 * 24 * 3600, &coll_cfg.timeout_s); break;
     case 'h': usage(stdout); exit(0);
     default: usage(stderr); return -1;
@@ -223,7 +227,10 @@ static void print_table(int c, long long *wrong_total)
          "", "(GB/s)", "(GB/s)", "", "", "(GB/s)", "(GB/s)", "", "busbw p/s");
   for (int i = 0; i < coll_cfg.nsizes; i++) {
     struct ps_counts k;
-    if (!coll_counts(c, coll_cfg.sizes[i], n, &k)) continue;
+    if (!coll_counts(c, coll_cfg.sizes[i], n, &k)) { /* said, not dropped unseen */
+      printf("  %10zu  (below one element per rank for %d ranks: not measured)\n", coll_cfg.sizes[i], n);
+      continue;
+    }
     const struct ps_result *r[SW_N];
     for (int s = 0; s < SW_N; s++) {
       r[s] = &coll_shm->res[s][c][i];

@@ -61,25 +61,29 @@ static int transfer(drv_rank_t *r, int to, int from, char *sbuf, void *smh, char
       int s = (int)(posted % (size_t)W), tag = (int)(posted % (size_t)W);
       size_t off = posted * chunk, n = size ? (size - off < chunk ? size - off : chunk) : 0;
       void *d = rbuf + off;
-      if (r->net.irecv(r->recv[from], 1, &d, &n, &tag, &rmh, &rreq[s])) return -1;
+      if (r->net.irecv(r->recv[from], 1, &d, &n, &tag, &rmh, &rreq[s]))
+        return fprintf(stderr, "rank %d: irecv of %zu B from rank %d failed\n", r->rank, n, from), -1;
       if (!rreq[s]) break;
       posted++;
     }
     while (to >= 0 && sent < nchunks && sent - sdone < (size_t)W) {
       int s = (int)(sent % (size_t)W), tag = (int)(sent % (size_t)W);
       size_t off = sent * chunk, n = size ? (size - off < chunk ? size - off : chunk) : 0;
-      if (r->net.isend(r->send[to], sbuf + off, n, tag, smh, &sreq[s])) return -1;
+      if (r->net.isend(r->send[to], sbuf + off, n, tag, smh, &sreq[s]))
+        return fprintf(stderr, "rank %d: isend of %zu B to rank %d failed\n", r->rank, n, to), -1;
       if (!sreq[s]) break;
       sent++;
     }
     /* complete in order, as NCCL's proxy consumes its slots */
     int done = 0;
     if (to >= 0 && sdone < sent) {
-      if (r->net.test(sreq[sdone % (size_t)W], &done, NULL)) return -1;
+      if (r->net.test(sreq[sdone % (size_t)W], &done, NULL))
+        return fprintf(stderr, "rank %d: a send of %zu B to rank %d failed\n", r->rank, size, to), -1;
       if (done) sdone++;
     }
     if (from >= 0 && rdone < posted) {
-      if (r->net.test(rreq[rdone % (size_t)W], &done, NULL)) return -1;
+      if (r->net.test(rreq[rdone % (size_t)W], &done, NULL))
+        return fprintf(stderr, "rank %d: a receive of %zu B from rank %d failed\n", r->rank, size, from), -1;
       if (done) rdone++;
     }
   }
@@ -111,7 +115,10 @@ static int run_rank(drv_rank_t *r, void *arg) {
   int P = r->nranks, me = r->rank;
   size_t cap = o->maxb + 1;
   bufs_t b = {.to = (me + 1) % P, .from = (me + P - 1) % P, .sbuf = malloc(cap), .rbuf = malloc(cap)};
-  if (!b.sbuf || !b.rbuf) return 1;
+  if (!b.sbuf || !b.rbuf) {
+    fprintf(stderr, "rank %d: out of memory for 2 x %zu B of buffers (-e %zu)\n", me, cap, o->maxb);
+    return 1;
+  }
   b.smh = reg(r, r->send[b.to], b.sbuf, cap);
   b.rmh = reg(r, r->recv[b.from], b.rbuf, cap);
   if (me == 1) b.smh_back = reg(r, r->send[0], b.rbuf, cap);
@@ -177,7 +184,7 @@ int main(int argc, char **argv) {
       case 'w': o.warmup = drv_parse_int("-w", optarg, 0, 1 << 24); break;
       case 'c': o.check = drv_parse_int("-c", optarg, 0, 1); break;
       case 'r': d.nranks = drv_parse_int("-r", optarg, 2, 32); break;
-      case 'C': o.chunk = drv_parse_size("-C", optarg, 1, (size_t)1 << 40); break;
+      case 'C': o.chunk = drv_parse_size("-C", optarg, 1, (size_t)1 << 30); break; /* a message's most */
       case 'W': o.window = drv_parse_int("-W", optarg, 1, 64); break;
       case 'v': d.version = drv_parse_int("-v", optarg, 8, 12); break;
       case 'P': d.plugin = optarg; break;
@@ -207,12 +214,11 @@ int main(int argc, char **argv) {
     n = next > n ? next : n + 1;
   }
   if (sizes > MAX_ROWS) {
-    fprintf(stderr, "-b %zu -e %zu -f %g give %d sizes, at most %d: raise -f or narrow -b..-e\n",
+    fprintf(stderr, "-b %zu -e %zu -f %.10g give %d sizes, at most %d: raise -f or narrow -b..-e\n",
             o.minb, o.maxb, o.factor, sizes, MAX_ROWS);
     return 2;
   }
-  setenv("PERSEUS_PROVIDER", "tcp;ofi_rxm", 0); /* the embedded default: loopback TCP */
-  setenv("PERSEUS_IFACE", !strcmp(getenv("PERSEUS_PROVIDER"), "shm") ? "shm" : "lo", 0);
+  drv_default_fabric(); /* the embedded default: loopback TCP */
   d.shared_bytes = sizeof(results_t);
   print_header(&o, d.nranks, d.version);
   results_t *res = calloc(1, sizeof *res); /* rank 0 fills the shared copy */

@@ -286,17 +286,22 @@ out:
  * cores it may use, as a launcher binds ranks; the threads the plugin and
  * the provider start later (engine, a NIC's) inherit it, so a rank's proxy
  * and its NIC share a core group, as a proxy near its NIC does. */
+/* The cores each of nranks gets (at least 1), or 0 with the reason printed. */
+static int bind_share(int nranks) {
+  cpu_set_t all;
+  if (sched_getaffinity(0, sizeof all, &all)) {
+    fprintf(stderr, "-A: sched_getaffinity: %s\n", strerror(errno));
+    return 0;
+  }
+  int n = CPU_COUNT(&all);
+  if (n < nranks) fprintf(stderr, "-A: %d ranks but %d cores to share among them\n", nranks, n);
+  return n / nranks;
+}
+
 static int bind_rank(int rank, int nranks) {
   cpu_set_t all, mine;
-  if (sched_getaffinity(0, sizeof all, &all)) {
-    fprintf(stderr, "rank %d: sched_getaffinity: %s\n", rank, strerror(errno));
-    return -1;
-  }
-  int n = CPU_COUNT(&all), share = n / nranks, first = rank * share, i = 0;
-  if (share < 1) {
-    fprintf(stderr, "-A: %d ranks but %d cores to share among them\n", nranks, n);
-    return -1;
-  }
+  int share = bind_share(nranks), first = rank * share, i = 0;
+  if (share < 1 || sched_getaffinity(0, sizeof all, &all)) return -1;
   CPU_ZERO(&mine);
   for (int cpu = 0; cpu < CPU_SETSIZE && i < first + share; cpu++)
     if (CPU_ISSET(cpu, &all) && i++ >= first) CPU_SET(cpu, &mine);
@@ -369,8 +374,11 @@ static void fit_line(const double *x, const double *y, int n, double *alpha, dou
 }
 
 static void parse_strats(opts_t *o, const char *arg) {
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", arg);
+  char *buf = strdup(arg); /* a copy of any length: no name cut short */
+  if (!buf) {
+    fprintf(stderr, "-s: out of memory\n");
+    exit(2);
+  }
   int seen[NSTRAT] = {0};
   o->nstrat = 0;
   for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -387,6 +395,7 @@ static void parse_strats(opts_t *o, const char *arg) {
     }
     seen[s] = 1;
   }
+  free(buf);
   for (int s = 0; s < NSTRAT; s++) /* canonical order: drain last, the baseline */
     if (seen[s]) o->strat[o->nstrat++] = s;
   if (!o->nstrat) {
@@ -487,8 +496,8 @@ int main(int argc, char **argv) {
     size_t next = (size_t)((double)n * o.factor);
     n = next > n ? next : n + 1;
   }
-  setenv("PERSEUS_PROVIDER", "tcp;ofi_rxm", 0); /* the embedded default: loopback TCP */
-  setenv("PERSEUS_IFACE", !strcmp(getenv("PERSEUS_PROVIDER"), "shm") ? "shm" : "lo", 0);
+  if (o.bind && bind_share(d.nranks) < 1) return 2; /* before the ranks start, not in each */
+  drv_default_fabric(); /* the embedded default: loopback TCP */
   size_t off = results_offset(d.nranks);
   d.shared_bytes = off + sizeof(results_t);
   char *area = calloc(1, d.shared_bytes);

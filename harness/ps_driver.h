@@ -98,6 +98,10 @@ size_t drv_parse_size(const char *flag, const char *s, size_t lo, size_t hi);
 int drv_parse_int(const char *flag, const char *s, int lo, int hi);
 /* A size sweep's growth factor: above 1, at most hi, finite. */
 double drv_parse_factor(const char *flag, const char *s, double hi);
+/* The benchmarks' embedded default fabric: PERSEUS_PROVIDER tcp;ofi_rxm and
+ * PERSEUS_IFACE lo (shm on shm) where unset or empty (the plugin would take
+ * an empty one as "choose", not as this default). */
+void drv_default_fabric(void);
 /* "<host> (<cores> cores, <cpu model>), <date>": the machine line benchmarks print. */
 void drv_describe_host(char *out, size_t n);
 /* Deterministic pattern of message `id` (fill and verify; verify returns the

@@ -124,7 +124,13 @@ ISEND_PH(11)
 ISEND_PH(12)
 static ncclResult_t irecv_v8(void *rc, int n, void **d, size_t *s, int *t, void **m, void **r) {
   int si[8];
-  for (int i = 0; i < n && i < 8; i++) si[i] = (int)s[i];
+  for (int i = 0; i < n && i < 8; i++) {
+    if (s[i] > INT_MAX) { /* as isend_v8 */
+      if (r) *r = NULL;
+      return ncclInvalidArgument;
+    }
+    si[i] = (int)s[i];
+  }
   return T(8)->irecv(rc, n, d, si, t, m, r);
 }
 static ncclResult_t irecv_v9(void *rc, int n, void **d, size_t *s, int *t, void **m, void **r) {

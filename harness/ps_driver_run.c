@@ -301,6 +301,12 @@ void drv_describe_host(char *out, size_t n) {
   snprintf(out, n, "%s (%ld cores, %s), %s", u.nodename, sysconf(_SC_NPROCESSORS_ONLN), cpu, date);
 }
 
+void drv_default_fabric(void) {
+  const char *p = getenv("PERSEUS_PROVIDER"), *i = getenv("PERSEUS_IFACE");
+  if (!p || !*p) setenv("PERSEUS_PROVIDER", p = "tcp;ofi_rxm", 1);
+  if (!i || !*i) setenv("PERSEUS_IFACE", !strcmp(p, "shm") ? "shm" : "lo", 1);
+}
+
 size_t drv_parse_size(const char *flag, const char *s, size_t lo, size_t hi) {
   size_t v;
   if (sp_parse_size(s, 1, &v) || v < lo || v > hi) {

@@ -38,3 +38,13 @@ need_uint() {
     exit 1
   fi
 }
+
+# need_num SCRIPT VAR VALUE MIN MAX: a plain decimal number (digits, at most
+# one point) in [MIN, MAX].
+need_num() {
+  if ! [[ $3 =~ ^[0-9]+(\.[0-9]*)?$|^\.[0-9]+$ ]] || [ ${#3} -gt 16 ] ||
+     ! awk -v v="$3" -v lo="$4" -v hi="$5" 'BEGIN { exit !(v + 0 >= lo + 0 && v + 0 <= hi + 0) }'; then
+    echo "$1: $2='$3': expected a number from $4 to $5" >&2
+    exit 1
+  fi
+}

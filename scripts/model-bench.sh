@@ -56,6 +56,11 @@ need_list model-bench.sh MODEL_PEERS "$PEERS"
 need_list model-bench.sh MODEL_LAT_US "$LATS"
 need_list model-bench.sh MODEL_GBPS "$BWS"
 for p in $PEERS; do need_uint model-bench.sh "MODEL_PEERS entry" "$p" 1 31; done
+# the model fabric's own ranges (PERSEUS_MODEL_LATENCY_US, PERSEUS_MODEL_GBPS)
+for l in $LATS; do need_num model-bench.sh "MODEL_LAT_US entry" "$l" 0 1000000; done
+for g in $BWS; do need_num model-bench.sh "MODEL_GBPS entry" "$g" 0.01 1000; done
+USER_NIC=${PERSEUS_MODEL_NIC_THREADS:-}
+[ -n "$USER_NIC" ] && need_uint model-bench.sh PERSEUS_MODEL_NIC_THREADS "$USER_NIC" 1 16
 need_uint model-bench.sh MODEL_T "$T" 1 4096
 need_uint model-bench.sh MODEL_ITERS "$ITERS"
 need_uint model-bench.sh MODEL_REPS "$REPS" 1 50
@@ -67,7 +72,8 @@ bench=$B/bench/perseus_put_signal_perf
 [ -x "$bench" ] || { echo "model-bench.sh: no $bench (build first)" >&2; exit 1; }
 [ -f "$B/test/model/libmodel-fi.so" ] || { echo "model-bench.sh: no model fabric in $B/test/model" >&2; exit 1; }
 mkdir -p -- "$LOGDIR" || exit 1
-export FI_PROVIDER_PATH=$PWD/$B/test/model PERSEUS_PROVIDER=model PERSEUS_IFACE=model0
+B=$(cd -- "$B" && pwd) || exit 1 # relative or absolute alike
+export FI_PROVIDER_PATH=$B/test/model PERSEUS_PROVIDER=model PERSEUS_IFACE=model0
 bytes=$(numfmt --from=iec "$SIZE") || { echo "model-bench.sh: MODEL_SIZE=$SIZE is not a size" >&2; exit 1; }
 cores=$(nproc)
 echo "# model-bench: $(hostname), $cores cores, $(date -u '+%F %H:%M') UTC, $(git describe --always --dirty 2>/dev/null)"
@@ -107,7 +113,6 @@ summary='
     }
   }'
 
-USER_NIC=${PERSEUS_MODEL_NIC_THREADS:-}
 for P in $PEERS; do
   R=$((P + 1))
   [ $((2 * R)) -gt "$cores" ] && echo "# note: $R ranks and their NIC threads need $((2 * R)) cores, this host has $cores"

@@ -45,12 +45,17 @@ done
 # rows: size, then busbw per count and its ratio to the first count
 awk -v counts="$COUNTS" '
   BEGIN { n = split(counts, c, " ") }
-  FNR == 1 { f++ }
-  /^ +[0-9]+ +[0-9]+ +[a-z0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+/ {
+  FNR == 1 { f++; table = 0 }
+  /^# [a-z]/ { table = $2 == "sendrecv" } # a table header: only sendrecv rows count
+  table && /^ +[0-9]+ +[0-9]+ +[a-z0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+/ {
     if (!($1 in seen)) { seen[$1] = 1; order[++rows] = $1 }
     bw[$1, f] = $6
   }
   END {
+    if (!rows) {
+      print "stripe-bench.sh: no sendrecv rows in the logs (NET_PERF_ARGS must run -t sendrecv or all)" > "/dev/stderr"
+      exit 1
+    }
     printf "%12s", "size(B)"
     for (i = 1; i <= n; i++) printf "  %9s", c[i] " ep GB/s"
     for (i = 2; i <= n; i++) printf "  %7s", c[i] "/" c[1]
