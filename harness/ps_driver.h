@@ -10,6 +10,10 @@
 
 #include "ps_nccl_abi.h"
 
+/* The most ranks drv_run forks: a program bounds -r by it and may keep a
+ * slot per peer. */
+#define DRV_MAX_RANKS 32
+
 typedef struct {
   char name[128];
   int ptr_support, max_recvs, speed, max_comms, reg_is_global;

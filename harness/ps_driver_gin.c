@@ -27,10 +27,31 @@ static int conn_index;     /* connectionId (v12) / context index (v13/v14) */
 
 void drv_gin_set_index(int index) { conn_index = index; }
 
+/* The one-sided tables a test can load, by the name -a gives. */
+static const struct {
+  const char *abi, *sym;
+  int ver;
+} abis[] = {{"gin11", "ncclGinPlugin_v11", 11}, {"gin12", "ncclGinPlugin_v12", 12},
+            {"gin13", "ncclGinPlugin_v13", 13}, {"rma13", "ncclRmaPlugin_v13", 13},
+            {"rma14", "ncclRmaPlugin_v14", 14}};
+#define ABI_NAMES "gin11, gin12, gin13, rma13 or rma14"
+
+static int abi_index(const char *abi) {
+  for (int i = 0; i < (int)(sizeof abis / sizeof abis[0]); i++)
+    if (abi && !strcmp(abi, abis[i].abi)) return i;
+  return -1;
+}
+
 int drv_gin_opt(int opt, const char *arg, const char **abi, const char **plugin,
                 const char **scenario, int *nranks) {
   switch (opt) {
-  case 'a': *abi = arg; return 1;
+  case 'a':
+    if (abi_index(arg) < 0) { /* before any rank starts, not in each */
+      fprintf(stderr, "-a '%s': expected %s\n", arg, ABI_NAMES);
+      exit(2);
+    }
+    *abi = arg;
+    return 1;
   case 'p': *plugin = arg; return 1;
   case 's': *scenario = arg; return 1;
   case 'r': *nranks = drv_parse_int("-r", arg, 1, 32); return 1; /* each test bounds it further */
@@ -164,17 +185,9 @@ GET_FLUSH(14)
   } while (0)
 
 int drv_gin_load(const char *path, const char *abi, drv_gin_t *out) {
-  static const struct {
-    const char *abi, *sym;
-    int ver;
-  } abis[] = {{"gin11", "ncclGinPlugin_v11", 11}, {"gin12", "ncclGinPlugin_v12", 12},
-              {"gin13", "ncclGinPlugin_v13", 13}, {"rma13", "ncclRmaPlugin_v13", 13},
-              {"rma14", "ncclRmaPlugin_v14", 14}};
-  int k = -1;
-  for (int i = 0; i < (int)(sizeof abis / sizeof abis[0]); i++)
-    if (abi && !strcmp(abi, abis[i].abi)) k = i;
+  int k = abi_index(abi);
   if (k < 0) {
-    fprintf(stderr, "no one-sided ABI '%s' (gin11, gin12, gin13, rma13, rma14)\n", abi ? abi : "");
+    fprintf(stderr, "no one-sided ABI '%s' (%s)\n", abi ? abi : "", ABI_NAMES);
     return -1;
   }
   void *lib = drv_open_plugin(path, &path);

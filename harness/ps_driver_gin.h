@@ -41,8 +41,9 @@ typedef struct {
 } drv_gin_t;
 
 /* The options every test of the one-sided tables takes, in its getopt loop:
- * -a ABI, -p PLUGIN, -s SCENARIO (the argument itself) and -r RANKS (atoi).
- * Returns 1 when opt is one of them (its value stored), else 0. */
+ * -a ABI (gin11 .. rma14), -p PLUGIN, -s SCENARIO (the argument itself) and
+ * -r RANKS (1..32). Returns 1 when opt is one of them (its value stored),
+ * else 0; a bad -a or -r exits 2, naming it. */
 int drv_gin_opt(int opt, const char *arg, const char **abi, const char **plugin,
                 const char **scenario, int *nranks);
 

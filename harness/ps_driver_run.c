@@ -17,8 +17,6 @@
 #include "ps_driver.h"
 #include "size_parse.h"
 
-#define DRV_MAX_RANKS 32
-
 struct drv_shared {
   atomic_int arrived, generation, failed;
   int nranks;

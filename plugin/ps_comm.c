@@ -212,13 +212,23 @@ static void check_liveness(ps_comm_t *c, uint64_t now) {
     return;
   }
   if (c->probe_inflight) {
-    /* Still behind our own data, or the peer showed life since: not late. */
-    if (c->tx_finished < c->probe_after_tx || c->last_activity_ns > c->probe_sent_ns)
-      c->probe_sent_ns = now;
-    if (now - c->probe_sent_ns > (uint64_t)c->cfg->peer_timeout_ms * 1000000ULL) {
-      char msg[160];
-      snprintf(msg, sizeof msg, "no answer to a liveness probe within %lld ms (PERSEUS_PEER_TIMEOUT_MS)",
-               (long long)c->cfg->peer_timeout_ms);
+    /* Any completion since it was posted restarts its clock. Queued behind
+     * sends of ours, it gets one more timeout: a message that takes long to
+     * leave under load is not a dead peer, but one that never leaves (a peer
+     * alive that does not take it, a provider that wedged the connection)
+     * must not hang its sender for ever. */
+    const int behind = c->tx_finished < c->probe_after_tx;
+    const uint64_t timeout_ns = (uint64_t)c->cfg->peer_timeout_ms * 1000000ULL * (behind ? 2 : 1);
+    if (c->last_activity_ns > c->probe_sent_ns) c->probe_sent_ns = now;
+    if (now - c->probe_sent_ns > timeout_ns) {
+      char msg[200];
+      if (behind)
+        snprintf(msg, sizeof msg, "%llu send(s) of ours made no progress for %lld ms (twice "
+                 "PERSEUS_PEER_TIMEOUT_MS): the peer does not take them",
+                 (unsigned long long)(c->probe_after_tx - c->tx_finished), 2 * (long long)c->cfg->peer_timeout_ms);
+      else
+        snprintf(msg, sizeof msg, "no answer to a liveness probe within %lld ms (PERSEUS_PEER_TIMEOUT_MS)",
+                 (long long)c->cfg->peer_timeout_ms);
       fail_comm(c, ncclRemoteError, msg);
     }
     return;

@@ -68,7 +68,7 @@ struct ps_comm {
   int awaiting_accept; /* a connect whose listener is probed while ACCEPT is late */
   int probe_to_listener; /* the probe in flight went to the listener, not the peer */
   /* sends posted / finished on this comm: a probe is queued behind the data
-   * posted before it, so its clock starts only once that data has left */
+   * posted before it, which gets one more timeout to leave (check_liveness) */
   uint64_t tx_posted, tx_finished, probe_after_tx;
   ps_op_t probe_tx, probe_rx;
   struct ps_watch *watch; /* the link to the peer's host (ps_watch.h), NULL = none */

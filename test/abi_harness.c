@@ -15,7 +15,9 @@
  *   backpressure  a pool of PERSEUS_NET_REQUESTS requests: NULL when full
  *   truncate  a message larger than the posted receive is an error, no overflow
  *   props     properties are sane for this ABI version
- * Exit: 0 pass, 1 fail. */
+ *   foreign_mh  a handle registered on one comm, sent from on another (3 ranks)
+ * Exit: 0 pass, 1 fail, 2 bad arguments (a rank count the scenario cannot
+ * use included). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +26,6 @@
 
 #include "ps_driver.h"
 #include "ps_fake_dmabuf.h"
-
 
 typedef struct {
   size_t max_bytes;
@@ -57,8 +58,9 @@ static int reg(drv_rank_t *r, void *comm, void *buf, size_t n, void **mh) {
  * at once; receives are posted before the sends on even ranks, after on odd. */
 static int exchange(drv_rank_t *r, size_t n, int idx, int tag) {
   int P = r->nranks;
-  char *sbuf[16] = {0}, *rbuf[16] = {0};
-  void *smh[16] = {0}, *rmh[16] = {0}, *sreq[16] = {0}, *rreq[16] = {0};
+  char *sbuf[DRV_MAX_RANKS] = {0}, *rbuf[DRV_MAX_RANKS] = {0};
+  void *smh[DRV_MAX_RANKS] = {0}, *rmh[DRV_MAX_RANKS] = {0};
+  void *sreq[DRV_MAX_RANKS] = {0}, *rreq[DRV_MAX_RANKS] = {0};
   for (int p = 0; p < P; p++) {
     if (p == r->rank) continue;
     sbuf[p] = malloc(n + 1), rbuf[p] = malloc(n + 64);
@@ -90,7 +92,7 @@ static int exchange(drv_rank_t *r, size_t n, int idx, int tag) {
     }
   }
   /* NCCL's proxy tests every outstanding request in turn; so do we. */
-  int rsize[16], left = 2 * (P - 1);
+  int rsize[DRV_MAX_RANKS], left = 2 * (P - 1);
   double end = drv_now() + 60;
   while (left > 0) {
     CHECK(drv_now() < end, "exchange of %zu B stalled (%d requests left)", n, left);
@@ -147,7 +149,7 @@ static int scenario_many(drv_rank_t *r, void *arg) {
   int G = props.max_recvs < 4 ? props.max_recvs : 4;
   int P = r->nranks, me = r->rank;
   int to = (me + 1) % P, from = (me + P - 1) % P;
-  if (P < 2) return 0;
+  CHECK(P >= 2, "many needs 2 or more ranks"); /* main refuses fewer */
   enum { W = 8, SZ = 4096 };
   char *sbuf = malloc((size_t)W * G * SZ), *rbuf = malloc((size_t)W * G * SZ);
   void *smh, *rmh;
@@ -218,7 +220,7 @@ static int scenario_many(drv_rank_t *r, void *arg) {
  * hand back NULL once the pool is exhausted, and recover as requests finish. */
 static int scenario_backpressure(drv_rank_t *r, void *arg) {
   (void)arg;
-  if (r->nranks != 2) return 0;
+  CHECK(r->nranks == 2, "backpressure needs 2 ranks"); /* main refuses others */
   int peer = 1 - r->rank;
   const char *v = getenv("PERSEUS_NET_REQUESTS");
   int pool = v ? atoi(v) : 64;
@@ -275,7 +277,7 @@ static int scenario_backpressure(drv_rank_t *r, void *arg) {
  * not one byte written past the receive buffer. */
 static int scenario_truncate(drv_rank_t *r, void *arg) {
   (void)arg;
-  if (r->nranks != 2) return 0;
+  CHECK(r->nranks == 2, "truncate needs 2 ranks"); /* main refuses others */
   int peer = 1 - r->rank;
   enum { SEND = 8192, POST = 1000 };
   static char buf[SEND + 256];
@@ -359,12 +361,19 @@ static int scenario_props(drv_rank_t *r, void *arg) {
   return 0;
 }
 
+/* min_ranks..max_ranks: the -r a scenario tests something with (below 2
+ * there is no peer to exchange with; the pairwise ones need exactly 2). */
 static const struct {
   const char *name;
   drv_rank_fn fn;
+  int min_ranks, max_ranks;
 } scenarios[] = {
-    {"sizes", scenario_sizes}, {"many", scenario_many}, {"backpressure", scenario_backpressure},
-    {"truncate", scenario_truncate}, {"props", scenario_props}, {"foreign_mh", scenario_foreign_mh},
+    {"sizes", scenario_sizes, 2, DRV_MAX_RANKS},
+    {"many", scenario_many, 2, DRV_MAX_RANKS},
+    {"backpressure", scenario_backpressure, 2, 2},
+    {"truncate", scenario_truncate, 2, 2},
+    {"props", scenario_props, 1, DRV_MAX_RANKS},
+    {"foreign_mh", scenario_foreign_mh, 3, 3},
 };
 
 int main(int argc, char **argv) {
@@ -375,7 +384,7 @@ int main(int argc, char **argv) {
   while ((c = getopt(argc, argv, "v:r:s:m:i:p:CDh")) != -1) {
     switch (c) {
       case 'v': o.version = drv_parse_int("-v", optarg, 8, 12); break;
-      case 'r': o.nranks = drv_parse_int("-r", optarg, 1, 32); break;
+      case 'r': o.nranks = drv_parse_int("-r", optarg, 1, DRV_MAX_RANKS); break;
       case 's': scen = optarg; break;
       case 'm': a.max_bytes = drv_parse_size("-m", optarg, 1, (size_t)1 << 32); break;
       case 'i': a.iters = drv_parse_int("-i", optarg, 1, 1 << 24); break;
@@ -388,8 +397,23 @@ int main(int argc, char **argv) {
         return c == 'h' ? 0 : 2;
     }
   }
+  if (optind < argc) {
+    fprintf(stderr, "unexpected argument '%s' (see -h)\n", argv[optind]);
+    return 2;
+  }
   for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
     if (strcmp(scen, scenarios[i].name)) continue;
+    /* refused here, before forking: a scenario run at a rank count it
+     * cannot use would exchange nothing and still say ok */
+    int lo = scenarios[i].min_ranks, hi = scenarios[i].max_ranks;
+    if (o.nranks < lo || o.nranks > hi) {
+      if (lo == hi)
+        fprintf(stderr, "%s needs %d ranks (-r %d), got -r %d\n", scen, lo, lo, o.nranks);
+      else
+        fprintf(stderr, "%s needs %d to %d ranks (-r %d..%d), got -r %d\n", scen, lo, hi, lo, hi,
+                o.nranks);
+      return 2;
+    }
     double t0 = drv_now();
     int rc = drv_run(&o, scenarios[i].fn, &a);
     printf("%s v%d ranks=%d provider=%s: %s (%.2f s)\n", scen, o.version, o.nranks,

@@ -104,6 +104,15 @@ int fault_kill_peer(drv_rank_t *r, int peer) {
   return 0;
 }
 
+int fault_stop_peer(drv_rank_t *r, int peer) {
+  pid_t pid = 0;
+  for (int i = 0; i < 1000 && (pid = drv_pid(r, peer)) <= 0; i++) fault_nap_us(1000);
+  CHECK(pid > 0, "no pid for rank %d", peer);
+  drv_mark_killable(r, peer); /* its end is a kill, after the scenario */
+  CHECK(kill(pid, SIGSTOP) == 0, "kill(%d, SIGSTOP)", (int)pid);
+  return 0;
+}
+
 int fault_survivor_detect(drv_rank_t *r, fault_shared_t *fs, fault_pipe_t *p, double t_kill) {
   int bad = 0, post_ok = 1;
   ncclResult_t post_rc = ncclSuccess;

@@ -53,6 +53,8 @@ ncclResult_t fault_pipe_test(drv_rank_t *r, fault_pipe_t *p, int verify, int *ba
 int fault_victim_stream(drv_rank_t *r, fault_shared_t *fs, void *comm, int is_send);
 /* SIGKILL to rank `peer`, which the driver then expects to die. */
 int fault_kill_peer(drv_rank_t *r, int peer);
+/* Stops rank `peer` (SIGSTOP) and marks it killable: 0, or 1 with the reason. */
+int fault_stop_peer(drv_rank_t *r, int peer);
 /* The survivor keeps posting and testing after the kill until test() fails. */
 int fault_survivor_detect(drv_rank_t *r, fault_shared_t *fs, fault_pipe_t *p, double t_kill);
 

@@ -11,6 +11,10 @@
  *                   mid-stream: rank 0's receive test() must fail within 10 s
  *   kill_send       rank 0 streams to rank 1 and kills it mid-stream: rank 0's
  *                   send test() must fail within 10 s
+ *   stop_send       the same, but rank 1 is stopped (SIGSTOP), not killed: its
+ *                   kernel takes no more of our bytes, and rank 0's send test()
+ *                   must fail within 10 s (twice PERSEUS_PEER_TIMEOUT_MS plus a
+ *                   keepalive, at the test's 1500 ms), not wait for ever
  *   kill_idle_recv  rank 0 has a receive posted that nothing matches; rank 1
  *                   (idle, making no plugin call) must not be declared dead
  *                   while it lives, and test() must fail within 10 s of its kill
@@ -19,7 +23,7 @@
  *                   flight, then build a fresh mesh and exchange a verified message
  *   bad_handle      one rank: connect() with malformed handles and accept()/
  *                   test()/close*() with garbage pointers: ncclInvalidArgument
- * -s all runs the first five.
+ * -s all runs every scenario.
  * Prints one line per scenario (ok/FAIL); exit 0 pass, 1 fail. */
 #include <getopt.h>
 #include <signal.h>
@@ -42,7 +46,7 @@
  * (is_send 1): survivor 0 streams to victim 1. The kill comes once traffic
  * flows: a message arrived (kill_send: the victim received one and ours are
  * in flight), and every slot has a request posted. */
-static int kill_stream(drv_rank_t *r, fault_shared_t *fs, int is_send) {
+static int kill_stream(drv_rank_t *r, fault_shared_t *fs, int is_send, int stop) {
   CHECK(r->nranks == 2, "needs 2 ranks");
   if (r->rank == 1) return fault_victim_stream(r, fs, is_send ? r->recv[0] : r->send[0], !is_send);
   const char *post = is_send ? "isend before the kill" : "irecv before the kill";
@@ -59,14 +63,16 @@ static int kill_stream(drv_rank_t *r, fault_shared_t *fs, int is_send) {
   }
   CHECK(fault_pipe_post(r, &p) == ncclSuccess, "%s", post);
   fs->after_msgs = (int)p.completed;
-  if (fault_kill_peer(r, 1)) return 1;
+  if (stop ? fault_stop_peer(r, 1) : fault_kill_peer(r, 1)) return 1;
   int rc = fault_survivor_detect(r, fs, &p, drv_now());
   fault_pipe_close(r, &p);
+  if (stop) fault_kill_peer(r, 1); /* the stopped victim ends with the scenario */
   return rc;
 }
 
-static int scenario_kill_recv(drv_rank_t *r, void *arg) { return kill_stream(r, arg, 0); }
-static int scenario_kill_send(drv_rank_t *r, void *arg) { return kill_stream(r, arg, 1); }
+static int scenario_kill_recv(drv_rank_t *r, void *arg) { return kill_stream(r, arg, 0, 0); }
+static int scenario_kill_send(drv_rank_t *r, void *arg) { return kill_stream(r, arg, 1, 0); }
+static int scenario_stop_send(drv_rank_t *r, void *arg) { return kill_stream(r, arg, 1, 1); }
 
 /* kill_idle_recv: a receive nothing was ever sent for; the peer idles (no
  * plugin call at all, like an NCCL proxy with nothing to do), then dies. */
@@ -366,6 +372,7 @@ typedef struct {
 static const scenario_t scenarios[] = {
     {"kill_recv", scenario_kill_recv, 2, 0, 1},
     {"kill_send", scenario_kill_send, 2, 0, 1},
+    {"stop_send", scenario_stop_send, 2, 0, 1},
     {"kill_idle_recv", scenario_kill_idle_recv, 2, 0, 1},
     {"close_inflight", scenario_close_inflight, 2, 0, 0},
     {"bad_handle", scenario_bad_handle, 1, 1, 0},
@@ -405,10 +412,14 @@ int main(int argc, char **argv) {
       case 's': scen = optarg; break;
       case 'p': plugin = optarg; break;
       default:
-        fprintf(stderr, "usage: %s -s kill_recv|kill_send|kill_idle_recv|close_inflight|bad_handle|all "
+        fprintf(stderr, "usage: %s -s kill_recv|kill_send|stop_send|kill_idle_recv|close_inflight|bad_handle|all "
                         "[-v 8..12] [-p PLUGIN]\n", argv[0]);
         return c == 'h' ? 0 : 2;
     }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "unexpected argument '%s' (see -h)\n", argv[optind]);
+    return 2;
   }
   if (version < 8 || version > 12) {
     fprintf(stderr, "ABI version must be in 8..12, got %d\n", version);

@@ -10,11 +10,14 @@
  * -Db_sanitize=address catches any read past the end. Checks that a decoder
  * either refuses (ncclInvalidArgument) or accepts a message that really is
  * valid: right magic, version, wire hash and type, address length within
- * bounds, the buffer long enough. Stops after -t seconds (default 5) or -n
+ * bounds, the buffer long enough. Stops after -t seconds (default 5; checked
+ * every 1024 iterations, so at least 1024 run whatever -t) or -n
  * iterations, whichever comes first.
  *
  * With clang -fsanitize=fuzzer -DPS_LIBFUZZER, LLVMFuzzerTestOneInput takes
  * the place of main (first input byte: which decoder and type). */
+#include <ctype.h>
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,6 +27,7 @@
 #include <unistd.h>
 
 #include "ps_wire.h"
+#include "size_parse.h"
 
 #define HASH 0x5eed1e55u
 #define MAX_INPUT 1600 /* > 2 * sizeof(ps_ctrl_msg_t): room for overlong inputs */
@@ -340,49 +344,61 @@ static void mutate(input_t *in, int is_ctrl) {
   }
 }
 
+/* -t: a decimal number of seconds in (0, 86400]: digits first, no hex, inf
+ * or nan (strtod takes all three). */
+static int parse_seconds(const char *s, double *out) {
+  char *end;
+  if (!isdigit((unsigned char)s[0]) || strspn(s, "0123456789.eE+-") != strlen(s)) return -1;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || *end || !(v > 0 && v <= 86400)) return -1;
+  *out = v;
+  return 0;
+}
+
 int main(int argc, char **argv) {
   double seconds = 5;
   long long max_iter = -1;
-  uint64_t seed = 0;
+  uint64_t seed = 0, n = 0;
+  int seed_given = 0; /* -s 0 is a seed like any other, not "pick one" */
   int verbose = 0, c;
   while ((c = getopt(argc, argv, "t:n:s:vh")) != -1) {
     switch (c) {
-      case 't': {
-        char *end;
-        seconds = strtod(optarg, &end);
-        if (end == optarg || *end || !(seconds > 0 && seconds <= 86400)) {
-          fprintf(stderr, "-t '%s': expected seconds, above 0 and at most 86400\n", optarg);
+      case 't':
+        if (parse_seconds(optarg, &seconds)) {
+          fprintf(stderr, "-t '%s': expected seconds, a decimal number above 0 and at most 86400\n", optarg);
           return 2;
         }
         break;
-      }
-      case 'n': {
-        char *end;
-        max_iter = strtoll(optarg, &end, 10);
-        if (end == optarg || *end || max_iter < 1) {
-          fprintf(stderr, "-n '%s': expected a number of iterations, at least 1\n", optarg);
+      case 'n':
+        if (sp_parse_u64(optarg, &n) || strspn(optarg, "0123456789") != strlen(optarg) || n < 1 ||
+            n > INT64_MAX) { /* decimal */
+          fprintf(stderr, "-n '%s': expected a number of iterations, a decimal integer from 1 to 2^63 - 1\n",
+                  optarg);
           return 2;
         }
+        max_iter = (long long)n;
         break;
-      }
-      case 's': {
-        char *end;
-        seed = strtoull(optarg, &end, 0);
-        if (end == optarg || *end || optarg[0] == '-') {
-          fprintf(stderr, "-s '%s': expected an unsigned seed\n", optarg);
+      case 's':
+        if (sp_parse_u64(optarg, &seed)) {
+          fprintf(stderr, "-s '%s': expected an unsigned 64-bit seed (decimal, 0x hex or 0 octal)\n", optarg);
           return 2;
         }
+        seed_given = 1;
         break;
-      }
       case 'v': verbose = 1; break;
       default:
         fprintf(stderr, "usage: %s [-t SECONDS] [-n ITERATIONS] [-s SEED] [-v]\n", argv[0]);
         return c == 'h' ? 0 : 2;
     }
   }
+  if (optind < argc) {
+    fprintf(stderr, "unexpected argument '%s' (see -h)\n", argv[optind]);
+    return 2;
+  }
   /* Every refusal WARNs: silence ps_log's stderr before its first use. */
   if (!verbose) setenv("NCCL_DEBUG", "NONE", 1);
-  if (!seed) seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
+  if (!seed_given) seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
   rng_state = seed | 1;
   printf("fuzz_wire: seed 0x%llx, %.1f s%s\n", (unsigned long long)seed, seconds,
          max_iter >= 0 ? " or the given iterations" : "");
@@ -408,7 +424,9 @@ int main(int argc, char **argv) {
   input_t in;
   for (;;) {
     if (max_iter >= 0 && iters >= max_iter) break;
-    if ((iters & 1023) == 0 && now_s() >= end) break;
+    /* not before the first iteration: a -t shorter than the set-up above
+     * would otherwise fuzz nothing and still say ok */
+    if (iters && (iters & 1023) == 0 && now_s() >= end) break;
     int is_ctrl = (int)(rnd() & 1);
     int s = (int)below(NSEEDS);
     in = seeds[is_ctrl][s];

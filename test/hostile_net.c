@@ -537,6 +537,10 @@ int main(int argc, char **argv) {
     }
     version = drv_parse_int("-v", optarg, 8, 12);
   }
+  if (optind < argc) {
+    fprintf(stderr, "unexpected argument '%s'\n", argv[optind]); /* no -h here */
+    return 2;
+  }
   if (!strcmp(scenario, "half_open") || !strcmp(scenario, "dead_listener")) {
     int half = !strcmp(scenario, "half_open");
     drv_opts_t o = {.nranks = half ? 3 : 2, .version = version, .timeout_s = 120, .no_mesh = 1,

@@ -568,6 +568,10 @@ int main(int argc, char **argv) {
             argv[0]);
     return c == 'h' ? 0 : 2;
   }
+  if (optind < argc) {
+    fprintf(stderr, "unexpected argument '%s' (see -h)\n", argv[optind]);
+    return 2;
+  }
   for (size_t i = 0; i < sizeof scen / sizeof *scen; i++) known |= a.scenario && !strcmp(a.scenario, scen[i]);
   for (int i = 0; i < 5; i++)
     if (!strcmp(a.abi, abis[i])) a.ver = i < 3 ? 11 + i : 10 + i, a.idx = i;

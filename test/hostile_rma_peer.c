@@ -276,6 +276,10 @@ int main(int argc, char **argv) {
             "nack_put|put_dereg_gpu [-p PLUGIN]\n", argv[0]);
     return c == 'h' ? 0 : 2;
   }
+  if (optind < argc) {
+    fprintf(stderr, "unexpected argument '%s' (see -h)\n", argv[optind]);
+    return 2;
+  }
   for (size_t i = 0; i < sizeof scen / sizeof *scen; i++)
     known |= a.scenario && !strcmp(a.scenario, scen[i]);
   if (!known) {

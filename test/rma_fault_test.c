@@ -388,6 +388,10 @@ int main(int argc, char **argv) {
             "gin13|rma13|rma14] [-r RANKS: 2..3 for kill_target*, else 2] [-p PLUGIN]\n", argv[0]);
     return c == 'h' ? 0 : 2;
   }
+  if (optind < argc) {
+    fprintf(stderr, "unexpected argument '%s' (see -h)\n", argv[optind]);
+    return 2;
+  }
   int kill = a.scenario && !strncmp(a.scenario, "kill_target", 11);
   if (!a.scenario || (strcmp(a.scenario, "bad_args") && strcmp(a.scenario, "kill_target") &&
                       strcmp(a.scenario, "kill_target_drain") && strcmp(a.scenario, "lonely_reg"))) {

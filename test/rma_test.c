@@ -61,6 +61,7 @@
 #include "ps_driver_gin.h"
 #include "ps_fake_dmabuf.h"
 #include "ps_gin_abi.h"
+#include "size_parse.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define UNDER_ASAN 1
@@ -554,25 +555,52 @@ static int props(const args_t *a) {
 int main(int argc, char **argv) {
   args_t a = {.abi = "gin11", .scenario = "invariant", .batches = 24};
   drv_opts_t o = {.nranks = 2, .timeout_s = 180, .no_load = 1, .no_mesh = 1};
+  const char *env_opt[8]; /* each -e as given, for its messages */
   int c;
   /* Every peer in these scenarios is alive: a timeout here could only call a
    * rank starved by a loaded machine (an ASan pass on 2 cores) dead. Liveness
    * has its own tests (rma_fault_test, hostile_rma); a value set outside wins. */
   setenv("PERSEUS_PEER_TIMEOUT_MS", "60000", 0);
   while ((c = getopt(argc, argv, "a:p:s:r:b:G:D:e:Ruh")) != -1) {
-    if (drv_gin_opt(c, optarg, &a.abi, &a.plugin, &a.scenario, &o.nranks)) continue;
-    char *colon = c == 'e' ? strchr(optarg, ':') : NULL;
-    if (c == 'e' && (a.nenv == 8 || !colon || !strchr(colon, '=') || colon == optarg)) {
-      fprintf(stderr, "-e %s: expected RANK:NAME=VALUE (at most 8)\n", optarg);
-      return 2;
-    }
-    if (c == 'e') a.env_rank[a.nenv] = atoi(optarg), a.env[a.nenv++] = colon + 1;
-    else if (c == 'R') a.expect_refusal = 1;
+    /* -r before drv_gin_opt: invariant keeps 16 ranks' counters at most */
+    if (c == 'r') o.nranks = drv_parse_int("-r", optarg, 2, 16);
+    else if (drv_gin_opt(c, optarg, &a.abi, &a.plugin, &a.scenario, &o.nranks)) continue;
+    else if (c == 'e') {
+      /* RANK:NAME=VALUE; the rank is checked against -r once all options are read */
+      const char *colon = strchr(optarg, ':'), *eq = colon ? strchr(colon, '=') : NULL;
+      char rank[16];
+      if (!colon || !eq) {
+        fprintf(stderr, "-e '%s': expected RANK:NAME=VALUE\n", optarg);
+        return 2;
+      }
+      if (a.nenv == 8) {
+        fprintf(stderr, "-e '%s': at most 8 -e settings\n", optarg);
+        return 2;
+      }
+      snprintf(rank, sizeof rank, "%.*s", (int)(colon - optarg), optarg);
+      if ((size_t)(colon - optarg) >= sizeof rank || sp_parse_int(rank, 0, 15, &a.env_rank[a.nenv])) {
+        fprintf(stderr, "-e '%s': rank '%.*s': expected an integer from 0 to 15\n", optarg,
+                (int)(colon - optarg), optarg);
+        return 2;
+      }
+      if (eq == colon + 1) {
+        fprintf(stderr, "-e '%s': empty variable name\n", optarg);
+        return 2;
+      }
+      env_opt[a.nenv] = optarg;
+      a.env[a.nenv++] = colon + 1;
+    } else if (c == 'R') a.expect_refusal = 1;
     else if (c == 'u') a.reuse = 1;
-    else if (c == 'b') a.batches = atoi(optarg);
-    else if (c == 'G') a.gpu = optarg;
-    else if (c == 'D' && (!strcmp(optarg, "y") || !strcmp(optarg, "n"))) a.dmabuf = optarg[0];
-    else {
+    else if (c == 'b') a.batches = drv_parse_int("-b", optarg, 1, MAX_BATCHES);
+    else if (c == 'G' && *optarg && strspn(optarg, "dsgm") == strlen(optarg)) a.gpu = optarg;
+    else if (c == 'G') {
+      fprintf(stderr, "-G '%s': expected one or more of the letters d, s, g, m\n", optarg);
+      return 2;
+    } else if (c == 'D' && (!strcmp(optarg, "y") || !strcmp(optarg, "n"))) a.dmabuf = optarg[0];
+    else if (c == 'D') {
+      fprintf(stderr, "-D '%s': expected y or n\n", optarg);
+      return 2;
+    } else {
       fprintf(stderr, "usage: %s [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-s invariant|props|api|cycles|close|gone|regfail] "
               "[-r RANKS 2..16] [-b BATCHES 1..%d] [-G dsgm: GPU windows] [-D y|n: GPU windows by dma-buf, DMABUF offered or not] [-e RANK:NAME=VALUE: one rank's "
               "setting] [-R: expect the ordering to be refused] [-u: reuse the source once reported]\n",
@@ -580,15 +608,22 @@ int main(int argc, char **argv) {
       return c == 'h' ? 0 : 2;
     }
   }
-  if (o.nranks < 2 || o.nranks > 16 || a.batches < 1 || a.batches > MAX_BATCHES ||
-      (a.gpu && strspn(a.gpu, "dsgm") != strlen(a.gpu)) ||
-      (strcmp(a.scenario, "invariant") && strcmp(a.scenario, "props") && strcmp(a.scenario, "api") &&
-       strcmp(a.scenario, "cycles") && strcmp(a.scenario, "close") && strcmp(a.scenario, "gone") &&
-       strcmp(a.scenario, "regfail"))) {
-    fprintf(stderr, "ranks must be 2..16, batches 1..%d, -G letters from dsgm, scenario invariant, props, api, cycles, close, gone or regfail\n",
-            MAX_BATCHES);
+  if (optind < argc) {
+    fprintf(stderr, "unexpected argument '%s' (see -h)\n", argv[optind]);
     return 2;
   }
+  static const char *const scenarios[] = {"invariant", "props", "api", "cycles", "close", "gone", "regfail"};
+  int known = 0;
+  for (size_t i = 0; i < sizeof scenarios / sizeof *scenarios; i++) known |= !strcmp(a.scenario, scenarios[i]);
+  if (!known) {
+    fprintf(stderr, "-s '%s': expected invariant, props, api, cycles, close, gone or regfail\n", a.scenario);
+    return 2;
+  }
+  for (int i = 0; i < a.nenv; i++)
+    if (a.env_rank[i] >= o.nranks) { /* no rank would apply it */
+      fprintf(stderr, "-e '%s': rank %d is not below -r %d\n", env_opt[i], a.env_rank[i], o.nranks);
+      return 2;
+    }
   if (!strcmp(a.scenario, "props")) return props(&a);
   o.shared_bytes = drv_gin_shared_bytes(o.nranks);
   double t0 = drv_now();
