@@ -466,7 +466,7 @@ int main(int argc, char **argv) {
           return 2;
         }
         break;
-      case 'a': o.abi = optarg; break;
+      case 'a': o.abi = drv_gin_parse_abi(optarg); break;
       case 'P': o.plugin = optarg; break;
       case 'A': o.bind = 1; break;
       case 'h': usage(argv[0]); return 0;
@@ -475,12 +475,6 @@ int main(int argc, char **argv) {
   }
   if (optind < argc) {
     fprintf(stderr, "unexpected argument '%s' (see -h)\n", argv[optind]);
-    return 2;
-  }
-  char abi_key[16];
-  snprintf(abi_key, sizeof abi_key, " %.8s ", o.abi);
-  if (strlen(o.abi) != 5 || !strstr(" gin11 gin12 gin13 rma13 rma14 ", abi_key)) {
-    fprintf(stderr, "-a '%s': expected gin11, gin12, gin13, rma13 or rma14\n", o.abi);
     return 2;
   }
   if (o.minb > o.maxb) {

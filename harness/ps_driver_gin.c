@@ -42,19 +42,21 @@ static int abi_index(const char *abi) {
   return -1;
 }
 
+const char *drv_gin_parse_abi(const char *arg) {
+  if (abi_index(arg) < 0) { /* before any rank starts, not in each */
+    fprintf(stderr, "-a '%s': expected %s\n", arg, ABI_NAMES);
+    exit(2);
+  }
+  return arg;
+}
+
 int drv_gin_opt(int opt, const char *arg, const char **abi, const char **plugin,
                 const char **scenario, int *nranks) {
   switch (opt) {
-  case 'a':
-    if (abi_index(arg) < 0) { /* before any rank starts, not in each */
-      fprintf(stderr, "-a '%s': expected %s\n", arg, ABI_NAMES);
-      exit(2);
-    }
-    *abi = arg;
-    return 1;
+  case 'a': *abi = drv_gin_parse_abi(arg); return 1;
   case 'p': *plugin = arg; return 1;
   case 's': *scenario = arg; return 1;
-  case 'r': *nranks = drv_parse_int("-r", arg, 1, 32); return 1; /* each test bounds it further */
+  case 'r': *nranks = drv_parse_int("-r", arg, 1, DRV_MAX_RANKS); return 1; /* each test bounds it further */
   default: return 0;
   }
 }

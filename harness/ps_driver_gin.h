@@ -46,6 +46,9 @@ typedef struct {
  * else 0; a bad -a or -r exits 2, naming it. */
 int drv_gin_opt(int opt, const char *arg, const char **abi, const char **plugin,
                 const char **scenario, int *nranks);
+/* -a's value when it names a table drv_gin_load knows; otherwise exits 2,
+ * naming it and the tables there are. */
+const char *drv_gin_parse_abi(const char *arg);
 
 /* Loads the plugin (`path`, else PERSEUS_PLUGIN_PATH, else the build's) and
  * the table named `abi`; init + devices (> 0) + getProperties. 0, or prints

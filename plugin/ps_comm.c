@@ -223,9 +223,10 @@ static void check_liveness(ps_comm_t *c, uint64_t now) {
     if (now - c->probe_sent_ns > timeout_ns) {
       char msg[200];
       if (behind)
-        snprintf(msg, sizeof msg, "%llu send(s) of ours made no progress for %lld ms (twice "
+        snprintf(msg, sizeof msg, "%llu send(s) of ours made no progress for %llu ms (twice "
                  "PERSEUS_PEER_TIMEOUT_MS): the peer does not take them",
-                 (unsigned long long)(c->probe_after_tx - c->tx_finished), 2 * (long long)c->cfg->peer_timeout_ms);
+                 (unsigned long long)(c->probe_after_tx - c->tx_finished),
+                 (unsigned long long)(timeout_ns / 1000000));
       else
         snprintf(msg, sizeof msg, "no answer to a liveness probe within %lld ms (PERSEUS_PEER_TIMEOUT_MS)",
                  (long long)c->cfg->peer_timeout_ms);
