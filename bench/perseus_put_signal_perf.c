@@ -151,7 +151,7 @@ static int run_batches(bench_t *b, size_t size, int t, int nb, int ahead, int ch
    * yield is the proxy's busy time (b->call_s), and also the stall clock */
   double t_pass = drv_now(), end = t_pass + 60;
   for (;;) {
-    int pending = 0, busy = 0;
+    int pending = 0, busy = 0, posted = 0;
     /* one new operation per peer per pass, as NCCL's proxy takes one GFD per
      * peer; peers visited from me+1 so ranks do not all start on rank 0 */
     for (int d = 1; d < P; d++) {
@@ -170,18 +170,24 @@ static int run_batches(bench_t *b, size_t size, int t, int nb, int ahead, int ch
         if (!req) return fail(b, "%s to rank %d returned no request", what, p);
         b->q[p][b->qtail[p]++ % (unsigned)o->qdepth] = req;
         if (++ik[p] == t) ik[p] = 0, ib[p]++;
-        busy = 1;
+        busy = posted = 1;
       }
       pending += ib[p] < nb;
     }
     int reaped = reap(b);
     if (reaped < 0) return -1;
     if (b->g->progress(b->coll) != ncclSuccess) return fail(b, "progress failed");
-    int low = nb; /* batches received from every source */
-    for (int s = 0; s < P; s++) {
-      if (s == me) continue;
-      int n = (int)((__atomic_load_n(&b->sig[s], __ATOMIC_ACQUIRE) - base[s]) / (uint64_t)t);
-      low = n < low ? n : low;
+    /* Signals are read only in a pass that could post nothing: the
+     * kernel, not the proxy, waits for them in NCCL, and a pass that posts
+     * is not held back by them (-m stream runs its batches ahead). */
+    int low = got; /* batches received from every source */
+    if (!posted) {
+      low = nb;
+      for (int s = 0; s < P; s++) {
+        if (s == me) continue;
+        int n = (int)((__atomic_load_n(&b->sig[s], __ATOMIC_ACQUIRE) - base[s]) / (uint64_t)t);
+        low = n < low ? n : low;
+      }
     }
     busy |= reaped > 0 || low > got;
     got = low;

@@ -154,6 +154,7 @@ typedef struct ps_rma_req {
   uint32_t dst_region;      /* destination window id, and offset in it */
   uint64_t dst_off;
   uint64_t tested_pass;     /* the progress pass in which test() last saw it not done */
+  uint64_t tested_calls;    /* and NCCL's progress calls by then (c->progress_calls) */
   uint32_t uses[3];         /* ids of the windows it counts in (busy) until it completes */
   uint8_t nuses, settled;
   uint8_t early;            /* locally complete before it settled (counted in early_open) */

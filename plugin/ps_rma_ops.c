@@ -448,24 +448,29 @@ int ps_rma_progress_pass(ps_rma_comm_t *c) {
   return handled;
 }
 
+/* A pass, unless the last one began less than PERSEUS_PROGRESS_INTERVAL_US
+ * ago. NCCL's GIN proxy calls progress once per context and peer in a round
+ * (2.28, 2.29), or once per round besides a test() of every outstanding
+ * request. A pass reads the completion queue (a syscall on tcp) and hands
+ * the pass's copies to the driver: passes back to back would spend the
+ * round there and find nothing new, while one every interval reads several
+ * completions, packs the chunks queued meanwhile into one write and hands
+ * their copies over in one batch. */
+static ncclResult_t pass_if_due(ps_rma_comm_t *c) {
+  if (ps_now_ns() - c->last_pass_ns < c->pass_interval_ns) return ncclSuccess;
+  ps_rma_progress_pass(c);
+  return c->error;
+}
+
 static ncclResult_t progress_body(void *coll) {
   ps_rma_comm_t *c = rma_comm(coll);
   if (!c) return ncclInvalidArgument;
-  /* a count for PERSEUS_STATS: NCCL's calls make it, no locked add needed */
+  /* a count for PERSEUS_STATS and test(): NCCL's calls make it, no locked add needed */
   __atomic_store_n(&c->progress_calls, __atomic_load_n(&c->progress_calls, __ATOMIC_RELAXED) + 1,
                    __ATOMIC_RELAXED);
   /* the engine thread makes the passes: NCCL's call only asks for news */
   if (c->threaded || ps_rma_error(c)) return ps_rma_error(c);
-  /* NCCL's GIN proxy calls progress once per context and peer in a round
-   * (2.28, 2.29), or once per round besides a test() of every outstanding
-   * request. A pass reads the completion queue (a syscall on tcp) and hands
-   * the pass's copies to the driver: passes back to back would spend the
-   * round there and find nothing new, while one every interval reads
-   * several completions, packs the chunks queued meanwhile into one write
-   * and hands their copies over in one batch. */
-  if (ps_now_ns() - c->last_pass_ns < c->pass_interval_ns) return ncclSuccess;
-  ps_rma_progress_pass(c);
-  return c->error;
+  return pass_if_due(c);
 }
 
 int ps_rma_engine_pass(ps_rma_comm_t *c) {
@@ -505,15 +510,17 @@ static ncclResult_t test_body(void *coll, void *request, int *done) {
     return r->status;
   } else if (!req_done(r)) {
     /* NCCL tests every outstanding request each round besides calling
-     * progress (progress_body): a test makes a progress pass only when this request was
-     * already seen not done since the last one, so a round costs one pass
-     * however many requests are outstanding, and a caller that only tests
-     * still drives progress. */
-    if (r->tested_pass != c->passes) {
-      r->tested_pass = c->passes;
+     * progress: a test makes a pass (when one is due) only for a caller
+     * that does not drive progress itself, seen as a request tested not
+     * done twice with neither a pass nor a progress call in between. A
+     * round then costs one pass however many requests are outstanding, and
+     * the tests of a caller that calls progress read no clock. */
+    uint64_t calls = __atomic_load_n(&c->progress_calls, __ATOMIC_RELAXED);
+    if (r->tested_pass != c->passes || r->tested_calls != calls) {
+      r->tested_pass = c->passes, r->tested_calls = calls;
       return c->error;
     }
-    ncclResult_t rc = progress_body(c);
+    ncclResult_t rc = pass_if_due(c);
     if (r->status) return r->status;
     if (rc != ncclSuccess) return rc;
     if (!req_done(r)) return ncclSuccess;

@@ -92,6 +92,7 @@ typedef struct {
   int batches;
   int expect_refusal; /* -R */
   int reuse;          /* -u */
+  int tests_only;     /* -T: no progress call while requests are outstanding, test() only */
   int nenv;           /* -e RANK:NAME=VALUE: that rank's own setting (ranks that disagree) */
   int env_rank[8];
   const char *env[8];
@@ -201,7 +202,9 @@ static int invariant(drv_rank_t *r, drv_gin_t *g, void *cc, const args_t *a) {
         q++;
       }
     }
-    CHECK(g->progress(cc) == ncclSuccess, "progress");
+    /* -T: while requests are outstanding, a caller that only tests must
+     * still see them finish (with none, progress serves the peers' writes) */
+    if (!a->tests_only || !nreq) CHECK(g->progress(cc) == ncclSuccess, "progress");
     for (int i = 0; i < nreq;) {
       int done = 0;
       CHECK(g->test(cc, reqs[i], &done) == ncclSuccess, "test");
@@ -561,7 +564,7 @@ int main(int argc, char **argv) {
    * rank starved by a loaded machine (an ASan pass on 2 cores) dead. Liveness
    * has its own tests (rma_fault_test, hostile_rma); a value set outside wins. */
   setenv("PERSEUS_PEER_TIMEOUT_MS", "60000", 0);
-  while ((c = getopt(argc, argv, "a:p:s:r:b:G:D:e:Ruh")) != -1) {
+  while ((c = getopt(argc, argv, "a:p:s:r:b:G:D:e:RuTh")) != -1) {
     /* -r before drv_gin_opt: invariant keeps 16 ranks' counters at most */
     if (c == 'r') o.nranks = drv_parse_int("-r", optarg, 2, 16);
     else if (drv_gin_opt(c, optarg, &a.abi, &a.plugin, &a.scenario, &o.nranks)) continue;
@@ -591,6 +594,7 @@ int main(int argc, char **argv) {
       a.env[a.nenv++] = colon + 1;
     } else if (c == 'R') a.expect_refusal = 1;
     else if (c == 'u') a.reuse = 1;
+    else if (c == 'T') a.tests_only = 1;
     else if (c == 'b') a.batches = drv_parse_int("-b", optarg, 1, MAX_BATCHES);
     else if (c == 'G' && *optarg && strspn(optarg, "dsgm") == strlen(optarg)) a.gpu = optarg;
     else if (c == 'G') {
@@ -603,7 +607,8 @@ int main(int argc, char **argv) {
     } else {
       fprintf(stderr, "usage: %s [-a gin11|gin12|gin13|rma13|rma14] [-p PLUGIN] [-s invariant|props|api|cycles|close|gone|regfail] "
               "[-r RANKS 2..16] [-b BATCHES 1..%d] [-G dsgm: GPU windows] [-D y|n: GPU windows by dma-buf, DMABUF offered or not] [-e RANK:NAME=VALUE: one rank's "
-              "setting] [-R: expect the ordering to be refused] [-u: reuse the source once reported]\n",
+              "setting] [-R: expect the ordering to be refused] [-u: reuse the source once reported] [-T: invariant: no progress "
+              "call while requests are outstanding, test() only]\n",
               argv[0], MAX_BATCHES);
       return c == 'h' ? 0 : 2;
     }

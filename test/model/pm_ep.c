@@ -17,11 +17,12 @@
  * NIC's send queue would be. */
 static ssize_t post(pm_ep_t *e, int type, void *ctx, void *buf, size_t len, fi_addr_t dest, uint64_t a0,
                     uint64_t key, uint64_t data, int remote_cq, uint64_t flags) {
-  if (!e->sq) return -FI_EOPBADSTATE; /* not enabled */
+  if (!e->seg) return -FI_EOPBADSTATE; /* not enabled */
   if (!pm_av_get(e->av, dest)) return -FI_EINVAL;
+  pm_nic_share_t *s = &e->share[dest % (fi_addr_t)e->nshares];
   uint64_t pos;
-  if (!pm_ring_claim(&e->sq_head, e->sq, sizeof *e->sq, PM_SQ, &pos)) return -FI_EAGAIN;
-  pm_sqe_t *q = &e->sq[pos % PM_SQ];
+  if (!pm_ring_claim(&s->sq_head, s->sq, sizeof *s->sq, PM_SQ, &pos)) return -FI_EAGAIN;
+  pm_sqe_t *q = &s->sq[pos % PM_SQ];
   q->ctx = ctx, q->buf = buf, q->len = len, q->a0 = a0, q->key = key, q->data = data;
   q->dest = (uint32_t)dest, q->type = (uint8_t)type, q->fence = !!(flags & FI_FENCE);
   q->remote_cq = (uint8_t)remote_cq;
@@ -103,17 +104,17 @@ static int ep_close(struct fid *fid) {
   pm_nic_remove(e);
   for (size_t i = 0; i < e->nlinks; i++) free_ops(e->links[i].head);
   for (int t = 0; t < PM_MAX_NIC_THREADS; t++) {
-    free_ops(e->share[t].waiting), free_ops(e->share[t].acking);
+    free_ops(e->share[t].waiting), free_ops(e->share[t].acking), free_ops(e->share[t].cache);
+    free(e->share[t].sq);
     pthread_mutex_destroy(&e->share[t].lock);
   }
-  free_ops(atomic_load(&e->finished)), free_ops(e->cache);
+  free_ops(atomic_load(&e->finished));
   for (pm_recv_t *r = e->recvs, *n; r; r = n) n = r->next, free(r);
   for (pm_recv_t *r = atomic_load(&e->recv_top), *n; r; r = n) n = r->next, free(r);
   for (pm_held_t *h = e->unexp, *n; h; h = n) n = h->next, free(h);
   for (pm_held_t *h = e->held, *n; h; h = n) n = h->next, free(h);
   if (e->seg) pm_cq_detach(e->cq, e->seg), pm_unlink(e->name, e->seg, sizeof *e->seg);
   free(e->links);
-  free(e->sq);
   free(e);
   return 0;
 }
@@ -133,8 +134,11 @@ static int ep_control(struct fid *fid, int command, void *arg) {
   if (command != FI_ENABLE) return -FI_ENOSYS;
   if (!e->cq || !e->av) return -FI_ENOCQ;
   if (e->seg) return 0;
-  if (!e->sq && !(e->sq = aligned_alloc(_Alignof(pm_sqe_t), PM_SQ * sizeof *e->sq))) return -FI_ENOMEM;
-  for (uint64_t i = 0; i < PM_SQ; i++) atomic_store(&e->sq[i].seq, i);
+  for (int t = 0; t < e->nshares; t++) {
+    pm_nic_share_t *s = &e->share[t];
+    if (!s->sq && !(s->sq = aligned_alloc(_Alignof(pm_sqe_t), PM_SQ * sizeof *s->sq))) return -FI_ENOMEM;
+    for (uint64_t i = 0; i < PM_SQ; i++) atomic_store(&s->sq[i].seq, i);
+  }
   e->seg = pm_create(e->name, sizeof *e->seg);
   if (!e->seg) return -FI_ENOMEM;
   e->seg->magic = PM_MAGIC, e->seg->pid = getpid();
@@ -178,6 +182,7 @@ int pm_ep_open(struct fid_domain *domain, struct fi_info *info, struct fid_ep **
   memset(e, 0, sizeof *e);
   e->d = (pm_domain_t *)domain;
   e->rnd = (unsigned)pm_now_ns();
+  e->nshares = pm_params()->nic_threads;
   for (int t = 0; t < PM_MAX_NIC_THREADS; t++) {
     pthread_mutex_init(&e->share[t].lock, NULL);
     e->share[t].rnd = e->rnd + (unsigned)t;

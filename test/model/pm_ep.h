@@ -60,10 +60,20 @@ typedef struct pm_held { /* a message waiting: an ACK until its time, or one for
 
 /* What one NIC thread owns of an endpoint: the links i with i % n == its
  * number (so a link's operations stay in order, and copies to different
- * peers run in parallel), and the operations it performed on them. Only
- * `lock` is shared, with thread 0, which appends new posts to the links and
- * hands ACKs to `acking`: the threads never wait for each other's passes. */
+ * peers run in parallel), the submission ring the caller posts operations
+ * for those links to (one per thread, as a NIC has a queue per engine: no
+ * thread takes another's posts), and the operations it performed. Only
+ * `lock` is shared, with thread 0, which hands ACKs to `acking`, and with a
+ * thread growing the link array: the threads never wait for each other's
+ * passes. */
 typedef struct {
+  /* Posted and not yet taken: the caller claims an entry and fills it (a
+   * NIC's descriptor and doorbell), the thread takes entries in order on
+   * its pass; the caller never touches the NIC's operations. */
+  pm_sqe_t *sq;
+  _Atomic uint64_t sq_head __attribute__((aligned(64))); /* the posters' */
+  uint64_t sq_tail __attribute__((aligned(64)));          /* the thread's */
+  pm_op_t *cache; /* operations taken back from the endpoint's pool */
   pthread_mutex_t lock;            /* the links' queues and `acking` */
   pm_op_t *waiting, *waiting_tail; /* performed RMA, in that order: until done_ns (the thread's own) */
   pm_op_t *acking;                 /* sent: until the target's ACK */
@@ -81,14 +91,9 @@ typedef struct pm_ep {
   pm_av_t *av;
   char name[PM_NAME_LEN];
   pm_ep_seg_t *seg;
-  /* Posted and not yet taken: the caller claims an entry and fills it (a
-   * NIC's descriptor and doorbell), thread 0 takes entries in order on its
-   * pass; the caller never touches the NIC's operations. */
-  pm_sqe_t *sq;
-  _Atomic uint64_t sq_head __attribute__((aligned(64))); /* the posters' */
-  uint64_t sq_tail __attribute__((aligned(64)));          /* thread 0's */
-  pm_link_t *links; /* grown by thread 0 holding every share's lock */
-  size_t nlinks;
+  pm_link_t *links; /* grown holding every share's lock */
+  size_t nlinks;    /* atomic where read without a share's lock */
+  int nshares;      /* NIC threads: a post to AV index d goes to share d % nshares */
   pm_nic_share_t share[PM_MAX_NIC_THREADS];
   /* thread 0's (the caller adds to recv_top by compare-and-swap): */
   pm_recv_t *recvs;               /* posted receives the NIC thread matches, in order */
@@ -96,10 +101,9 @@ typedef struct pm_ep {
   pm_held_t *unexp, *held;
   unsigned rnd;
   /* Operations are reused, not freed: the NIC threads push finished ones
-   * here (a compare-and-swap), and thread 0 takes them back in bulk into
-   * `cache` as it takes new posts: no allocator call per operation. */
+   * here (a compare-and-swap), and a thread taking new posts takes them
+   * back in bulk into its share's `cache`: no allocator call per operation. */
   _Atomic(pm_op_t *) finished;
-  pm_op_t *cache;
 } pm_ep_t;
 
 /* pm_nic.c: an enabled endpoint joins the NIC threads' passes (started as

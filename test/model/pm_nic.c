@@ -252,7 +252,7 @@ static int fence_holds(const pm_nic_share_t *s, const pm_op_t *op, int ahead) {
   return 0;
 }
 
-static int take_posted(pm_ep_t *e, int n);
+static int take_posted(pm_ep_t *e, pm_nic_share_t *s, int n);
 
 /* Thread tid's links (of n threads), its share s locked: each link's
  * operations whose time came, in order (or, reordering, any of them). */
@@ -318,13 +318,12 @@ static int complete_waiting(pm_ep_t *e, pm_nic_share_t *s, uint64_t now) {
   return work;
 }
 
-/* One pass of NIC thread `tid` of `n` over an endpoint: its share of the
- * links; thread 0 also takes new posts and does the rest (messages,
+/* One pass of NIC thread `tid` of `n` over an endpoint: the posts to its
+ * links and its share of the links; thread 0 also does the rest (messages,
  * atomics, ACKs, matching). Returns whether it found work. */
 static int ep_pass(pm_ep_t *e, uint64_t now, int tid, int n) {
   pm_nic_share_t *s = &e->share[tid];
-  int work = 0;
-  if (!tid) work |= take_posted(e, n);
+  int work = take_posted(e, s, n);
   if (atomic_load_explicit(&s->queued, memory_order_acquire)) {
     pthread_mutex_lock(&s->lock);
     work |= links_pass(e, s, now, tid, n);
@@ -385,25 +384,29 @@ void pm_nic_stop(void) {
   atomic_store(&nic_stop, 0);
 }
 
-/* The link to dest (thread 0): the array grows holding every share's lock,
- * since the other threads read it under theirs. */
-static pm_link_t *link_of(pm_ep_t *e, fi_addr_t dest, int nthreads) {
-  if (dest >= e->nlinks) {
+/* Makes the link array hold dest (any thread, holding no share's lock):
+ * it grows holding every share's lock, since the threads read it under
+ * theirs. 0, or -1 when out of memory. */
+static int grow_links(pm_ep_t *e, fi_addr_t dest, int nthreads) {
+  if (dest < __atomic_load_n(&e->nlinks, __ATOMIC_ACQUIRE)) return 0;
+  for (int t = 0; t < nthreads; t++) pthread_mutex_lock(&e->share[t].lock);
+  int rc = 0;
+  if (dest >= e->nlinks) { /* another thread may have grown it meanwhile */
     size_t n = dest + 16;
-    for (int t = 0; t < nthreads; t++) pthread_mutex_lock(&e->share[t].lock);
     pm_link_t *l = realloc(e->links, n * sizeof *l);
     if (l) {
       memset(l + e->nlinks, 0, (n - e->nlinks) * sizeof *l);
-      e->links = l, e->nlinks = n;
+      e->links = l;
+      __atomic_store_n(&e->nlinks, n, __ATOMIC_RELEASE);
+    } else {
+      rc = -1;
     }
-    for (int t = nthreads - 1; t >= 0; t--) pthread_mutex_unlock(&e->share[t].lock);
-    if (!l) return NULL;
   }
-  return &e->links[dest];
+  for (int t = nthreads - 1; t >= 0; t--) pthread_mutex_unlock(&e->share[t].lock);
+  return rc;
 }
 
-/* Puts op on its link l as a NIC would (thread 0, the link's share
- * locked): it starts when the link is free and it was posted (a fenced one
+/* Puts op on its link l as a NIC would (the link's share locked): it starts when the link is free and it was posted (a fenced one
  * also once everything before it completed), holds the link for len /
  * bandwidth and arrives one latency later. */
 static void to_link(pm_ep_t *e, pm_link_t *l, pm_op_t *op) {
@@ -429,12 +432,12 @@ static void to_link(pm_ep_t *e, pm_link_t *l, pm_op_t *op) {
   l->tail = op;
 }
 
-/* An operation for a new post (thread 0): from the endpoint's pool, which
+/* An operation for a new post of share s: from the endpoint's pool, which
  * the NIC threads refill as operations finish. */
-static pm_op_t *new_op(pm_ep_t *e) {
-  if (!e->cache) e->cache = atomic_exchange_explicit(&e->finished, NULL, memory_order_acquire);
-  pm_op_t *op = e->cache;
-  if (op) e->cache = op->next;
+static pm_op_t *new_op(pm_ep_t *e, pm_nic_share_t *s) {
+  if (!s->cache) s->cache = atomic_exchange_explicit(&e->finished, NULL, memory_order_acquire);
+  pm_op_t *op = s->cache;
+  if (op) s->cache = op->next;
   else op = aligned_alloc(_Alignof(pm_op_t), sizeof *op);
   return op;
 }
@@ -448,32 +451,31 @@ static uint64_t completion_flags(int type) {
   }
 }
 
-/* The operations posted since the last pass go onto their links, in order;
- * the time they are taken stands for their posting time (a NIC fetches a
- * descriptor after its doorbell, not at it), read once a pass, after the
- * first descriptor was seen: no operation starts before it was posted. */
-static int take_posted(pm_ep_t *e, int n) {
+/* The operations posted to share s since its last pass go onto their
+ * links, in order; the time they are taken stands for their posting time (a
+ * NIC fetches a descriptor after its doorbell, not at it), read once a
+ * pass, after the first descriptor was seen: no operation starts before it
+ * was posted. */
+static int take_posted(pm_ep_t *e, pm_nic_share_t *s, int n) {
   int any = 0;
   uint64_t now = 0;
-  for (pm_sqe_t *q; (q = pm_ring_ready(e->sq, sizeof *e->sq, PM_SQ, e->sq_tail));) {
+  for (pm_sqe_t *q; (q = pm_ring_ready(s->sq, sizeof *s->sq, PM_SQ, s->sq_tail));) {
     if (!now) now = pm_now_ns();
-    pm_op_t *op = new_op(e);
+    pm_op_t *op = new_op(e, s);
     if (!op) break; /* out of memory: the posts wait for a later pass */
     *op = (pm_op_t){.type = q->type, .ctx = q->ctx, .cflags = completion_flags(q->type), .buf = q->buf,
                     .len = q->len, .dest = q->dest, .key = q->key, .data = q->data, .fence = (char)q->fence,
                     .remote_cq = (char)q->remote_cq, .posted_ns = now};
     if (q->type == OP_TSEND) op->tag = q->a0;
     else op->raddr = q->a0;
-    pm_ring_free(q, PM_SQ, e->sq_tail++);
+    pm_ring_free(q, PM_SQ, s->sq_tail++);
     any = 1;
-    pm_link_t *l = link_of(e, op->dest, n);
-    if (!l) {
+    if (grow_links(e, op->dest, n)) {
       complete(e, op, FI_ENOMEM, "out of memory for a link");
       continue;
     }
-    pm_nic_share_t *s = &e->share[op->dest % (fi_addr_t)n];
     pthread_mutex_lock(&s->lock);
-    to_link(e, l, op);
+    to_link(e, &e->links[op->dest], op);
     atomic_fetch_add_explicit(&s->queued, 1, memory_order_release);
     pthread_mutex_unlock(&s->lock);
   }
