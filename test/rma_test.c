@@ -624,6 +624,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "-s '%s': expected invariant, props, api, cycles, close, gone or regfail\n", a.scenario);
     return 2;
   }
+  if (a.tests_only && strcmp(a.scenario, "invariant")) {
+    fprintf(stderr, "-T: only the invariant scenario has a test-only mode, not -s %s\n", a.scenario);
+    return 2;
+  }
   for (int i = 0; i < a.nenv; i++)
     if (a.env_rank[i] >= o.nranks) { /* no rank would apply it */
       fprintf(stderr, "-e '%s': rank %d is not below -r %d\n", env_opt[i], a.env_rank[i], o.nranks);

@@ -406,9 +406,10 @@ static int grow_links(pm_ep_t *e, fi_addr_t dest, int nthreads) {
   return rc;
 }
 
-/* Puts op on its link l as a NIC would (the link's share locked): it starts when the link is free and it was posted (a fenced one
- * also once everything before it completed), holds the link for len /
- * bandwidth and arrives one latency later. */
+/* Puts op on its link l as a NIC would (the link's share locked): it
+ * starts when the link is free and it was posted (a fenced one also once
+ * everything before it completed), holds the link for len / bandwidth and
+ * arrives one latency later. */
 static void to_link(pm_ep_t *e, pm_link_t *l, pm_op_t *op) {
   const pm_params_t *p = pm_params();
   uint64_t start = op->posted_ns > l->free_ns ? op->posted_ns : l->free_ns;
