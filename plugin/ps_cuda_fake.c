@@ -1,7 +1,8 @@
 /* Test-only ps_cuda.h (built with -DPS_FAKE_CUDA, never shipped): "device
  * memory" is host memory and each stream is a worker thread that runs its
- * operations strictly in order, each after a random delay of up to
- * PS_FAKE_CUDA_MAX_DELAY_US (default 500) microseconds. A caller that uses a
+ * operations strictly in order, each after a random delay of
+ * PS_FAKE_CUDA_MIN_DELAY_US (default 0) to PS_FAKE_CUDA_MAX_DELAY_US
+ * (default 500) microseconds. A caller that uses a
  * copy's bytes before the mark after it was reached sees stale data most of
  * the time instead of almost never. Operations go to the worker at once
  * (nothing is held), but a mark only at ps_cuda_flush, as on a GPU. */
@@ -44,7 +45,7 @@ typedef struct {
   ps_fake_op_t *head, *tail; /* head stays queued while it runs */
   int stop;
   uint64_t rng;
-  unsigned long max_delay_us;
+  unsigned long min_delay_us, max_delay_us;
   uint64_t reached;  /* the last mark the worker ran (atomic) */
   uint64_t marks;    /* caller side: marks enqueued */
   int unmarked;      /* caller side: operations since the last mark */
@@ -66,7 +67,8 @@ static uint64_t rng_next(uint64_t *x) {
 
 static void fake_delay(ps_fake_stream_t *st) {
   if (!st->max_delay_us) return;
-  unsigned long us = (unsigned long)(rng_next(&st->rng) % (st->max_delay_us + 1));
+  unsigned long span = st->max_delay_us - st->min_delay_us;
+  unsigned long us = st->min_delay_us + (unsigned long)(rng_next(&st->rng) % (span + 1));
   struct timespec ts = {.tv_sec = (time_t)(us / 1000000), .tv_nsec = (long)(us % 1000000) * 1000};
   while (nanosleep(&ts, &ts) && errno == EINTR) {
   }
@@ -107,16 +109,15 @@ static void *stream_main(void *arg) {
   return NULL;
 }
 
-static unsigned long delay_from_env(void) {
-  const char *v = getenv("PS_FAKE_CUDA_MAX_DELAY_US");
-  if (!v || !*v) return PS_FAKE_DEFAULT_DELAY_US;
+static unsigned long delay_from_env(const char *name, unsigned long dflt) {
+  const char *v = getenv(name);
+  if (!v || !*v) return dflt;
   char *end = NULL;
   errno = 0;
   unsigned long us = strtoul(v, &end, 10);
   if (errno || *end || v[0] < '0' || v[0] > '9' || us > PS_FAKE_MAX_DELAY_US) { /* digits only */
-    PS_WARN("PS_FAKE_CUDA_MAX_DELAY_US=%s is not 0..%lu; using %lu", v, PS_FAKE_MAX_DELAY_US,
-            PS_FAKE_DEFAULT_DELAY_US);
-    return PS_FAKE_DEFAULT_DELAY_US;
+    PS_WARN("%s=%s is not 0..%lu; using %lu", name, v, PS_FAKE_MAX_DELAY_US, dflt);
+    return dflt;
   }
   return us;
 }
@@ -148,12 +149,18 @@ ncclResult_t ps_cuda_open(const void *dev_ptr, ps_cuda_dev_t **out) {
     PS_WARN("ps_cuda_open (fake): out of memory");
     return ncclSystemError;
   }
-  unsigned long max_us = delay_from_env();
+  unsigned long max_us = delay_from_env("PS_FAKE_CUDA_MAX_DELAY_US", PS_FAKE_DEFAULT_DELAY_US);
+  unsigned long min_us = delay_from_env("PS_FAKE_CUDA_MIN_DELAY_US", 0);
+  if (min_us > max_us) {
+    PS_WARN("PS_FAKE_CUDA_MIN_DELAY_US=%lu is above PS_FAKE_CUDA_MAX_DELAY_US=%lu; using %lu", min_us,
+            max_us, max_us);
+    min_us = max_us;
+  }
   for (int i = 0; i < PS_CUDA_NSTREAMS; i++) {
     ps_fake_stream_t *st = &d->s[i];
     pthread_mutex_init(&st->lock, NULL);
     pthread_cond_init(&st->cond, NULL);
-    st->max_delay_us = max_us;
+    st->max_delay_us = max_us, st->min_delay_us = min_us;
     st->rng = ((uint64_t)getpid() * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)(i + 1) * 0xBF58476D1CE4E5B9ull);
     if (!st->rng) st->rng = 1; /* xorshift's one stuck state */
   }
@@ -167,7 +174,7 @@ ncclResult_t ps_cuda_open(const void *dev_ptr, ps_cuda_dev_t **out) {
     }
   }
   d->started = 1;
-  PS_INFO(NCCL_INIT, "fake CUDA: streams delay each operation by 0..%lu us", max_us);
+  PS_INFO(NCCL_INIT, "fake CUDA: streams delay each operation by %lu..%lu us", min_us, max_us);
   *out = d;
   return ncclSuccess;
 }

@@ -152,6 +152,11 @@ static void handle_error(ps_ep_t *e) {
 ncclResult_t ps_ep_progress(ps_ep_t *e, int budget, int *handled) {
   struct fi_cq_tagged_entry ent[16];
   int total = 0;
+  if (handled) *handled = 0;
+  if (!e->cq) {
+    PS_WARN("progress on an endpoint that was closed");
+    return ncclInternalError;
+  }
   while (total < budget) {
     ssize_t n = fi_cq_read(e->cq, ent, 16);
     if (n == -FI_EAGAIN) break;

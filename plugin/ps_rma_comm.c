@@ -326,7 +326,7 @@ static void close_comm(ps_rma_comm_t *c, int report) {
  * writes into it copying. The key is revoked and the copies end before
  * returning; its id stays taken (ids are never reused) and names no region. */
 static void drop_failed_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
-  if (r->gpu && c->stage) (void)ps_cuda_quiesce(c->stage->cu, 10ULL * 1000000000ULL);
+  if (r->gpu && c->stage) (void)ps_cuda_quiesce(c->stage->cu, PS_STAGE_QUIESCE_NS);
   PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm rank %d: window %u (%p, %zu B) deregistered: its "
           "registration exchange failed", c->rank, r->id, (void *)r->base, r->size);
   dereg_region(c, r);
@@ -498,7 +498,12 @@ static ncclResult_t dereg_sym_body(void *coll, void *mh) {
             "registered (deregister it once test() reported them done)", r->id, busy);
     return ncclInvalidUsage;
   }
-  if (r->gpu) ps_stage_quiesce(c); /* the GPU memory may be unmapped right after */
+  /* the GPU memory may be unmapped right after, failed comm or not */
+  if (r->gpu && ps_stage_quiesce(c)) {
+    PS_WARN("deregMrSym: window %u stays registered: copies into it may still be running; free "
+            "its memory only once a later deregMrSym succeeds", r->id);
+    return ncclUnhandledCudaError;
+  }
   uint32_t id = r->id;
   dereg_region(c, r);
   if (!c->error) ps_rma_notice_closed(c, id);

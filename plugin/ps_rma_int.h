@@ -573,7 +573,9 @@ int ps_stage_signal(ps_rma_comm_t *c, char *addr, uint64_t add);
  * since the last pass (held signals may apply, credits may go). */
 int ps_stage_progress(ps_rma_comm_t *c);
 void ps_stage_send_credits(ps_rma_comm_t *c);
-void ps_stage_quiesce(ps_rma_comm_t *c); /* wait (bounded) until no copy or signal write is in flight */
+/* wait (PS_STAGE_QUIESCE_NS at most) until no copy or signal write is in flight: 0, else -1 */
+#define PS_STAGE_QUIESCE_NS (10ULL * 1000000000ULL)
+int ps_stage_quiesce(ps_rma_comm_t *c);
 
 /* --- floor 6, ps_rma_stream.c: staging streams (PERSEUS_NSTREAMS) --- */
 /* Collective, where staging is set up: opens PERSEUS_NSTREAMS - 1 extra

@@ -457,6 +457,8 @@ int ps_rma_progress_pass(ps_rma_comm_t *c) {
  * completions, packs the chunks queued meanwhile into one write and hands
  * their copies over in one batch. */
 static ncclResult_t pass_if_due(ps_rma_comm_t *c) {
+  /* a failed comm makes no pass: its endpoint may be closed already */
+  if (c->error) return c->error;
   if (ps_now_ns() - c->last_pass_ns < c->pass_interval_ns) return ncclSuccess;
   ps_rma_progress_pass(c);
   return c->error;

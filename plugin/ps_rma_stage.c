@@ -199,7 +199,7 @@ void ps_stage_free(ps_rma_comm_t *c) {
   ps_stage_t *st = c->stage;
   if (!st) return;
   /* the copy engines must stop touching the pinned memory freed below */
-  if (st->cu) (void)ps_cuda_quiesce(st->cu, 10ULL * 1000000000ULL);
+  if (st->cu) (void)ps_cuda_quiesce(st->cu, PS_STAGE_QUIESCE_NS);
   /* st->rx belongs to the comm's region list, which frees it */
   if (st->send_mr) fi_close(&st->send_mr->fid);
   if (st->credit_mr) fi_close(&st->credit_mr->fid);

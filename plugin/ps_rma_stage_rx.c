@@ -273,16 +273,26 @@ int ps_stage_progress(ps_rma_comm_t *c) {
 
 /* Before a GPU window goes away: the copy engine may still be writing into
  * it (payload copies, signal words). Waits, bounded, until nothing is in
- * flight, so unmapping the memory afterwards cannot fault the GPU. */
-void ps_stage_quiesce(ps_rma_comm_t *c) {
+ * flight, so unmapping the memory afterwards cannot fault the GPU. A failed
+ * comm tracks its copies no more (and may hold some not yet handed to the
+ * GPU): it waits for everything the streams were given, held copies first.
+ * 0, or -1 (logged) when something may still be writing at the deadline. */
+int ps_stage_quiesce(ps_rma_comm_t *c) {
   ps_stage_t *st = c->stage;
-  uint64_t deadline = ps_now_ns() + 10ULL * 1000000000ULL;
-  while (st && (st->ncopies || st->nwords) && !c->error && ps_now_ns() < deadline) {
+  if (!st) return 0;
+  uint64_t deadline = ps_now_ns() + PS_STAGE_QUIESCE_NS;
+  while ((st->ncopies || st->nwords) && !c->error && ps_now_ns() < deadline) {
     ps_stage_flush(c);
     poll_copies(c, st);
     poll_words(c, st);
   }
-  if (st && (st->ncopies || st->nwords))
-    PS_WARN("deregistering a GPU window with %u copies and %u signal updates still in flight",
-            st->ncopies, st->nwords);
+  if (c->error) {
+    uint64_t now = ps_now_ns();
+    if (!st->cu || ps_cuda_quiesce(st->cu, deadline > now ? deadline - now : 0) == ncclSuccess) return 0;
+  } else if (!st->ncopies && !st->nwords) {
+    return 0;
+  }
+  PS_WARN("a GPU window's copies and signal updates were still in flight after %llu ms (%u and %u "
+          "tracked)", (unsigned long long)(PS_STAGE_QUIESCE_NS / 1000000), st->ncopies, st->nwords);
+  return -1;
 }

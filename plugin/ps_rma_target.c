@@ -70,6 +70,11 @@ static int apply_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m) {
     return 0;
   }
   ps_rma_region_t *r = m->region_id < c->nregions ? c->regions[m->region_id] : NULL;
+  if (r && c->stage && r == c->stage->rx) { /* a window of ours no NCCL call can name */
+    ps_rma_fail(c, ncclRemoteError, "signal from rank %u rejected: region %u is this rank's staging "
+                "receive slots, not a window", m->src_rank, m->region_id);
+    return 0;
+  }
   if (!r || m->offset % 8 || m->offset > r->size || r->size - m->offset < 8) {
     /* the origin checked the offset against the size we advertised: a peer
      * that names a window never registered or a word outside it is broken */
@@ -165,6 +170,7 @@ static void mark_arrived(ps_rma_comm_t *c, uint32_t src, uint64_t s) {
  * the write's sequence number, widened against our window. */
 static void remote_write(void *comm, uint64_t data) {
   ps_rma_comm_t *c = comm;
+  if (c->error) return; /* a failed comm takes no more input from peers (nor copies it) */
   uint64_t src = (data & ~PS_STAGED_DATA) >> 32;
   if (src >= (uint64_t)c->nranks) {
     ps_rma_fail(c, ncclRemoteError, "a write arrived tagged with source rank %llu of %d",
@@ -246,6 +252,7 @@ static void sig_rx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err
     if (err != -FI_ECANCELED) ps_rma_fail(c, ncclRemoteError, "signal receive failed: %s", errstr);
     return;
   }
+  if (c->error) return; /* a failed comm takes no more input from peers */
   on_signal(c, s, e->len);
   if (post_sig_slot(c, s) != ncclSuccess) ps_rma_fail(c, ncclSystemError, "cannot re-post a signal receive");
 }
@@ -262,7 +269,8 @@ static ncclResult_t post_sig_slot(ps_rma_comm_t *c, ps_rma_sig_slot_t *s) {
  * later calls into it are refused. A window we deregistered too is
  * forgotten already (collective teardown sends these both ways). */
 static void on_closed(ps_rma_comm_t *c, ps_rma_sig_slot_t *s, const ps_sig_msg_t *m) {
-  if (m->region_id >= c->nregions || m->src_rank == (uint32_t)c->rank) {
+  if (m->region_id >= c->nregions || m->src_rank == (uint32_t)c->rank ||
+      (c->stage && c->regions[m->region_id] && c->regions[m->region_id] == c->stage->rx)) {
     ps_rma_fail(c, ncclRemoteError, "rank %u says it deregistered window %u, which was never "
                 "registered (%u windows)", m->src_rank, m->region_id, c->nregions);
     return;
@@ -290,6 +298,7 @@ static void nack_rx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int er
     if (err != -FI_ECANCELED) ps_rma_fail(c, ncclRemoteError, "refusal receive failed: %s", errstr);
     return;
   }
+  if (c->error) return; /* a failed comm takes no more input from peers */
   if (ps_sig_decode(&s->msg, e->len, (uint32_t)c->nranks, &m) != ncclSuccess ||
       m.op == PS_SIG_OP_CREDIT) {
     ps_rma_fail(c, ncclRemoteError, "malformed refusal message dropped");

@@ -19,6 +19,16 @@
  *                   rank 0 heard of it: rank 1 drops the bytes and tells rank
  *                   0, whose comm fails naming the window; rank 1's stays
  *                   healthy and its staging still serves rank 2
+ *   sig_rx          (fake-CUDA plugin) a signal into region 0, rank 0's
+ *                   staging receive slots, which no NCCL call names: the
+ *                   comm fails naming them
+ *   copy_after_fail (2 real ranks, fake-CUDA plugin with slow copies) a
+ *                   staged copy into a GPU window is queued, then the comm
+ *                   fails: deregMrSym of that window returns only once the
+ *                   copy is done (nothing writes the memory afterwards)
+ *   test_after_fail (2 real ranks, fake-CUDA plugin) a registration
+ *                   exchange fails and closes the endpoint: test() of an
+ *                   outstanding request returns the error
  * The comm's reasons are logged as WARNs, which the meson tests match.
  * Usage: perseus_hostile_rma_peer -s SCENARIO [-p PLUGIN]; exit 0 pass,
  * 1 fail, 2 usage. */
@@ -27,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fake_rma_peer.h"
 #include "ps_driver_gin.h"
@@ -114,6 +125,14 @@ static int real_side(drv_rank_t *r, const args_t *a) {
   CHECK(buf, "out of memory");
   if (real_connect(r, a, &g, &cc)) return 1;
   int rc = 0;
+  if (!strcmp(s, "sig_rx")) { /* a GPU window first: region 0 is the staging receive slots */
+    rc = real_register(r, &g, cc, buf, NCCL_PTR_CUDA, &mh);
+    CHECK(!rc && !drv_barrier(r, 60), "barrier after the fake's message");
+    if (expect_failure(r, &g, cc, "a signal into the staging receive slots")) return 1;
+    (void)g.dereg_sym(cc, mh);
+    CHECK(tbl->closeColl(cc) == ncclSuccess && drv_gin_close(&g, NULL) == ncclSuccess, "close");
+    return 0;
+  }
   if (!strcmp(s, "staged_credit") || !strcmp(s, "nack_put"))
     rc = real_register(r, &g, cc, buf, !strcmp(s, "nack_put") ? NCCL_PTR_HOST : NCCL_PTR_CUDA, &mh);
   CHECK(!rc && !drv_barrier(r, 60), "barrier after the fake's first message");
@@ -148,6 +167,8 @@ static int fake_side(drv_rank_t *r, const args_t *a) {
     second.covers = PS_RMA_MAX_WINDOW + 1;
   } else if (!strcmp(s, "staged_none")) {
     m.covers_staged = 1;
+  } else if (!strcmp(s, "sig_rx")) {
+    /* region 0, offset 0: rank 0's staging receive slots */
   } else if (!strcmp(s, "staged_credit")) {
     m.covers_staged = 1; /* staged write 1: inside any credit */
     second.covers_staged = 1u << 20;
@@ -157,7 +178,7 @@ static int fake_side(drv_rank_t *r, const args_t *a) {
                        .offset = 64, .value = SZ, .covers = PS_NACK_PUT_DEREGISTERED};
     tag = PS_TAG_RMA_NACK;
   }
-  if (!strcmp(s, "staged_credit") || !strcmp(s, "nack_put"))
+  if (!strcmp(s, "staged_credit") || !strcmp(s, "nack_put") || !strcmp(s, "sig_rx"))
     CHECK(!fake_serve(f, flag_of(r), 60), "fake peer: rank 0's registration");
   CHECK(!fake_send(f, tag, &m, sizeof m) && !drv_barrier(r, 60), "fake peer: first message");
   if (!strcmp(s, "covers_window") || !strcmp(s, "staged_credit"))
@@ -258,15 +279,110 @@ static int put_dereg_gpu(drv_rank_t *r, const args_t *a) {
   return rc;
 }
 
+
+/* --- two real ranks: a failed comm's staged copies and test() --- */
+
+/* copy_after_fail (fake-CUDA plugin, each GPU operation delayed 3-3.5 s):
+ * rank 1 stages a put into rank 0's GPU window W; rank 0 takes its arrival
+ * (the copy into W is queued), then its comm fails (a signal into a window
+ * rank 1 deregistered). deregMrSym(W) on the failed comm must return only
+ * once that copy is done: W is overwritten afterwards and must stay so. */
+static int copy_after_fail(drv_rank_t *r, const args_t *a) {
+  drv_gin_t g;
+  void *cc = NULL, *s_mh = NULL, *w_mh = NULL, *d_mh = NULL, *req = NULL;
+  CHECK(!drv_gin_load(a->plugin, "gin11", &g), "load");
+  CHECK(drv_gin_connect(r, &g, &cc) == ncclSuccess, "connect");
+  unsigned char *S = calloc(2, SZ), *W = calloc(2, SZ), *D = calloc(2, SZ);
+  CHECK(S && W && D, "out of memory");
+  CHECK(g.reg_sym(cc, S, 2 * SZ, NCCL_PTR_HOST, 0, &s_mh) == ncclSuccess &&
+        g.reg_sym(cc, W, 2 * SZ, NCCL_PTR_CUDA, 0, &w_mh) == ncclSuccess &&
+        g.reg_sym(cc, D, 2 * SZ, NCCL_PTR_HOST, NCCL_NET_MR_FLAG_FORCE_SO, &d_mh) == ncclSuccess,
+        "regMrSym");
+  CHECK(!drv_gin_barrier(r, &g, cc, 60), "barrier after registration");
+  ncclResult_t rc = ncclSuccess;
+  if (r->rank == 1) {
+    memset(S, 0x77, SZ);
+    CHECK(g.iput(cc, 0, s_mh, SZ, 0, w_mh, 0, &req) == ncclSuccess && !drv_gin_wait(&g, cc, req, 30, &rc) &&
+          rc == ncclSuccess, "staged put to rank 0");
+  }
+  for (double end = drv_now() + 1.0; drv_now() < end;) (void)g.progress(cc); /* rank 0 takes the arrival */
+  CHECK(!drv_barrier(r, 60), "barrier before rank 1 deregisters D");
+  if (r->rank == 1) CHECK(g.dereg_sym(cc, d_mh) == ncclSuccess, "deregMrSym(D)");
+  CHECK(!drv_barrier(r, 60), "barrier after rank 1 deregistered D");
+  if (r->rank == 0) {
+    (void)g.iput_signal(cc, 0, NULL, 0, 0, NULL, 1, 0, d_mh, 1, NCCL_NET_SIGNAL_OP_ADD, &req);
+    if (expect_failure(r, &g, cc, "a signal into rank 1's deregistered window")) return 1;
+    CHECK(W[0] != 0x77, "the copy into W landed before the comm failed: nothing was tested "
+          "(PS_FAKE_CUDA_MIN_DELAY_US too short for this host?)");
+    double t = drv_now();
+    rc = g.dereg_sym(cc, w_mh);
+    printf("rank 0: deregMrSym(W) on the failed comm: rc %d after %.2f s\n", rc, drv_now() - t);
+    CHECK(rc == ncclSuccess, "deregMrSym(W) on the failed comm: rc %d", rc);
+    memset(W, 0x11, 2 * SZ); /* the caller's memory again */
+    for (double end = drv_now() + 4.0; drv_now() < end;) usleep(10000); /* past any delayed copy */
+    for (size_t i = 0; i < 2 * SZ; i++)
+      CHECK(W[i] == 0x11, "byte %zu of W is 0x%02x: a copy wrote it after deregMrSym returned", i, W[i]);
+    printf("rank 0: nothing wrote W after deregMrSym returned\n");
+    __atomic_store_n(flag_of(r), 1, __ATOMIC_RELEASE);
+  } else { /* rank 0's signal needs rank 1's refusal */
+    for (double end = drv_now() + 60;
+         !__atomic_load_n(flag_of(r), __ATOMIC_ACQUIRE) && !drv_peer_failed(r) && drv_now() < end;)
+      (void)g.progress(cc);
+  }
+  (void)drv_gin_close(&g, cc);
+  return 0;
+}
+
+/* test_after_fail: rank 0 has staged puts to rank 1 that cannot finish
+ * (rank 1 stops progressing), then registers a window rank 1 never
+ * registers: the exchange fails and closes the comm's endpoint. test() of
+ * an outstanding request, twice with no progress call between, must return
+ * the error, not touch the closed endpoint. */
+static int test_after_fail(drv_rank_t *r, const args_t *a) {
+  drv_gin_t g;
+  void *cc = NULL, *s_mh = NULL, *w_mh = NULL, *x_mh = NULL;
+  CHECK(!drv_gin_load(a->plugin, "gin11", &g), "load");
+  CHECK(drv_gin_connect(r, &g, &cc) == ncclSuccess, "connect");
+  unsigned char *S = calloc(2, SZ), *W = calloc(64, SZ), *X = calloc(1, SZ);
+  CHECK(S && W && X, "out of memory");
+  CHECK(g.reg_sym(cc, S, 2 * SZ, NCCL_PTR_HOST, 0, &s_mh) == ncclSuccess &&
+        g.reg_sym(cc, W, 64 * SZ, NCCL_PTR_CUDA, 0, &w_mh) == ncclSuccess, "regMrSym");
+  CHECK(!drv_gin_barrier(r, &g, cc, 60), "barrier after registration");
+  if (r->rank == 1) { /* no progress from here */
+    CHECK(!drv_barrier(r, 120), "rank 1 waits");
+    return 0;
+  }
+  void *reqs[40] = {0}, *last = NULL;
+  int n = 0;
+  while (n < 40 && g.iput(cc, 0, s_mh, SZ, (uint64_t)n * SZ, w_mh, 1, &reqs[n]) == ncclSuccess) n++;
+  for (int i = 0; i < n; i++) {
+    int done = 0;
+    if (g.test(cc, reqs[i], &done) == ncclSuccess && !done) last = reqs[i];
+  }
+  CHECK(last, "all %d puts done: nothing outstanding to test", n);
+  CHECK(g.reg_sym(cc, X, SZ, NCCL_PTR_HOST, 0, &x_mh) != ncclSuccess, "a registration rank 1 never joined succeeded");
+  for (int i = 1; i <= 2; i++) {
+    int done = 0;
+    ncclResult_t rc = g.test(cc, last, &done);
+    printf("rank 0: test #%d after the failed exchange: rc %d done %d\n", i, rc, done);
+    CHECK(rc != ncclSuccess, "test #%d of a request on a failed comm succeeded", i);
+  }
+  CHECK(!drv_barrier(r, 120), "rank 0 releases rank 1");
+  return 0;
+}
+
 static int rank_fn(drv_rank_t *r, void *arg) {
   const args_t *a = arg;
+  if (!strcmp(a->scenario, "copy_after_fail")) return copy_after_fail(r, a);
+  if (!strcmp(a->scenario, "test_after_fail")) return test_after_fail(r, a);
   if (!strcmp(a->scenario, "put_dereg_gpu")) return put_dereg_gpu(r, a);
   return r->rank == 0 ? real_side(r, a) : fake_side(r, a);
 }
 
 int main(int argc, char **argv) {
-  static const char *const scen[] = {"covers_ordered", "covers_window", "staged_none",
-                                     "staged_credit",  "nack_put",      "put_dereg_gpu"};
+  static const char *const scen[] = {"covers_ordered", "covers_window",   "staged_none",
+                                     "staged_credit",  "nack_put",        "put_dereg_gpu",
+                                     "sig_rx",         "copy_after_fail", "test_after_fail"};
   args_t a = {0};
   const char *abi = NULL;
   int c, known = 0, nr = 0;
@@ -286,11 +402,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "-s names no scenario (-h for the list)\n");
     return 2;
   }
-  int gpu = !strcmp(a.scenario, "put_dereg_gpu");
+  int gpu = !strcmp(a.scenario, "put_dereg_gpu") || !strcmp(a.scenario, "copy_after_fail") ||
+            !strcmp(a.scenario, "test_after_fail");
   /* the put must be issued before any pass of rank 0's reads rank 1's
    * notice: passes only inside rank 0's own calls */
   if (gpu) setenv("PERSEUS_PROGRESS_THREAD", "0", 1);
-  drv_opts_t o = {.nranks = gpu ? 3 : 2, .timeout_s = 120, .no_load = 1, .no_mesh = 1,
+  drv_opts_t o = {.nranks = !strcmp(a.scenario, "put_dereg_gpu") ? 3 : 2, .timeout_s = 120, .no_load = 1,
+                  .no_mesh = 1,
                   .shared_bytes = drv_gin_shared_bytes(NRANKS_MAX) + sizeof(int) + PASSTHRU_MAX};
   setvbuf(stdout, NULL, _IOLBF, 0);
   double t0 = drv_now();
