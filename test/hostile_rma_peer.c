@@ -287,17 +287,26 @@ static int put_dereg_gpu(drv_rank_t *r, const args_t *a) {
  * (the copy into W is queued), then its comm fails (a signal into a window
  * rank 1 deregistered). deregMrSym(W) on the failed comm must return only
  * once that copy is done: W is overwritten afterwards and must stay so. */
+/* Both scenarios' start: the comm, a host source S of 2 tiles and a GPU
+ * window W of w_tiles, registered on both ranks. */
+static int real_pair(drv_rank_t *r, const args_t *a, drv_gin_t *g, void **cc, size_t w_tiles,
+                     unsigned char **S, void **s_mh, unsigned char **W, void **w_mh) {
+  CHECK(!drv_gin_load(a->plugin, "gin11", g), "load");
+  CHECK(drv_gin_connect(r, g, cc) == ncclSuccess, "connect");
+  *S = calloc(2, SZ), *W = calloc(w_tiles, SZ);
+  CHECK(*S && *W, "out of memory");
+  CHECK(g->reg_sym(*cc, *S, 2 * SZ, NCCL_PTR_HOST, 0, s_mh) == ncclSuccess &&
+        g->reg_sym(*cc, *W, w_tiles * SZ, NCCL_PTR_CUDA, 0, w_mh) == ncclSuccess, "regMrSym");
+  return 0;
+}
+
 static int copy_after_fail(drv_rank_t *r, const args_t *a) {
   drv_gin_t g;
   void *cc = NULL, *s_mh = NULL, *w_mh = NULL, *d_mh = NULL, *req = NULL;
-  CHECK(!drv_gin_load(a->plugin, "gin11", &g), "load");
-  CHECK(drv_gin_connect(r, &g, &cc) == ncclSuccess, "connect");
-  unsigned char *S = calloc(2, SZ), *W = calloc(2, SZ), *D = calloc(2, SZ);
-  CHECK(S && W && D, "out of memory");
-  CHECK(g.reg_sym(cc, S, 2 * SZ, NCCL_PTR_HOST, 0, &s_mh) == ncclSuccess &&
-        g.reg_sym(cc, W, 2 * SZ, NCCL_PTR_CUDA, 0, &w_mh) == ncclSuccess &&
-        g.reg_sym(cc, D, 2 * SZ, NCCL_PTR_HOST, NCCL_NET_MR_FLAG_FORCE_SO, &d_mh) == ncclSuccess,
-        "regMrSym");
+  unsigned char *S, *W, *D = calloc(2, SZ);
+  CHECK(D && !real_pair(r, a, &g, &cc, 2, &S, &s_mh, &W, &w_mh), "set-up");
+  CHECK(g.reg_sym(cc, D, 2 * SZ, NCCL_PTR_HOST, NCCL_NET_MR_FLAG_FORCE_SO, &d_mh) == ncclSuccess,
+        "regMrSym(D)");
   CHECK(!drv_gin_barrier(r, &g, cc, 60), "barrier after registration");
   ncclResult_t rc = ncclSuccess;
   if (r->rank == 1) {
@@ -341,12 +350,8 @@ static int copy_after_fail(drv_rank_t *r, const args_t *a) {
 static int test_after_fail(drv_rank_t *r, const args_t *a) {
   drv_gin_t g;
   void *cc = NULL, *s_mh = NULL, *w_mh = NULL, *x_mh = NULL;
-  CHECK(!drv_gin_load(a->plugin, "gin11", &g), "load");
-  CHECK(drv_gin_connect(r, &g, &cc) == ncclSuccess, "connect");
-  unsigned char *S = calloc(2, SZ), *W = calloc(64, SZ), *X = calloc(1, SZ);
-  CHECK(S && W && X, "out of memory");
-  CHECK(g.reg_sym(cc, S, 2 * SZ, NCCL_PTR_HOST, 0, &s_mh) == ncclSuccess &&
-        g.reg_sym(cc, W, 64 * SZ, NCCL_PTR_CUDA, 0, &w_mh) == ncclSuccess, "regMrSym");
+  unsigned char *S, *W, *X = calloc(1, SZ);
+  CHECK(X && !real_pair(r, a, &g, &cc, 64, &S, &s_mh, &W, &w_mh), "set-up");
   CHECK(!drv_gin_barrier(r, &g, cc, 60), "barrier after registration");
   if (r->rank == 1) { /* no progress from here */
     CHECK(!drv_barrier(r, 120), "rank 1 waits");
