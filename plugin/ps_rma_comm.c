@@ -77,9 +77,9 @@ void ps_rma_process_stats(ps_rma_peer_stats_t *out) {
   pthread_mutex_lock(&live_lock);
   *out = closed_total;
   for (int i = 0; i < nlive; i++) {
-    pthread_mutex_lock(&live[i]->lock);
+    ps_rma_lock(live[i]);
     add_stats(out, live[i]);
-    pthread_mutex_unlock(&live[i]->lock);
+    ps_lock_give(&live[i]->lock);
   }
   pthread_mutex_unlock(&live_lock);
 }
@@ -164,11 +164,6 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   ps_rma_comm_t *c = aligned_alloc(PS_CACHE_LINE, bytes);
   if (!c) return ncclSystemError;
   memset(c, 0, bytes);
-  pthread_mutexattr_t attr;
-  pthread_mutexattr_init(&attr);
-  pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
-  pthread_mutex_init(&c->lock, &attr);
-  pthread_mutexattr_destroy(&attr);
   pthread_rwlock_init(&c->win_lock, NULL);
   pthread_mutex_init(&c->reqs_lock, NULL);
   c->rank = rank, c->nranks = nranks;
@@ -314,7 +309,6 @@ static void close_comm(ps_rma_comm_t *c, int report) {
   for (int p = 0; c->notes && p < c->nranks; p++) free(c->notes[p].queue);
   free(c->nacks), free(c->notes);
   free(c->regions), free(c->addr), free(c->peers), free(c->opstats), free(c->calls);
-  pthread_mutex_destroy(&c->lock);
   pthread_rwlock_destroy(&c->win_lock);
   pthread_mutex_destroy(&c->reqs_lock);
   free(c);

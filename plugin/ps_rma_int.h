@@ -36,6 +36,7 @@
 #include "ps_gin_abi.h"
 #include "ps_handle.h"
 #include "ps_hist.h"
+#include "ps_lock.h"
 #include "ps_model_nic.h"
 #include "ps_rma.h"
 #include "ps_seqwin.h"
@@ -358,7 +359,7 @@ struct ps_rma_comm {
   _Alignas(PS_CACHE_LINE) ps_rma_req_t *returned;
 
   /* -- the engine's: its passes write these -- */
-  _Alignas(PS_CACHE_LINE) pthread_mutex_t lock; /* recursive; taken by every entry point (the engine thread's, if any) */
+  _Alignas(PS_CACHE_LINE) ps_lock_t lock; /* recursive; taken by every entry point (the engine thread's, if any) */
   int backlog;          /* something is queued: progress must try to post it */
   int nack_pending;     /* a refusal is queued: progress sends it */
   int note_pending;     /* a notice is queued: progress sends it */
@@ -423,7 +424,7 @@ static inline ps_rma_region_t *ps_rma_window(ps_rma_comm_t *c, void *mh) {
     uint64_t t0_ = (kind) < PS_CALL_N && c_->calls ? ps_rma_call_begins(c_) : 0; \
     ncclResult_t rc_ = (call);                                                     \
     if (t0_) ps_rma_call_ends(c_, (kind), t0_);                                    \
-    if (locked_) pthread_mutex_unlock(&c_->lock);                                  \
+    if (locked_) ps_lock_give(&c_->lock);                                          \
     return rc_;                                                                    \
   } while (0)
 
@@ -446,11 +447,11 @@ static inline void ps_rma_windows_done(ps_rma_comm_t *c) {
 /* Takes c->lock, ahead of the engine thread's next pass. */
 static inline void ps_rma_lock(ps_rma_comm_t *c) {
   if (!c->threaded) { /* no engine thread to hold it off */
-    pthread_mutex_lock(&c->lock);
+    ps_lock_take(&c->lock);
     return;
   }
   __atomic_add_fetch(&c->lock_waiters, 1, __ATOMIC_ACQ_REL);
-  pthread_mutex_lock(&c->lock);
+  ps_lock_take(&c->lock);
   __atomic_sub_fetch(&c->lock_waiters, 1, __ATOMIC_ACQ_REL);
 }
 

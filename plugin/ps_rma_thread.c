@@ -50,11 +50,11 @@ static void *engine_main(void *arg) {
   ps_rma_comm_t *c = arg;
   unsigned idle = 0;
   while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
-    pthread_mutex_lock(&c->lock);
+    ps_lock_take(&c->lock);
     int work = c->error ? 0 : ps_rma_engine_pass(c);
     int failed = c->error != ncclSuccess;
     if (!work && !failed) work = waiting(c);
-    pthread_mutex_unlock(&c->lock);
+    ps_lock_give(&c->lock);
     /* registration, close and the stats take the lock between passes */
     while (__atomic_load_n(&c->lock_waiters, __ATOMIC_ACQUIRE)) sched_yield();
     idle = work ? 0 : idle + 1;

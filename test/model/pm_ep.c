@@ -12,16 +12,36 @@
 #include "pm_ring.h"
 
 /* --- posting --- */
-/* Claims the next submission entry, fills it and hands it to the NIC (the
- * release of its sequence word): -FI_EAGAIN when the ring is full, as a
- * NIC's send queue would be. */
+/* Claims position pos of share s's submission ring, 0 when the ring is full.
+ * The claim reads only the posters' line, never the entry, which the NIC
+ * thread read last: the entry's line then moves to the poster with its
+ * store, which the core completes in the background, as a descriptor write
+ * to a real NIC's ring does. */
+static int sq_claim(pm_nic_share_t *s, uint64_t *pos) {
+  uint64_t p = atomic_load_explicit(&s->sq_head, memory_order_relaxed);
+  do {
+    uint64_t seen = atomic_load_explicit(&s->sq_seen, memory_order_acquire);
+    if (p - seen >= PM_SQ) { /* full as far as we know: look at how far the thread took */
+      uint64_t taken = atomic_load_explicit(&s->sq_taken, memory_order_acquire);
+      if (p - taken >= PM_SQ) return 0;
+      atomic_store_explicit(&s->sq_seen, taken, memory_order_release);
+    }
+  } while (!atomic_compare_exchange_weak_explicit(&s->sq_head, &p, p + 1, memory_order_relaxed,
+                                                  memory_order_relaxed));
+  *pos = p;
+  return 1;
+}
+
+/* Claims the next submission entry of the ring of the link's NIC thread,
+ * fills it and hands it over (the release of its sequence word):
+ * -FI_EAGAIN when the ring is full, as a NIC's send queue would be. */
 static ssize_t post(pm_ep_t *e, int type, void *ctx, void *buf, size_t len, fi_addr_t dest, uint64_t a0,
                     uint64_t key, uint64_t data, int remote_cq, uint64_t flags) {
   if (!e->seg) return -FI_EOPBADSTATE; /* not enabled */
   if (!pm_av_get(e->av, dest)) return -FI_EINVAL;
   pm_nic_share_t *s = &e->share[dest % (fi_addr_t)e->nshares];
   uint64_t pos;
-  if (!pm_ring_claim(&s->sq_head, s->sq, sizeof *s->sq, PM_SQ, &pos)) return -FI_EAGAIN;
+  if (!sq_claim(s, &pos)) return -FI_EAGAIN;
   pm_sqe_t *q = &s->sq[pos % PM_SQ];
   q->ctx = ctx, q->buf = buf, q->len = len, q->a0 = a0, q->key = key, q->data = data;
   q->dest = (uint32_t)dest, q->type = (uint8_t)type, q->fence = !!(flags & FI_FENCE);
@@ -137,7 +157,7 @@ static int ep_control(struct fid *fid, int command, void *arg) {
   for (int t = 0; t < e->nshares; t++) {
     pm_nic_share_t *s = &e->share[t];
     if (!s->sq && !(s->sq = aligned_alloc(_Alignof(pm_sqe_t), PM_SQ * sizeof *s->sq))) return -FI_ENOMEM;
-    for (uint64_t i = 0; i < PM_SQ; i++) atomic_store(&s->sq[i].seq, i);
+    for (uint64_t i = 0; i < PM_SQ; i++) atomic_store(&s->sq[i].seq, 0); /* position i ready: i + 1 */
   }
   e->seg = pm_create(e->name, sizeof *e->seg);
   if (!e->seg) return -FI_ENOMEM;

@@ -71,8 +71,13 @@ typedef struct {
    * NIC's descriptor and doorbell), the thread takes entries in order on
    * its pass; the caller never touches the NIC's operations. */
   pm_sqe_t *sq;
-  _Atomic uint64_t sq_head __attribute__((aligned(64))); /* the posters' */
-  uint64_t sq_tail __attribute__((aligned(64)));          /* the thread's */
+  /* The posters' line: the next position, and how far the thread had taken
+   * when a poster last looked (a poster reads sq_taken again only when
+   * this says full, so a post reads no line the thread writes). */
+  _Atomic uint64_t sq_head __attribute__((aligned(64)));
+  _Atomic uint64_t sq_seen;
+  uint64_t sq_tail __attribute__((aligned(64))); /* the thread's: next to take */
+  _Atomic uint64_t sq_taken;                     /* sq_tail, published once a pass */
   pm_op_t *cache; /* operations taken back from the endpoint's pool */
   pthread_mutex_t lock;            /* the links' queues and `acking` */
   pm_op_t *waiting, *waiting_tail; /* performed RMA, in that order: until done_ns (the thread's own) */

@@ -469,7 +469,7 @@ static int take_posted(pm_ep_t *e, pm_nic_share_t *s, int n) {
                     .remote_cq = (char)q->remote_cq, .posted_ns = now};
     if (q->type == OP_TSEND) op->tag = q->a0;
     else op->raddr = q->a0;
-    pm_ring_free(q, PM_SQ, s->sq_tail++);
+    s->sq_tail++; /* the entry stays as it is: posters count what was taken (sq_taken) */
     any = 1;
     if (grow_links(e, op->dest, n)) {
       complete(e, op, FI_ENOMEM, "out of memory for a link");
@@ -480,6 +480,7 @@ static int take_posted(pm_ep_t *e, pm_nic_share_t *s, int n) {
     atomic_fetch_add_explicit(&s->queued, 1, memory_order_release);
     pthread_mutex_unlock(&s->lock);
   }
+  if (any) atomic_store_explicit(&s->sq_taken, s->sq_tail, memory_order_release);
   return any;
 }
 
