@@ -33,8 +33,8 @@
 # remote completion of each write it receives), and drain's cost per peer
 # turn d0 from T = P d0 (posting, the NIC's copy and its completion notice);
 # the model then adds what latency and bandwidth cost each (docs/model.md;
-# drain's turn moves its tiles through the slower of the NIC's copy, which d0
-# holds, and the wire, which its posts after the first overlap).
+# drain's turn adds its last tile's wire time and the round trip to d0: its
+# other tiles crossed while the proxy posted to the other peers).
 # Each rank needs a core for itself and one for its NIC
 # thread: a host with fewer than 2 (P + 1) cores measures its scheduler, and
 # the script says so.
@@ -142,10 +142,13 @@ for P in $PEERS; do
           wire = k * s / (BW * 1e3)            # t.s/B in us
           for (i = 0; i < n; i++) {
             st = order[i]; m = meas[st]
-            # a drain turn: its tiles through the slower of the NIC copy (what d0
-            # holds) and the wire, whose first tile leaves after one post and whose
-            # later posts overlap it, then the signal post, then 2L
-            if (st == "drain") pred = P * (max(c["drain"], 2 * c["ordered"] + wire) + 2 * L)
+            # a drain turn: what a calibration turn held (posts, the NIC copy,
+            # the completion notice), then the wire time of the last tile of
+            # the turn only, the rest having crossed while the proxy
+            # posted to the other peers (a tile to this peer every P posts),
+            # unless the link falls behind those posts; then the round trip
+            tile = s / (BW * 1e3)
+            if (st == "drain") pred = P * (c["drain"] + max(tile, wire - (k - 1) * P * c["ordered"]) + 2 * L)
             else { post = P * (k + 1) * c[st]; pred = post > wire ? post : wire }
             printf "  %4d %6s %9s %9s %11.1f %11.1f %+7.0f%% %8.2fx", P, L, BW, st, m, pred,
                    100 * (m - pred) / pred, ratio[st]
