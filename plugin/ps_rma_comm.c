@@ -171,6 +171,7 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   memset(lep, 0, sizeof *lep);
   c->addr = calloc((size_t)nranks, sizeof *c->addr);
   c->peers = calloc((size_t)nranks, sizeof *c->peers);
+  for (int p = 0; c->peers && p < nranks; p++) ps_rma_held_init(&c->peers[p]);
   c->timeout_ns = (uint64_t)ps_fabric_config()->peer_timeout_ms * 1000000ULL;
   c->pass_interval_ns = (uint64_t)ps_fabric_config()->progress_interval_us * 1000;
   if (ps_fabric_config()->stats) {
@@ -299,7 +300,7 @@ static void close_comm(ps_rma_comm_t *c, int report) {
     ps_rma_peer_t *pp = &c->peers[p];
     ps_seqwin_free(&pp->done), ps_seqwin_free(&pp->arrived);
     ps_seqwin_free(&pp->stage_in), ps_seqwin_free(&pp->stage_done);
-    free(pp->held);
+    ps_rma_held_free(pp);
   }
   ps_rma_model_close(c);
   ps_rma_free_reqs(c);

@@ -240,10 +240,18 @@ typedef struct {
   uint64_t passes, pass_ns[PS_PASS_N];  /* passes that began while busy, and their steps */
 } ps_rma_callstats_t;
 
-/* A signal that arrived before the writes it covers (target strategy). */
+/* Signals that arrived before what they cover (ps_rma_held.c): a min-heap
+ * on the writes (staged: the staged writes) they wait for, and a queue of
+ * those whose GPU word could not be tracked yet. */
 typedef struct {
-  ps_sig_msg_t msg;
-} ps_rma_held_sig_t;
+  ps_sig_msg_t *v;
+  uint32_t n, cap;
+  int staged; /* keyed by covers_staged, else by covers */
+} ps_rma_held_heap_t;
+typedef struct {
+  ps_sig_msg_t *v;
+  uint32_t head, n, cap;
+} ps_rma_held_fifo_t;
 
 typedef struct {
   /* origin side: operations to this peer */
@@ -259,8 +267,11 @@ typedef struct {
   /* target side: what this peer sent us. Its writes carry their sequence
    * number (remote CQ data) and arrive in any order on an unordered NIC. */
   ps_seqwin_t arrived;    /* its writes that arrived: every seq < arrived.below */
-  ps_rma_held_sig_t *held;
-  uint32_t nheld, cap_held;
+  ps_rma_held_heap_t held_writes;    /* waiting for writes (target) */
+  ps_rma_held_heap_t held_in;        /* for staged writes enqueued into the GPU (a GPU word) */
+  ps_rma_held_heap_t held_done;      /* for staged writes copied (any other word) */
+  ps_rma_held_fifo_t held_ready;     /* covered; their GPU word had no tracking room */
+  uint32_t nheld;                    /* in all four */
   /* staging, origin side: staged writes to this peer, numbered from 1 */
   uint64_t stage_sent;    /* every staged write below this was posted (the next one's sequence) */
   uint64_t stage_chunks;  /* chunks those writes carried (PERSEUS_STATS) */
@@ -526,6 +537,12 @@ void ps_rma_notice_closed(ps_rma_comm_t *c, uint32_t id);
 void ps_rma_send_notices(ps_rma_comm_t *c);
 /* Staging's part of a progress pass, and the signals and credits it frees. */
 void ps_rma_target_progress(ps_rma_comm_t *c);
+int ps_rma_apply_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m);
+/* ps_rma_held.c: signals held until what they cover is there */
+void ps_rma_held_init(ps_rma_peer_t *p);
+void ps_rma_held_take(ps_rma_comm_t *c, ps_rma_peer_t *p, const ps_sig_msg_t *m);
+void ps_rma_held_release(ps_rma_comm_t *c, ps_rma_peer_t *p);
+void ps_rma_held_free(ps_rma_peer_t *p);
 
 /* --- floor 6, ps_rma_stage.c: staging setup and the origin side --- */
 /* What a window's registration allows (ps_rma_comm.c, and the FI_HMEM probe). */

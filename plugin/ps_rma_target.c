@@ -64,7 +64,7 @@ static void refuse_staged(ps_rma_comm_t *c, uint32_t src, const ps_stage_hdr_t *
 
 /* 0: applied, or refused (or, on a GPU word, queued behind the copies
  * before it); 1: no room to track the GPU word now, keep it held. */
-static int apply_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m) {
+int ps_rma_apply_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m) {
   if (m->region_id < c->nregions && !c->regions[m->region_id]) {
     refuse_signal(c, m, PS_NACK_DEREGISTERED);
     return 0;
@@ -131,27 +131,6 @@ static int coverable(ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_sig_msg_
   return 1;
 }
 
-/* Whether what the signal covers is there: its writes arrived (target
- * strategy), and its staged writes were copied into the GPU, or, for a GPU
- * signal word, at least enqueued on the copy stream ahead of it. */
-static int covered(const ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_sig_msg_t *m) {
-  if (m->covers >= p->arrived.below) return 0;
-  if (!m->covers_staged) return 1;
-  ps_rma_region_t *r = m->region_id < c->nregions ? c->regions[m->region_id] : NULL;
-  return m->covers_staged < ((r && r->staged) ? p->stage_in.below : p->stage_done.below);
-}
-
-/* Applies the held signals of a peer whose data is there. Signals commute
- * (adds), so the order among them does not matter. */
-static void apply_ready(ps_rma_comm_t *c, ps_rma_peer_t *p) {
-  for (uint32_t i = 0; i < p->nheld && !c->error;) {
-    if (covered(c, p, &p->held[i].msg) && !apply_signal(c, &p->held[i].msg))
-      p->held[i] = p->held[--p->nheld];
-    else
-      i++;
-  }
-}
-
 static void take_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m);
 
 static void mark_arrived(ps_rma_comm_t *c, uint32_t src, uint64_t s) {
@@ -162,7 +141,7 @@ static void mark_arrived(ps_rma_comm_t *c, uint32_t src, uint64_t s) {
                 PS_RMA_MAX_WINDOW, (unsigned long long)p->arrived.below);
     return;
   }
-  if (p->nheld) apply_ready(c, p);
+  if (p->nheld) ps_rma_held_release(c, p);
 }
 
 /* Remote CQ data of a peer's write: a staged write (PS_STAGED_DATA, rank,
@@ -201,7 +180,7 @@ static void remote_write(void *comm, uint64_t data) {
 void ps_rma_target_progress(ps_rma_comm_t *c) {
   if (!ps_stage_progress(c)) return;
   for (int i = 0; i < c->nranks; i++)
-    if (c->peers[i].nheld) apply_ready(c, &c->peers[i]);
+    if (c->peers[i].nheld) ps_rma_held_release(c, &c->peers[i]);
   ps_stage_send_credits(c);
 }
 
@@ -223,23 +202,9 @@ static void on_signal(ps_rma_comm_t *c, const ps_rma_sig_slot_t *s, size_t len) 
 }
 
 /* A signal, from a message or a staged write: applied when what it covers
- * is there, else held until it is. */
+ * is there, else held until it is (ps_rma_held.c). */
 static void take_signal(ps_rma_comm_t *c, const ps_sig_msg_t *m) {
-  ps_rma_peer_t *p = &c->peers[m->src_rank];
-  if (!coverable(c, p, m) || (covered(c, p, m) && !apply_signal(c, m))) return;
-  /* A peer cannot have more signals waiting than its writes in flight; the
-   * cap only bounds what a broken peer can make us allocate. */
-  if (p->nheld == p->cap_held) {
-    uint32_t cap = p->cap_held ? 2 * p->cap_held : 16;
-    ps_rma_held_sig_t *n = cap <= PS_RMA_MAX_REQS ? realloc(p->held, cap * sizeof *n) : NULL;
-    if (!n) {
-      ps_rma_fail(c, ncclSystemError, "rank %u has over %u signals waiting for their data",
-                  m->src_rank, p->cap_held);
-      return;
-    }
-    p->held = n, p->cap_held = cap;
-  }
-  p->held[p->nheld++].msg = *m;
+  if (coverable(c, &c->peers[m->src_rank], m)) ps_rma_held_take(c, &c->peers[m->src_rank], m);
 }
 
 static ncclResult_t post_sig_slot(ps_rma_comm_t *c, ps_rma_sig_slot_t *s);
