@@ -90,11 +90,13 @@ typedef struct {
   /* A write's remote CQ data, put here by the origin's NIC thread once the
    * bytes are in and read by the target's fi_cq_read, as a NIC writes the
    * completion entry into host memory: no thread of the target handles it
-   * on the way. Same ring protocol as the inbox. */
+   * on the way. Same ring protocol as the inbox. With it, the writing
+   * endpoint's name: its source, for fi_cq_readfrom. */
   _Atomic uint64_t rcq_head, rcq_tail;
   struct {
     _Atomic uint64_t seq;
     uint64_t data;
+    char src[PM_NAME_LEN];
   } rcq[PM_RCQ];
 } pm_ep_seg_t;
 
@@ -137,21 +139,25 @@ void pm_unlink(const char *name, void *seg, size_t size);
 int pm_inbox_put(pm_ep_seg_t *s, const pm_msg_t *m);
 int pm_inbox_get(pm_ep_seg_t *s, pm_msg_t *out);
 
-/* A write's remote CQ data into the target endpoint's notice ring;
- * -FI_EAGAIN when full. */
-int pm_rcq_put(pm_ep_seg_t *s, uint64_t data);
+/* A write's remote CQ data, from the endpoint named `src`, into the target
+ * endpoint's notice ring; -FI_EAGAIN when full. */
+int pm_rcq_put(pm_ep_seg_t *s, uint64_t data, const char *src);
+
+struct pm_av;
 
 /* Completion queue (pm_cq.c, with the inbox and the notice ring above). */
 typedef struct pm_cq pm_cq_t;
 int pm_cq_open(struct fid_domain *d, struct fi_cq_attr *attr, struct fid_cq **out, void *ctx);
 /* The notice ring of an endpoint bound to the CQ: fi_cq_read returns its
- * entries (attach when the endpoint is enabled, detach before it closes). */
-int pm_cq_attach(pm_cq_t *cq, pm_ep_seg_t *seg);
+ * entries (attach when the endpoint is enabled, detach before it closes),
+ * fi_cq_readfrom their writers as indexes of the endpoint's `av`. */
+int pm_cq_attach(pm_cq_t *cq, pm_ep_seg_t *seg, struct pm_av *av);
 void pm_cq_detach(pm_cq_t *cq, pm_ep_seg_t *seg);
 /* Entries from NIC thread `pm_nic_tid` go into that thread's own ring of
  * the CQ; other threads (-1) share one. */
 extern _Thread_local int pm_nic_tid;
-void pm_cq_push(pm_cq_t *cq, const struct fi_cq_tagged_entry *e);
+/* src: a received message's sender (FI_SOURCE), else FI_ADDR_NOTAVAIL. */
+void pm_cq_push(pm_cq_t *cq, const struct fi_cq_tagged_entry *e, fi_addr_t src);
 void pm_cq_push_err(pm_cq_t *cq, void *ctx, uint64_t flags, int err, size_t olen, const char *why);
 
 /* Domain (pm_prov.c): its registrations' segment. */
@@ -174,13 +180,16 @@ typedef struct {
 
 #define PM_AV_BLOCK 256
 #define PM_AV_BLOCKS 256 /* addresses an AV holds: PM_AV_BLOCK * PM_AV_BLOCKS */
-typedef struct {
+typedef struct pm_av {
   struct fid_av av;
   pthread_mutex_t lock; /* inserts and removals */
   pm_peer_t *block[PM_AV_BLOCKS];
   _Atomic size_t n;     /* entries published */
 } pm_av_t;
 const pm_peer_t *pm_av_get(pm_av_t *av, fi_addr_t a);
+/* The address of the endpoint named `name` (FI_SOURCE): FI_ADDR_NOTAVAIL
+ * when it is not in av. */
+fi_addr_t pm_av_find(pm_av_t *av, const char *name);
 
 int pm_ep_open(struct fid_domain *domain, struct fi_info *info, struct fid_ep **ep, void *context);
 void pm_nic_stop(void);

@@ -27,20 +27,28 @@ int pm_inbox_get(pm_ep_seg_t *s, pm_msg_t *out) {
   return 0;
 }
 
-int pm_rcq_put(pm_ep_seg_t *s, uint64_t data) {
+int pm_rcq_put(pm_ep_seg_t *s, uint64_t data, const char *src) {
   uint64_t pos;
   if (!pm_ring_claim(&s->rcq_head, s->rcq, sizeof s->rcq[0], PM_RCQ, &pos)) return -FI_EAGAIN;
   s->rcq[pos % PM_RCQ].data = data;
+  memcpy(s->rcq[pos % PM_RCQ].src, src, PM_NAME_LEN);
   atomic_store_explicit(&s->rcq[pos % PM_RCQ].seq, pos + 1, memory_order_release);
   return 0;
 }
 
-/* The oldest notice of the ring (single consumer: the CQ's lock). */
-static int rcq_get(pm_ep_seg_t *s, uint64_t *data) {
+/* The oldest notice of the ring (single consumer: the CQ's lock), and its
+ * writer as an address of av where src is not NULL. */
+static int rcq_get(pm_ep_seg_t *s, uint64_t *data, pm_av_t *av, fi_addr_t *src) {
   uint64_t pos = atomic_load_explicit(&s->rcq_tail, memory_order_relaxed);
   __typeof__(&s->rcq[0]) slot = pm_ring_ready(s->rcq, sizeof s->rcq[0], PM_RCQ, pos);
   if (!slot) return -FI_EAGAIN;
   *data = slot->data;
+  if (src) {
+    char name[PM_NAME_LEN];
+    memcpy(name, slot->src, PM_NAME_LEN);
+    name[PM_NAME_LEN - 1] = 0;
+    *src = pm_av_find(av, name);
+  }
   pm_ring_free(slot, PM_RCQ, pos);
   atomic_store_explicit(&s->rcq_tail, pos + 1, memory_order_relaxed);
   return 0;
@@ -61,9 +69,15 @@ typedef struct {
 } pm_cqe_err_t;
 
 /* With its ring slot's sequence word, one cache line, as a NIC's
- * completion entry: a reader takes a line per completion. */
+ * completion entry: a reader takes a line per completion. The entry's
+ * fields but buf, which only FI_MULTI_RECV receives fill (the model offers
+ * none), and in its place the sender. */
 typedef struct {
-  struct fi_cq_tagged_entry e;
+  void *op_context;
+  uint64_t flags;
+  size_t len;
+  uint64_t data, tag;
+  fi_addr_t src;     /* a received message's sender (FI_SOURCE), else FI_ADDR_NOTAVAIL */
   pm_cqe_err_t *err; /* NULL, or an error entry's details */
 } pm_cqe_t;
 _Static_assert(sizeof(uint64_t) + sizeof(pm_cqe_t) == 64, "a completion ring slot is one cache line");
@@ -103,20 +117,24 @@ struct pm_cq {
   _Atomic int spilled;
   char last_err[96];
   pm_ep_seg_t **rseg; /* notice rings of the endpoints bound to it */
+  pm_av_t **rav;      /* ... and those endpoints' address vectors */
   int nrseg, rseg_cap;
 };
 
-int pm_cq_attach(pm_cq_t *c, pm_ep_seg_t *seg) {
+int pm_cq_attach(pm_cq_t *c, pm_ep_seg_t *seg, pm_av_t *av) {
   pthread_mutex_lock(&c->lock);
   if (c->nrseg == c->rseg_cap) {
     int cap = c->rseg_cap ? 2 * c->rseg_cap : 4;
     pm_ep_seg_t **r = realloc(c->rseg, (size_t)cap * sizeof *r);
-    if (!r) {
+    if (r) c->rseg = r;
+    pm_av_t **a = r ? realloc(c->rav, (size_t)cap * sizeof *a) : NULL;
+    if (!a) {
       pthread_mutex_unlock(&c->lock);
       return -FI_ENOMEM;
     }
-    c->rseg = r, c->rseg_cap = cap;
+    c->rav = a, c->rseg_cap = cap;
   }
+  c->rav[c->nrseg] = av;
   c->rseg[c->nrseg++] = seg;
   pthread_mutex_unlock(&c->lock);
   return 0;
@@ -125,7 +143,10 @@ int pm_cq_attach(pm_cq_t *c, pm_ep_seg_t *seg) {
 void pm_cq_detach(pm_cq_t *c, pm_ep_seg_t *seg) {
   pthread_mutex_lock(&c->lock);
   for (int i = 0; i < c->nrseg; i++)
-    if (c->rseg[i] == seg) c->rseg[i] = c->rseg[--c->nrseg];
+    if (c->rseg[i] == seg) {
+      c->nrseg--;
+      c->rseg[i] = c->rseg[c->nrseg], c->rav[i] = c->rav[c->nrseg];
+    }
   pthread_mutex_unlock(&c->lock);
 }
 
@@ -162,8 +183,9 @@ static void cq_add(pm_cq_t *c, const pm_cqe_t *x) {
   pthread_mutex_unlock(&c->spill_lock);
 }
 
-void pm_cq_push(pm_cq_t *cq, const struct fi_cq_tagged_entry *e) {
-  pm_cqe_t x = {.e = *e};
+void pm_cq_push(pm_cq_t *cq, const struct fi_cq_tagged_entry *e, fi_addr_t src) {
+  pm_cqe_t x = {.op_context = e->op_context, .flags = e->flags, .len = e->len, .data = e->data,
+                .tag = e->tag, .src = src};
   cq_add(cq, &x);
 }
 
@@ -175,7 +197,7 @@ void pm_cq_push_err(pm_cq_t *cq, void *ctx, uint64_t flags, int err, size_t olen
   }
   *d = (pm_cqe_err_t){.err = err, .olen = olen};
   snprintf(d->why, sizeof d->why, "%s", why);
-  cq_add(cq, &(pm_cqe_t){.e = {.op_context = ctx, .flags = flags}, .err = d});
+  cq_add(cq, &(pm_cqe_t){.op_context = ctx, .flags = flags, .src = FI_ADDR_NOTAVAIL, .err = d});
 }
 
 /* The next entry to read (reader, c->lock held): a lane's, else the shared
@@ -216,25 +238,32 @@ static void cq_pop(pm_cq_t *c, int from) {
   free(s);
 }
 
-static ssize_t cq_read(struct fid_cq *fid, void *buf, size_t count) {
+/* src: where fi_cq_readfrom wants the entries' sources, or NULL. */
+static ssize_t cq_readfrom(struct fid_cq *fid, void *buf, size_t count, fi_addr_t *src) {
   pm_cq_t *c = (pm_cq_t *)fid;
   struct fi_cq_tagged_entry *out = buf;
   ssize_t n = 0;
   pthread_mutex_lock(&c->lock);
   uint64_t data;
   for (int i = 0; i < c->nrseg; i++)
-    while ((size_t)n < count && !rcq_get(c->rseg[i], &data))
+    while ((size_t)n < count && !rcq_get(c->rseg[i], &data, c->rav[i], src ? &src[n] : NULL))
       out[n++] = (struct fi_cq_tagged_entry){.flags = FI_REMOTE_WRITE | FI_RMA | FI_REMOTE_CQ_DATA,
                                              .data = data};
   const pm_cqe_t *x = NULL;
   int from = 0;
   while ((size_t)n < count && (x = cq_peek(c, &from)) && !x->err) {
-    out[n++] = x->e;
+    if (src) src[n] = x->src;
+    out[n++] = (struct fi_cq_tagged_entry){.op_context = x->op_context, .flags = x->flags,
+                                           .len = x->len, .data = x->data, .tag = x->tag};
     cq_pop(c, from);
   }
   int err = !n && x && x->err;
   pthread_mutex_unlock(&c->lock);
   return n ? n : err ? -FI_EAVAIL : -FI_EAGAIN;
+}
+
+static ssize_t cq_read(struct fid_cq *fid, void *buf, size_t count) {
+  return cq_readfrom(fid, buf, count, NULL);
 }
 
 static ssize_t cq_readerr(struct fid_cq *fid, struct fi_cq_err_entry *buf, uint64_t flags) {
@@ -248,7 +277,7 @@ static ssize_t cq_readerr(struct fid_cq *fid, struct fi_cq_err_entry *buf, uint6
     return -FI_EAGAIN;
   }
   pm_cqe_err_t *d = x->err;
-  *buf = (struct fi_cq_err_entry){.op_context = x->e.op_context, .flags = x->e.flags,
+  *buf = (struct fi_cq_err_entry){.op_context = x->op_context, .flags = x->flags,
                                   .err = d->err, .olen = d->olen, .prov_errno = d->err};
   snprintf(c->last_err, sizeof c->last_err, "%s", d->why);
   cq_pop(c, from);
@@ -279,14 +308,15 @@ static int cq_close(struct fid *fid) {
   }
   free(c->lane);
   free(c->ring);
-  free(c->rseg);
+  free(c->rseg), free(c->rav);
   free(c);
   return 0;
 }
 
 static struct fi_ops cq_fi_ops = {.size = sizeof(struct fi_ops), .close = cq_close};
 static struct fi_ops_cq cq_ops = {.size = sizeof(struct fi_ops_cq), .read = cq_read,
-                                  .readerr = cq_readerr, .strerror = cq_strerror};
+                                  .readfrom = cq_readfrom, .readerr = cq_readerr,
+                                  .strerror = cq_strerror};
 
 int pm_cq_open(struct fid_domain *d, struct fi_cq_attr *attr, struct fid_cq **out, void *ctx) {
   if (attr && attr->format != FI_CQ_FORMAT_TAGGED && attr->format != FI_CQ_FORMAT_UNSPEC)

@@ -165,7 +165,7 @@ static int ep_control(struct fid *fid, int command, void *arg) {
   memcpy(e->seg->dom, e->d->seg_name, PM_NAME_LEN);
   for (uint64_t i = 0; i < PM_INBOX; i++) atomic_store(&e->seg->ring[i].seq, i);
   for (uint64_t i = 0; i < PM_RCQ; i++) atomic_store(&e->seg->rcq[i].seq, i);
-  int rc = pm_cq_attach(e->cq, e->seg);
+  int rc = pm_cq_attach(e->cq, e->seg, e->av);
   if (rc) {
     pm_unlink(e->name, e->seg, sizeof *e->seg);
     e->seg = NULL;

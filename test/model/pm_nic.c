@@ -62,7 +62,7 @@ static void complete(pm_ep_t *e, pm_op_t *op, int err, const char *why) {
     op->why = NULL;
   } else {
     struct fi_cq_tagged_entry c = {.op_context = op->ctx, .flags = op->cflags, .len = op->len};
-    pm_cq_push(e->cq, &c);
+    pm_cq_push(e->cq, &c, FI_ADDR_NOTAVAIL);
   }
   pm_op_release(e, op);
 }
@@ -133,7 +133,7 @@ static int perform(pm_ep_t *e, pm_nic_share_t *s, pm_op_t *op, uint64_t now) {
       leave(s);
       return 0;
     }
-    if (op->remote_cq && pm_rcq_put(peer->seg, op->data))
+    if (op->remote_cq && pm_rcq_put(peer->seg, op->data, e->name))
       return -FI_EAGAIN; /* the data is there; its notice next time */
     op->done_ns = now + p->latency_ns + (op->type == OP_READ ? (uint64_t)(op->len * p->ns_per_byte) : 0);
     op->next = NULL;
@@ -229,7 +229,8 @@ static int match(pm_ep_t *e) {
       pm_cq_push(e->cq, &(struct fi_cq_tagged_entry){
                             .op_context = rv->ctx, .len = m->len, .buf = rv->buf, .tag = m->tag,
                             .flags = FI_RECV | FI_TAGGED | FI_MSG | (m->has_data ? FI_REMOTE_CQ_DATA : 0),
-                            .data = m->has_data ? m->data : 0});
+                            .data = m->has_data ? m->data : 0},
+                 pm_av_find(e->av, m->src));
     ack(e, m, 0);
     pm_held_t *done = *u;
     *u = done->next;

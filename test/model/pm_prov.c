@@ -182,6 +182,16 @@ const pm_peer_t *pm_av_get(pm_av_t *av, fi_addr_t a) {
   return atomic_load_explicit(&p->seg, memory_order_acquire) ? p : NULL;
 }
 
+fi_addr_t pm_av_find(pm_av_t *av, const char *name) {
+  size_t n = atomic_load_explicit(&av->n, memory_order_acquire);
+  for (size_t a = 0; a < n; a++) {
+    const pm_peer_t *p = &av->block[a / PM_AV_BLOCK][a % PM_AV_BLOCK];
+    if (atomic_load_explicit(&p->seg, memory_order_acquire) && !strncmp(p->name, name, PM_NAME_LEN))
+      return a;
+  }
+  return FI_ADDR_NOTAVAIL;
+}
+
 static int av_insert(struct fid_av *fid, const void *addr, size_t count, fi_addr_t *out,
                      uint64_t flags, void *ctx) {
   pm_av_t *av = (pm_av_t *)fid;
@@ -416,7 +426,7 @@ static int fabric_open(struct fi_fabric_attr *attr, struct fid_fabric **out, voi
 /* --- getinfo --- */
 static uint64_t offered_caps(void) {
   uint64_t c = FI_MSG | FI_TAGGED | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE |
-               FI_SEND | FI_RECV;
+               FI_SEND | FI_RECV | FI_SOURCE;
   if (pm_params()->atomics) c |= FI_ATOMIC | FI_FENCE;
   if (pm_params()->hmem) c |= FI_HMEM;
   return c;
