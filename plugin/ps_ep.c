@@ -20,6 +20,7 @@ ncclResult_t ps_ep_open(ps_device_t *dev, int eagain_retries, ps_ep_t *e) {
   memset(e, 0, sizeof *e);
   e->dev = dev;
   e->eagain_retries = eagain_retries;
+  e->src_msgs = dev->src_msgs, e->src_writes = dev->src_writes;
   struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_NONE};
   struct fi_av_attr ava = {.type = dev->info->domain_attr->av_type};
   if (ava.type == FI_AV_UNSPEC) ava.type = FI_AV_TABLE;
@@ -151,6 +152,7 @@ static void handle_error(ps_ep_t *e) {
 
 ncclResult_t ps_ep_progress(ps_ep_t *e, int budget, int *handled) {
   struct fi_cq_tagged_entry ent[16];
+  fi_addr_t src[16];
   int total = 0;
   if (handled) *handled = 0;
   if (!e->cq) {
@@ -158,7 +160,7 @@ ncclResult_t ps_ep_progress(ps_ep_t *e, int budget, int *handled) {
     return ncclInternalError;
   }
   while (total < budget) {
-    ssize_t n = fi_cq_read(e->cq, ent, 16);
+    ssize_t n = e->src_msgs ? fi_cq_readfrom(e->cq, ent, 16, src) : fi_cq_read(e->cq, ent, 16);
     if (n == -FI_EAGAIN) break;
     if (n == -FI_EAVAIL) {
       handle_error(e);
@@ -174,11 +176,15 @@ ncclResult_t ps_ep_progress(ps_ep_t *e, int budget, int *handled) {
        * message id there), so dispatch on the flags, before the context. */
       if (ent[i].flags & FI_REMOTE_WRITE) {
         if ((ent[i].flags & FI_REMOTE_CQ_DATA) && e->remote_write)
-          e->remote_write(e->remote_owner, ent[i].data);
+          e->remote_write(e->remote_owner, ent[i].data, e->src_writes,
+                          e->src_writes ? src[i] : FI_ADDR_NOTAVAIL);
         continue;
       }
       ps_op_t *op = ent[i].op_context;
-      if (op) op->cb(op, &ent[i], 0, NULL);
+      if (!op) continue;
+      op->src_named = e->src_msgs; /* what a send's completion says is not read */
+      op->src = e->src_msgs ? src[i] : FI_ADDR_NOTAVAIL;
+      op->cb(op, &ent[i], 0, NULL);
     }
     total += (int)n;
   }

@@ -23,6 +23,11 @@ struct ps_op {
   ps_op_cb cb;
   void *owner;
   int idx;
+  /* A receive's sender, set before cb where the endpoint names senders
+   * (src_named, ps_ep_t.src_msgs): its fi_addr_t in the endpoint's AV, or
+   * FI_ADDR_NOTAVAIL for an address not in it. */
+  int src_named;
+  fi_addr_t src;
 };
 
 typedef struct {
@@ -33,9 +38,13 @@ typedef struct {
   uint8_t addr[PS_CTRL_ADDR_MAX];
   size_t addrlen;
   int eagain_retries;
+  /* The provider names who sent a message (FI_SOURCE), and who wrote remote
+   * CQ data (its device's src_msgs, src_writes). */
+  int src_msgs, src_writes;
   /* Completions of peers' writes that carried remote CQ data (no operation
-   * of ours attached): handed to this callback, if set. */
-  void (*remote_write)(void *owner, uint64_t data);
+   * of ours attached): handed to this callback, if set, with the writer as
+   * a ps_op_t's src (named: 0 where the endpoint cannot say). */
+  void (*remote_write)(void *owner, uint64_t data, int named, fi_addr_t src);
   void *remote_owner;
   char fatal[512]; /* a CQ error with no operation attached; non-empty = endpoint unusable */
 } ps_ep_t;

@@ -60,6 +60,13 @@ static const char *rma_delivery_quirk(const char *prov) {
  * outgoing side. Two ranks writing to each other by the hundred filled both
  * tables and neither read again (perseus_rma_test, 3 ranks: 4 of 310 runs
  * stalled without a bound, 0 of 950 with 16 per peer). */
+/* Providers whose completions of remote writes name the writer under
+ * FI_SOURCE, as libfabric 1.17 was seen to: rxm reports address 0 for every
+ * write, and a provider that names the wrong one would fail a healthy comm. */
+static int names_writers(const char *prov) {
+  return !strcmp(prov, "sockets") || !strcmp(prov, "shm") || !strcmp(prov, "model");
+}
+
 static uint32_t rma_inflight_quirk(const char *prov) {
   return !strcmp(prov, "sockets") ? 16 : 0;
 }
@@ -144,6 +151,8 @@ static ncclResult_t open_device(ps_device_t *d, int index, const struct fi_info 
   d->cq_data_size = fi->domain_attr->cq_data_size;
   d->rma_inflight = rma_inflight_quirk(fi->fabric_attr->prov_name);
   d->hmem = (fi->caps & FI_HMEM) && (mm & FI_MR_HMEM);
+  d->src_msgs = d->rma && (fi->caps & FI_SOURCE);
+  d->src_writes = d->src_msgs && names_writers(fi->fabric_attr->prov_name);
   pthread_mutex_init(&d->lock, NULL);
   read_sysfs_facts(d, fi);
   const char *step = "fi_fabric";
@@ -180,13 +189,17 @@ static int link_local(const struct fi_info *fi) {
  * can register CUDA memory where the provider does (ps_net.c asks it). */
 static struct fi_info *hmem_list;
 
+/* The same provider, domain and source address. */
+static int same_place(const struct fi_info *a, const struct fi_info *b) {
+  return !strcmp(a->fabric_attr->prov_name, b->fabric_attr->prov_name) &&
+         !strcmp(a->domain_attr->name, b->domain_attr->name) && a->addr_format == b->addr_format &&
+         a->src_addrlen == b->src_addrlen &&
+         (!b->src_addrlen || !memcmp(a->src_addr, b->src_addr, b->src_addrlen));
+}
+
 static const struct fi_info *hmem_twin(const struct fi_info *fi) {
   for (const struct fi_info *h = hmem_list; h; h = h->next)
-    if (!strcmp(h->fabric_attr->prov_name, fi->fabric_attr->prov_name) &&
-        !strcmp(h->domain_attr->name, fi->domain_attr->name) && h->addr_format == fi->addr_format &&
-        h->src_addrlen == fi->src_addrlen &&
-        (!fi->src_addrlen || !memcmp(h->src_addr, fi->src_addr, fi->src_addrlen)))
-      return h;
+    if (same_place(h, fi)) return h;
   return fi;
 }
 
@@ -436,6 +449,27 @@ ncclResult_t ps_fabric_init(void) {
   return init_result;
 }
 
+/* fi (asked for with caps) asked for again with FI_SOURCE, so that the
+ * one-sided engine can check who sent what it takes: where the provider
+ * offers that on the same protocol, order, registration modes and CQ data.
+ * rxm's passthru to tcp (libfabric 1.17's default there) names no sender,
+ * and asking would trade it for rxm's own protocol: there, and on providers
+ * without FI_SOURCE, NULL. *twins: the list to free. */
+static struct fi_info *source_twin(const struct fi_info *fi, uint64_t caps, struct fi_info **twins) {
+  struct fi_info *hints = make_hints(provider, caps | FI_SOURCE);
+  *twins = NULL;
+  if (hints && fi_getinfo(ps_fabric_api_version(), NULL, NULL, 0, hints, twins)) *twins = NULL;
+  fi_freeinfo(hints);
+  for (struct fi_info *t = *twins; t; t = t->next)
+    if (same_place(t, fi) && (t->caps & FI_SOURCE) && t->ep_attr->protocol == fi->ep_attr->protocol &&
+        t->tx_attr->msg_order == fi->tx_attr->msg_order &&
+        t->rx_attr->msg_order == fi->rx_attr->msg_order &&
+        t->domain_attr->mr_mode == fi->domain_attr->mr_mode &&
+        t->domain_attr->cq_data_size == fi->domain_attr->cq_data_size)
+      return t;
+  return NULL;
+}
+
 /* The one-sided engine needs FI_RMA on its endpoints: a second fabric and
  * domain per device, opened on first use, same provider and domain name. */
 static ps_device_t rma_devices[PS_MAX_DEVICES];
@@ -453,8 +487,9 @@ ps_device_t *ps_fabric_rma_dev(int dev) {
     const uint64_t base = FI_TAGGED | FI_MSG | FI_RMA, hmem = FI_HMEM,
                    wants[] = {base | FI_ATOMIC | FI_FENCE | hmem, base | FI_ATOMIC | FI_FENCE,
                               base | hmem, base};
-    struct fi_info *list = NULL, *fi = NULL;
+    struct fi_info *list = NULL, *fi = NULL, *twins = NULL, *twin = NULL;
     int rc = 0;
+    uint64_t got = 0;
     for (int w = 0; w < 4 && !fi; w++) {
       if ((wants[w] & FI_HMEM) && config.staging == PS_STAGING_ALWAYS) continue;
       struct fi_info *hints = make_hints(provider, wants[w]);
@@ -464,12 +499,16 @@ ps_device_t *ps_fabric_rma_dev(int dev) {
       fi_freeinfo(hints);
       for (fi = list; fi && (strcmp(fi->domain_attr->name, devices[dev].domain_name) || link_local(fi));)
         fi = fi->next;
+      got = wants[w];
     }
     if (!fi)
       PS_WARN("provider %s offers no RMA endpoint on %s: %s", provider, devices[dev].domain_name,
               rc ? fi_strerror(-rc) : "domain not listed");
-    rma_opened[dev] = fi && open_device(&rma_devices[dev], dev, fi) == ncclSuccess ? 1 : -1;
+    else
+      twin = source_twin(fi, got, &twins);
+    rma_opened[dev] = fi && open_device(&rma_devices[dev], dev, twin ? twin : fi) == ncclSuccess ? 1 : -1;
     fi_freeinfo(list);
+    fi_freeinfo(twins);
   }
   pthread_mutex_unlock(&init_lock);
   return rma_opened[dev] > 0 ? &rma_devices[dev] : NULL;

@@ -51,6 +51,10 @@ typedef struct {
   size_t cq_data_size;    /* remote CQ data bytes a write can carry */
   uint32_t rma_inflight;  /* default bound on posted one-sided ops per peer, 0 = none */
   int hmem;               /* registers CUDA memory itself (FI_HMEM, FI_MR_HMEM) */
+  /* Who sent what an endpoint receives (FI_SOURCE, one-sided devices):
+   * src_msgs, the senders of messages; src_writes, also the writers of
+   * remote CQ data (only providers seen to name them right) */
+  int src_msgs, src_writes;
   int cuda_reg;           /* 1 a CUDA buffer registered, -1 not, 0 not asked yet */
   int dmabuf_reg;         /* the same for a CUDA buffer registered by its dma-buf */
 } ps_device_t;

@@ -212,10 +212,10 @@ ncclResult_t ps_rma_connect(void *handles[], int nranks, int rank, void *listen_
   char bound[24] = "no bound";
   if (c->max_posted) snprintf(bound, sizeof bound, "%llu", (unsigned long long)c->max_posted);
   PS_INFO(NCCL_INIT | NCCL_NET, "one-sided comm: rank %d of %d on %s, ordering %s, posted operations per peer: %s, "
-          "engine thread %s, GPU windows %s", rank, nranks, c->ep.dev->name,
+          "engine thread %s, GPU windows %s; %s", rank, nranks, c->ep.dev->name,
           ps_ordering_names[c->ordering], bound, c->threaded ? "on" : "off",
           c->gpu_direct ? "to the provider, which lists FI_HMEM (the first one checks it)"
-                        : "staged through host memory");
+                        : "staged through host memory", ps_rma_sender_note(c));
   *coll_comm = c;
   return ncclSuccess;
 }

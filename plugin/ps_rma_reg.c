@@ -9,27 +9,35 @@
 
 /* Blocking allgather of one fixed-size message: each rank sends `mine` to
  * every peer and receives theirs, progressing until done. */
+/* What a receive took: its bytes, and who sent them where the endpoint
+ * names senders (ps_op_t's src). */
+typedef struct {
+  size_t len;
+  int named;
+  fi_addr_t src;
+} ag_got_t;
+
 typedef struct {
   ps_op_t op;
   int done;
-  int seen; /* a part naming this slot's rank was taken */
-  size_t len;
+  ag_got_t got;
 } ag_slot_t;
 
 static void ag_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, const char *errstr) {
   ag_slot_t *s = op->owner;
   if (err) PS_WARN("registration exchange failed: %s", errstr);
   s->done = err ? -1 : 1;
-  s->len = e ? e->len : 0;
+  s->got = (ag_got_t){.len = e ? e->len : 0, .named = op->src_named, .src = op->src};
 }
 
 #define PS_REG_HELD_NS 50000000ull /* a pass longer than this was the provider's, not ours */
 
 /* `what` names the exchange in errors (e.g. "symmetric registration 3").
- * parts: nranks messages of `len` bytes, ours left as is; lens[p]: the bytes
- * rank p's part had (untrusted: the caller decodes each). */
+ * parts: nranks messages of `len` bytes, ours left as is; got[p]: the bytes
+ * the part received into slot p had, and its sender (untrusted: the caller
+ * decodes each, and checks the rank it claims against its sender). */
 static ncclResult_t allgather(ps_rma_comm_t *c, uint64_t tag, const void *mine, size_t len,
-                              char *parts, size_t *lens, const char *what) {
+                              char *parts, ag_got_t *got, const char *what) {
   int P = c->nranks;
   ag_slot_t *rx = calloc((size_t)P, sizeof *rx), *tx = calloc((size_t)P, sizeof *tx);
   ncclResult_t rc = (rx && tx) ? ncclSuccess : ncclSystemError;
@@ -92,7 +100,7 @@ static ncclResult_t allgather(ps_rma_comm_t *c, uint64_t tag, const void *mine, 
       rc = ncclRemoteError;
     }
   }
-  for (int p = 0; rc == ncclSuccess && p < P; p++) lens[p] = rx[p].len;
+  for (int p = 0; rc == ncclSuccess && p < P; p++) got[p] = rx[p].got;
   if (rc != ncclSuccess) {
     ps_rma_fail(c, rc, "%s failed", what);
     ps_ep_close(&c->ep); /* operations still posted into parts or from `mine` die with it */
@@ -101,9 +109,14 @@ static ncclResult_t allgather(ps_rma_comm_t *c, uint64_t tag, const void *mine, 
   return rc;
 }
 
-/* A decoded part names `rank`: another rank's, and the first part for it
- * (parts arrive from any peer). seen: one byte per rank. */
-static ncclResult_t take_part(const ps_rma_comm_t *c, char *seen, uint32_t rank, const char *what) {
+/* A decoded part names `rank`: sent by that rank where the endpoint can
+ * tell, another rank's, and the first part for it (parts arrive from any
+ * peer). seen: one byte per rank. */
+static ncclResult_t take_part(ps_rma_comm_t *c, char *seen, uint32_t rank, const ag_got_t *got,
+                              const char *what) {
+  char kind[80];
+  snprintf(kind, sizeof kind, "a part of %s", what);
+  if (!ps_rma_sender_ok(c, kind, rank, c->addr, got->named, got->src)) return ncclRemoteError;
   if (rank != (uint32_t)c->rank && !seen[rank]++) return ncclSuccess;
   PS_WARN("%s: duplicate part for rank %u", what, rank);
   return ncclRemoteError;
@@ -117,18 +130,18 @@ ncclResult_t ps_rma_allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
                        .addr = c->ep.dev->mr_virt_addr ? (uint64_t)(uintptr_t)r->base : 0};
   r->raddr[c->rank] = mine.addr, r->rsize[c->rank] = mine.size, r->rkey[c->rank] = mine.key;
   ps_reg_msg_t *parts = calloc((size_t)P, sizeof *parts);
-  size_t *lens = calloc((size_t)P, sizeof *lens);
+  ag_got_t *got = calloc((size_t)P, sizeof *got);
   char *seen = calloc((size_t)P, 1);
   char what[48];
   snprintf(what, sizeof what, "symmetric registration %u", r->id);
-  ncclResult_t rc = parts && lens && seen ? ncclSuccess : ncclSystemError;
+  ncclResult_t rc = parts && got && seen ? ncclSuccess : ncclSystemError;
   if (rc == ncclSuccess)
-    rc = allgather(c, PS_TAG_RMA_REG(r->id), &mine, sizeof mine, (char *)parts, lens, what);
+    rc = allgather(c, PS_TAG_RMA_REG(r->id), &mine, sizeof mine, (char *)parts, got, what);
   for (int p = 0; rc == ncclSuccess && p < P; p++) {
     if (p == c->rank) continue;
     ps_reg_msg_t m;
-    rc = ps_reg_decode(&parts[p], lens[p], (uint32_t)P, r->id, &m);
-    if (rc == ncclSuccess) rc = take_part(c, seen, m.rank, what);
+    rc = ps_reg_decode(&parts[p], got[p].len, (uint32_t)P, r->id, &m);
+    if (rc == ncclSuccess) rc = take_part(c, seen, m.rank, &got[p], what);
     if (rc == ncclSuccess && !(m.flags & PS_REG_STAGED) != !r->staged) {
       PS_WARN("symmetric registration %u: rank %u registered %s memory, this rank %s memory",
               r->id, m.rank, (m.flags & PS_REG_STAGED) ? "GPU" : "host", r->staged ? "GPU" : "host");
@@ -137,7 +150,7 @@ ncclResult_t ps_rma_allgather_region(ps_rma_comm_t *c, ps_rma_region_t *r) {
     if (rc == ncclSuccess) r->raddr[m.rank] = m.addr, r->rsize[m.rank] = m.size, r->rkey[m.rank] = m.key;
   }
   if (rc != ncclSuccess && !c->error) ps_rma_fail(c, rc, "%s failed", what);
-  free(parts), free(lens), free(seen);
+  free(parts), free(got), free(seen);
   return rc;
 }
 
@@ -146,20 +159,20 @@ ncclResult_t ps_rma_allgather_streams(ps_rma_comm_t *c, const ps_streams_msg_t *
   int P = c->nranks;
   const char *what = "staging streams exchange";
   ps_streams_msg_t *parts = calloc((size_t)P, sizeof *parts);
-  size_t *lens = calloc((size_t)P, sizeof *lens);
+  ag_got_t *got = calloc((size_t)P, sizeof *got);
   char *seen = calloc((size_t)P, 1);
-  ncclResult_t rc = parts && lens && seen ? ncclSuccess : ncclSystemError;
+  ncclResult_t rc = parts && got && seen ? ncclSuccess : ncclSystemError;
   if (rc == ncclSuccess)
-    rc = allgather(c, PS_TAG_RMA_STREAMS, mine, sizeof *mine, (char *)parts, lens, what);
+    rc = allgather(c, PS_TAG_RMA_STREAMS, mine, sizeof *mine, (char *)parts, got, what);
   all[c->rank] = *mine;
   for (int p = 0; rc == ncclSuccess && p < P; p++) {
     if (p == c->rank) continue;
     ps_streams_msg_t m;
-    rc = ps_streams_decode(&parts[p], lens[p], (uint32_t)P, &m);
-    if (rc == ncclSuccess) rc = take_part(c, seen, m.rank, what);
+    rc = ps_streams_decode(&parts[p], got[p].len, (uint32_t)P, &m);
+    if (rc == ncclSuccess) rc = take_part(c, seen, m.rank, &got[p], what);
     if (rc == ncclSuccess) all[m.rank] = m;
   }
   if (rc != ncclSuccess && !c->error) ps_rma_fail(c, rc, "%s failed", what);
-  free(parts), free(lens), free(seen);
+  free(parts), free(got), free(seen);
   return rc;
 }

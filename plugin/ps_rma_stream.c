@@ -54,6 +54,8 @@ typedef struct {
   uint64_t data;
   size_t len;
   int err;
+  int named;       /* a landed write: the provider named its writer, `writer` */
+  fi_addr_t writer;
   char errstr[96];
 } stream_event_t;
 
@@ -108,8 +110,8 @@ static void wire_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, 
   push_event(st, &ev);
 }
 
-static void landed(void *owner, uint64_t data) {
-  push_event(owner, &(stream_event_t){.data = data});
+static void landed(void *owner, uint64_t data, int named, fi_addr_t writer) {
+  push_event(owner, &(stream_event_t){.data = data, .named = named, .writer = writer});
 }
 
 /* Posts the queued writes in order until the provider refuses one. */
@@ -286,8 +288,9 @@ int ps_rma_streams_poll(ps_rma_comm_t *c) {
     uint64_t tail = st->ev_tail, head = __atomic_load_n(&st->ev_head, __ATOMIC_ACQUIRE);
     for (; tail != head && !c->error; tail++, n++) {
       stream_event_t *e = &st->ev[tail % PS_STREAM_RING];
-      if (!e->op) {
-        c->ep.remote_write(c->ep.remote_owner, e->data);
+      if (!e->op) { /* its writer checked here, against the stream's addresses */
+        if (ps_rma_writer_ok(c, e->data, st->addr, e->named, e->writer))
+          c->ep.remote_write(c->ep.remote_owner, e->data, 0, FI_ADDR_NOTAVAIL);
       } else {
         struct fi_cq_tagged_entry ent = {.op_context = e->op, .len = e->len};
         e->op->cb(e->op, &ent, e->err, e->err ? e->errstr : NULL);

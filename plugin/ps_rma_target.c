@@ -146,10 +146,13 @@ static void mark_arrived(ps_rma_comm_t *c, uint32_t src, uint64_t s) {
 
 /* Remote CQ data of a peer's write: a staged write (PS_STAGED_DATA, rank,
  * receive slot), or the source rank (high 32 bits) and the low 32 bits of
- * the write's sequence number, widened against our window. */
-static void remote_write(void *comm, uint64_t data) {
+ * the write's sequence number, widened against our window. Its writer is
+ * checked against that rank (a staging stream's arrival was, against the
+ * stream's addresses, before it got here). */
+static void remote_write(void *comm, uint64_t data, int named, fi_addr_t writer) {
   ps_rma_comm_t *c = comm;
   if (c->error) return; /* a failed comm takes no more input from peers (nor copies it) */
+  if (!ps_rma_writer_ok(c, data, c->addr, named, writer)) return;
   uint64_t src = (data & ~PS_STAGED_DATA) >> 32;
   if (src >= (uint64_t)c->nranks) {
     ps_rma_fail(c, ncclRemoteError, "a write arrived tagged with source rank %llu of %d",
@@ -190,6 +193,8 @@ static void on_signal(ps_rma_comm_t *c, const ps_rma_sig_slot_t *s, size_t len) 
     ps_rma_fail(c, ncclRemoteError, "malformed signal message dropped");
     return;
   }
+  const char *kind = m.op == PS_SIG_OP_CREDIT ? "a credit" : "a signal";
+  if (!ps_rma_sender_ok(c, kind, m.src_rank, c->addr, s->op.src_named, s->op.src)) return;
   if (m.op == PS_SIG_OP_CREDIT) {
     ps_stage_credit(c, m.src_rank, m.value);
     return;
@@ -269,6 +274,8 @@ static void nack_rx_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int er
     ps_rma_fail(c, ncclRemoteError, "malformed refusal message dropped");
     return;
   }
+  const char *kind = m.op == PS_SIG_OP_CLOSED ? "a window-closed notice" : "a refusal";
+  if (!ps_rma_sender_ok(c, kind, m.src_rank, c->addr, s->op.src_named, s->op.src)) return;
   if (m.op == PS_SIG_OP_CLOSED) {
     on_closed(c, s, &m);
     return;
