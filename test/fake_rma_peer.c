@@ -15,6 +15,7 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 
 #include "ps_rma_int.h"
@@ -32,9 +33,10 @@ struct fake_peer {
   struct fid_mr *mr;
   void *desc;
   fi_addr_t real;
-  uint32_t rank;
-  struct fi_context2 rx_ctx, tx_ctx;
-  int tx_busy;
+  uint32_t rank, claim; /* claim: the rank its echoed parts name */
+  uint64_t win_addr, win_key; /* the real rank's part of the last window echoed */
+  struct fi_context2 rx_ctx, tx_ctx, wr_ctx;
+  int tx_busy, wr_busy;
   size_t reply_len; /* an echo waiting for the send buffer, or 0 */
   uint64_t reply_tag;
   char rx[FAKE_BUF], tx[FAKE_BUF], reply[FAKE_BUF]; /* rx and tx registered */
@@ -135,7 +137,7 @@ static int open_ep(fake_peer_t *f, struct fi_info *fi) {
   if (!rc && (fi->domain_attr->mr_mode & FI_MR_LOCAL)) {
     /* rx and tx, adjacent: one registration */
     step = "fi_mr_reg";
-    rc = fi_mr_reg(f->domain, f->rx, 2 * FAKE_BUF, FI_SEND | FI_RECV, 0, 0,
+    rc = fi_mr_reg(f->domain, f->rx, 2 * FAKE_BUF, FI_SEND | FI_RECV | FI_WRITE, 0, 0,
                    (fi->domain_attr->mr_mode & FI_MR_ENDPOINT) ? FI_MR_ENDPOINT : 0, &f->mr, NULL);
     if (!rc && (fi->domain_attr->mr_mode & FI_MR_ENDPOINT)) {
       rc = fi_mr_bind(f->mr, &f->ep->fid, 0);
@@ -154,7 +156,7 @@ int fake_handle(fake_peer_t *f, uint32_t rank, const void *real, void *out) {
     fprintf(stderr, "fake peer: the real rank's handle is not a perseus handle\n");
     return -1;
   }
-  f->rank = rank;
+  f->rank = f->claim = rank;
   f->info = pick(f, &h);
   if (!f->info || open_ep(f, f->info)) return -1;
   size_t len = sizeof mine.addr;
@@ -190,13 +192,14 @@ static void take_part(fake_peer_t *f, size_t len) {
   if (len == sizeof(ps_reg_msg_t)) {
     ps_reg_msg_t m;
     memcpy(&m, f->rx, sizeof m);
-    m.rank = f->rank;
+    f->win_addr = m.addr, f->win_key = m.key;
+    m.rank = f->claim;
     memcpy(f->reply, &m, sizeof m);
     tag = PS_TAG_RMA_REG(m.region_id);
   } else if (len == sizeof(ps_streams_msg_t)) {
     ps_streams_msg_t m;
     memcpy(&m, f->rx, sizeof m);
-    m.rank = f->rank, m.nstreams = 0, m.addrlen = 0;
+    m.rank = f->claim, m.nstreams = 0, m.addrlen = 0;
     memset(m.addr, 0, sizeof m.addr);
     memcpy(f->reply, &m, sizeof m);
     tag = PS_TAG_RMA_STREAMS;
@@ -219,6 +222,8 @@ static int progress(fake_peer_t *f) {
   for (ssize_t i = 0; i < n; i++) {
     if (e[i].op_context == &f->tx_ctx) {
       f->tx_busy = 0;
+    } else if (e[i].op_context == &f->wr_ctx) {
+      f->wr_busy = 0;
     } else if (e[i].op_context == &f->rx_ctx) {
       take_part(f, e[i].len);
       if (post_rx(f)) return -1;
@@ -254,5 +259,31 @@ int fake_serve(fake_peer_t *f, const int *stop, double timeout_s) {
       return -1;
     }
   }
+  return 0;
+}
+
+void fake_claim(fake_peer_t *f, uint32_t rank) { f->claim = rank; }
+
+int fake_write(fake_peer_t *f, uint64_t data) {
+  double end = now_s() + 10;
+  int rc;
+  while (f->tx_busy || f->reply_len) /* the write's bytes come from the send buffer */
+    if (progress(f) || now_s() > end) return -1;
+  memset(f->tx, 0x5a, 8);
+  struct iovec iov = {f->tx, 8};
+  struct fi_rma_iov rma = {.addr = f->win_addr, .len = 8, .key = f->win_key};
+  struct fi_msg_rma m = {.msg_iov = &iov, .desc = &f->desc, .iov_count = 1, .addr = f->real,
+                         .rma_iov = &rma, .rma_iov_count = 1, .context = &f->wr_ctx, .data = data};
+  while ((rc = (int)fi_writemsg(f->ep, &m, FI_REMOTE_CQ_DATA)) == -FI_EAGAIN && now_s() < end)
+    if (progress(f)) return -1;
+  if (rc) {
+    fprintf(stderr, "fake peer: fi_writemsg: %s\n", fi_strerror(-rc));
+    return -1;
+  }
+  for (f->wr_busy = 1; f->wr_busy;)
+    if (progress(f) || now_s() > end) {
+      fprintf(stderr, "fake peer: a write did not complete\n");
+      return -1;
+    }
   return 0;
 }

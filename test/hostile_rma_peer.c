@@ -29,6 +29,15 @@
  *   test_after_fail (2 real ranks, fake-CUDA plugin) a registration
  *                   exchange fails and closes the endpoint: test() of an
  *                   outstanding request returns the error
+ * A peer posing as another rank, where the provider names who sent what
+ * (FI_SOURCE): the comm fails naming the rank claimed and the sender's.
+ *   forged_signal   the fake's signal claims to come from rank 0
+ *   forged_part     (3 ranks, ranks 1 and 2 fakes) each fake's part of a
+ *                   registration claims to be the other's: every rank's
+ *                   part arrives once, so only the senders tell
+ *   forged_write    a write of the fake's into rank 0's window whose remote
+ *                   CQ data claims to come from rank 0 (on a provider that
+ *                   names writers: sockets, the model fabric)
  * The comm's reasons are logged as WARNs, which the meson tests match.
  * Usage: perseus_hostile_rma_peer -s SCENARIO [-p PLUGIN]; exit 0 pass,
  * 1 fail, 2 usage. */
@@ -75,11 +84,11 @@ static ps_sig_msg_t sig_msg(uint64_t covers, uint64_t covers_staged) {
 
 /* --- rank 0, real, against the fake --- */
 
-/* Rank 0 listens, the fake builds its handle from rank 0's, then rank 0
- * connects to both. */
+/* Rank 0 listens, the fakes build their handles from rank 0's, then rank 0
+ * connects to all. */
 static int real_connect(drv_rank_t *r, const args_t *a, drv_gin_t *g, void **cc) {
   unsigned char(*h)[NCCL_NET_HANDLE_MAXSIZE] = r->user;
-  void *lc = NULL, *hp[2] = {h[0], h[1]};
+  void *lc = NULL, *hp[NRANKS_MAX] = {h[0], h[1], h[2]};
   CHECK(!drv_gin_load(a->plugin, "gin11", g), "loading the gin11 table");
   void *lib = drv_open_plugin(a->plugin, NULL);
   tbl = lib ? dlsym(lib, "ncclGinPlugin_v11") : NULL;
@@ -88,7 +97,7 @@ static int real_connect(drv_rank_t *r, const args_t *a, drv_gin_t *g, void **cc)
   const char *pt = getenv("FI_OFI_RXM_ENABLE_PASSTHRU");
   snprintf(passthru_of(r), PASSTHRU_MAX, "%s", pt ? pt : "");
   CHECK(!drv_barrier(r, 60) && !drv_barrier(r, 60), "barriers around the fake's handle");
-  ncclResult_t rc = tbl->connect(NULL, hp, 2, 0, lc, cc);
+  ncclResult_t rc = tbl->connect(NULL, hp, r->nranks, 0, lc, cc);
   CHECK(tbl->closeListen(lc) == ncclSuccess && rc == ncclSuccess, "connect: rc %d", rc);
   CHECK(!drv_barrier(r, 60), "barrier after connect");
   return 0;
@@ -133,8 +142,22 @@ static int real_side(drv_rank_t *r, const args_t *a) {
     CHECK(tbl->closeColl(cc) == ncclSuccess && drv_gin_close(&g, NULL) == ncclSuccess, "close");
     return 0;
   }
-  if (!strcmp(s, "staged_credit") || !strcmp(s, "nack_put"))
-    rc = real_register(r, &g, cc, buf, !strcmp(s, "nack_put") ? NCCL_PTR_HOST : NCCL_PTR_CUDA, &mh);
+  if (!strcmp(s, "forged_part")) {
+    ncclResult_t xrc = g.reg_sym(cc, buf, SZ, NCCL_PTR_HOST, 0, &mh);
+    __atomic_store_n(flag_of(r), 1, __ATOMIC_RELEASE);
+    CHECK(xrc != ncclSuccess, "a registration whose parts came from ranks posing as each other "
+          "succeeded");
+    bool err = false;
+    CHECK(g.last_error(cc, &err) == ncclSuccess && err, "forged parts: queryLastError reports no error");
+    printf("rank 0: the registration failed (rc %d)\n", xrc);
+    CHECK(!drv_barrier(r, 60), "barrier after the registration");
+    CHECK(tbl->closeColl(cc) == ncclSuccess && drv_gin_close(&g, NULL) == ncclSuccess, "close");
+    free(buf);
+    return 0;
+  }
+  int host = !strcmp(s, "nack_put") || !strncmp(s, "forged_", 7);
+  if (!strcmp(s, "staged_credit") || host)
+    rc = real_register(r, &g, cc, buf, host ? NCCL_PTR_HOST : NCCL_PTR_CUDA, &mh);
   CHECK(!rc && !drv_barrier(r, 60), "barrier after the fake's first message");
   if (!strcmp(s, "covers_window") || !strcmp(s, "staged_credit")) {
     /* the first signal could still be covered: held, no error */
@@ -156,8 +179,16 @@ static int fake_side(drv_rank_t *r, const args_t *a) {
   CHECK(!drv_barrier(r, 60), "fake peer: barrier after rank 0 listened");
   if (*passthru_of(r)) setenv("FI_OFI_RXM_ENABLE_PASSTHRU", passthru_of(r), 1);
   fake_peer_t *f = fake_open();
-  CHECK(f && !fake_handle(f, 1, h[0], h[1]), "fake peer: open");
+  CHECK(f && !fake_handle(f, (uint32_t)r->rank, h[0], h[r->rank]), "fake peer: open");
   CHECK(!drv_barrier(r, 60) && !drv_barrier(r, 60), "fake peer: barriers around connect");
+  if (!strcmp(s, "forged_part")) {
+    fake_claim(f, 3 - (uint32_t)r->rank);
+    /* rank 0's failed exchange closes its endpoint: an echo may fail */
+    (void)fake_serve(f, flag_of(r), 60);
+    CHECK(!drv_barrier(r, 60), "fake peer: barrier after the registration");
+    fake_close(f);
+    return 0;
+  }
   ps_sig_msg_t m = sig_msg(0, 0), second = m;
   uint64_t tag = PS_TAG_RMA_SIG;
   if (!strcmp(s, "covers_ordered")) {
@@ -172,15 +203,23 @@ static int fake_side(drv_rank_t *r, const args_t *a) {
   } else if (!strcmp(s, "staged_credit")) {
     m.covers_staged = 1; /* staged write 1: inside any credit */
     second.covers_staged = 1u << 20;
+  } else if (!strcmp(s, "forged_signal")) {
+    m.src_rank = 0; /* into rank 0's window 0 as rank 0 */
+  } else if (!strcmp(s, "forged_write")) {
+    /* remote CQ data as rank 0's plain write 1 (target strategy) */
   } else { /* nack_put: as a target refuses a staged put into a window it deregistered */
     m = (ps_sig_msg_t){.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
                        .op = NCCL_NET_SIGNAL_OP_ADD, .src_rank = 1, .region_id = 0,
                        .offset = 64, .value = SZ, .covers = PS_NACK_PUT_DEREGISTERED};
     tag = PS_TAG_RMA_NACK;
   }
-  if (!strcmp(s, "staged_credit") || !strcmp(s, "nack_put") || !strcmp(s, "sig_rx"))
+  int forged_write = !strcmp(s, "forged_write");
+  if (!strcmp(s, "staged_credit") || !strcmp(s, "nack_put") || !strcmp(s, "sig_rx") ||
+      !strncmp(s, "forged_", 7))
     CHECK(!fake_serve(f, flag_of(r), 60), "fake peer: rank 0's registration");
-  CHECK(!fake_send(f, tag, &m, sizeof m) && !drv_barrier(r, 60), "fake peer: first message");
+  CHECK(!(forged_write ? fake_write(f, 0ULL << 32 | 1) : fake_send(f, tag, &m, sizeof m)) &&
+            !drv_barrier(r, 60),
+        "fake peer: first message");
   if (!strcmp(s, "covers_window") || !strcmp(s, "staged_credit"))
     CHECK(!drv_barrier(r, 60) && !fake_send(f, tag, &second, sizeof second) && !drv_barrier(r, 60),
           "fake peer: second message");
@@ -387,14 +426,16 @@ static int rank_fn(drv_rank_t *r, void *arg) {
 int main(int argc, char **argv) {
   static const char *const scen[] = {"covers_ordered", "covers_window",   "staged_none",
                                      "staged_credit",  "nack_put",        "put_dereg_gpu",
-                                     "sig_rx",         "copy_after_fail", "test_after_fail"};
+                                     "sig_rx",         "copy_after_fail", "test_after_fail",
+                                     "forged_signal",  "forged_part",     "forged_write"};
   args_t a = {0};
   const char *abi = NULL;
   int c, known = 0, nr = 0;
   while ((c = getopt(argc, argv, "p:s:h")) != -1) {
     if (c != 'h' && drv_gin_opt(c, optarg, &abi, &a.plugin, &a.scenario, &nr)) continue;
     fprintf(stderr, "usage: %s -s covers_ordered|covers_window|staged_none|staged_credit|"
-            "nack_put|put_dereg_gpu [-p PLUGIN]\n", argv[0]);
+            "nack_put|put_dereg_gpu|sig_rx|copy_after_fail|test_after_fail|forged_signal|"
+            "forged_part|forged_write [-p PLUGIN]\n", argv[0]);
     return c == 'h' ? 0 : 2;
   }
   if (optind < argc) {
@@ -412,7 +453,8 @@ int main(int argc, char **argv) {
   /* the put must be issued before any pass of rank 0's reads rank 1's
    * notice: passes only inside rank 0's own calls */
   if (gpu) setenv("PERSEUS_PROGRESS_THREAD", "0", 1);
-  drv_opts_t o = {.nranks = !strcmp(a.scenario, "put_dereg_gpu") ? 3 : 2, .timeout_s = 120, .no_load = 1,
+  int three = !strcmp(a.scenario, "put_dereg_gpu") || !strcmp(a.scenario, "forged_part");
+  drv_opts_t o = {.nranks = three ? 3 : 2, .timeout_s = 120, .no_load = 1,
                   .no_mesh = 1,
                   .shared_bytes = drv_gin_shared_bytes(NRANKS_MAX) + sizeof(int) + PASSTHRU_MAX};
   setvbuf(stdout, NULL, _IOLBF, 0);
