@@ -22,6 +22,9 @@ void ps_rma_release_held(ps_rma_comm_t *c) {
   if (rc != ncclSuccess) ps_rma_fail(c, rc, "%s: the provider refused it", what);
 }
 
+/* A write on a fence lane comes from the lane's own address, which the
+ * target's check of a writer (ps_rma_ident.c) would refuse: none carries
+ * remote CQ data (target opens no lanes, fence refuses staging). */
 static ncclResult_t post_write(ps_rma_comm_t *c, uint32_t peer, const struct fi_msg_rma *m,
                                uint64_t flags, int *posted) {
   if (c->model && ps_model_nic->write) return ps_model_nic->write(c->model, m, flags, posted);
