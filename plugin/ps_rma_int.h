@@ -185,6 +185,7 @@ typedef struct ps_rma_req_chunk {
 } ps_rma_req_chunk_t;
 
 #include "ps_rma_stage_types.h"
+#include "ps_rma_ident.h"
 
 /* PERSEUS_STATS, per peer: where its operations' time went (from the
  * stamps: the engine's steps once it let go of each, NCCL's when test()
@@ -673,20 +674,6 @@ void ps_rma_staged_check(ps_rma_comm_t *c, ps_rma_req_t *r);
 void ps_rma_put_done(ps_rma_req_t *r, uint64_t seq, int err, const char *errstr);
 /* r's signal completed (a message, an atomic or a staged write). */
 void ps_rma_sig_done(ps_rma_req_t *r, int err, const char *errstr);
-
-/* --- floor 8, ps_rma_ident.c: a peer's claimed rank against its sender --- */
-/* Whether what a peer sent (`kind`, for the log: "a signal") claiming rank
- * `claimed` (< nranks) came from that rank: its address in `addr` (the
- * receiving endpoint's, per rank) is `src`, where the endpoint names senders
- * (named). 1 when it did, or nobody can say; else 0, the comm failed naming
- * both ranks. */
-int ps_rma_sender_ok(ps_rma_comm_t *c, const char *kind, uint32_t claimed, const fi_addr_t *addr,
-                     int named, fi_addr_t src);
-/* The same for a write's remote CQ data (the rank it claims is in it). */
-int ps_rma_writer_ok(ps_rma_comm_t *c, uint64_t data, const fi_addr_t *addr, int named,
-                     fi_addr_t src);
-/* For the comm's log line: what is verified, or "sender not verified". */
-const char *ps_rma_sender_note(const ps_rma_comm_t *c);
 
 /* --- floor 8, ps_rma_peer.c: PERSEUS_STATS. With stats off (c->opstats and
  * every p->ops NULL) each step costs a test and a branch: the work is out of
