@@ -60,12 +60,16 @@ static const char *rma_delivery_quirk(const char *prov) {
  * outgoing side. Two ranks writing to each other by the hundred filled both
  * tables and neither read again (perseus_rma_test, 3 ranks: 4 of 310 runs
  * stalled without a bound, 0 of 950 with 16 per peer). */
-/* Providers whose completions of remote writes name the writer under
- * FI_SOURCE, as libfabric 1.17 was seen to: rxm reports address 0 for every
- * write, and a provider that names the wrong one would fail a healthy comm. */
-static int names_writers(const char *prov) {
-  return !strcmp(prov, "sockets") || !strcmp(prov, "shm") || !strcmp(prov, "model");
+/* Providers whose completions name the sender under FI_SOURCE, as
+ * libfabric 1.17 was seen to: a provider that names the wrong one fails a
+ * healthy comm. sockets lists FI_SOURCE but named another rank as a
+ * signal's sender in a healthy 3-rank run (rma-invariant-target-sockets);
+ * rxm (its own protocol) names senders of messages, but address 0 for every
+ * write. */
+static int names_senders(const char *prov) {
+  return !strcmp(prov, "shm") || !strcmp(prov, "model") || !strcmp(prov, "tcp;ofi_rxm");
 }
+static int names_writers(const char *prov) { return !strcmp(prov, "shm") || !strcmp(prov, "model"); }
 
 static uint32_t rma_inflight_quirk(const char *prov) {
   return !strcmp(prov, "sockets") ? 16 : 0;
@@ -151,7 +155,7 @@ static ncclResult_t open_device(ps_device_t *d, int index, const struct fi_info 
   d->cq_data_size = fi->domain_attr->cq_data_size;
   d->rma_inflight = rma_inflight_quirk(fi->fabric_attr->prov_name);
   d->hmem = (fi->caps & FI_HMEM) && (mm & FI_MR_HMEM);
-  d->src_msgs = d->rma && (fi->caps & FI_SOURCE);
+  d->src_msgs = d->rma && (fi->caps & FI_SOURCE) && names_senders(fi->fabric_attr->prov_name);
   d->src_writes = d->src_msgs && names_writers(fi->fabric_attr->prov_name);
   pthread_mutex_init(&d->lock, NULL);
   read_sysfs_facts(d, fi);

@@ -37,7 +37,7 @@
  *                   part arrives once, so only the senders tell
  *   forged_write    a write of the fake's into rank 0's window whose remote
  *                   CQ data claims to come from rank 0 (on a provider that
- *                   names writers: sockets, the model fabric)
+ *                   names writers: shm, the model fabric)
  * The comm's reasons are logged as WARNs, which the meson tests match.
  * Usage: perseus_hostile_rma_peer -s SCENARIO [-p PLUGIN]; exit 0 pass,
  * 1 fail, 2 usage. */
