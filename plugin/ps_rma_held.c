@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ps_log.h"
 #include "ps_rma_int.h"
 
 /* The number a heap's signals wait for: the held_in and held_done heaps
@@ -54,12 +53,15 @@ static int pop_below(ps_rma_held_heap_t *h, uint64_t reached, ps_sig_msg_t *out)
 
 /* A peer cannot have more signals waiting than its writes in flight; the
  * cap only bounds what a broken peer can make us allocate. */
+static int under_cap(ps_rma_comm_t *c, const ps_rma_peer_t *p, const ps_sig_msg_t *m) {
+  if (p->nheld < PS_RMA_MAX_REQS) return 1;
+  ps_rma_fail(c, ncclSystemError, "rank %u has over %u signals waiting for their data", m->src_rank,
+              PS_RMA_MAX_REQS);
+  return 0;
+}
+
 static int push(ps_rma_comm_t *c, ps_rma_peer_t *p, ps_rma_held_heap_t *h, const ps_sig_msg_t *m) {
-  if (p->nheld >= PS_RMA_MAX_REQS) {
-    ps_rma_fail(c, ncclSystemError, "rank %u has over %u signals waiting for their data", m->src_rank,
-                PS_RMA_MAX_REQS);
-    return 0;
-  }
+  if (!under_cap(c, p, m)) return 0;
   if (h->n == h->cap) {
     uint32_t cap = h->cap ? 2 * h->cap : 16;
     ps_sig_msg_t *v = realloc(h->v, cap * sizeof *v);
@@ -88,11 +90,7 @@ static int into_staged_window(const ps_rma_comm_t *c, const ps_sig_msg_t *m) {
 static void apply_or_queue(ps_rma_comm_t *c, ps_rma_peer_t *p, const ps_sig_msg_t *m) {
   if (!ps_rma_apply_signal(c, m)) return;
   ps_rma_held_fifo_t *q = &p->held_ready;
-  if (p->nheld >= PS_RMA_MAX_REQS) {
-    ps_rma_fail(c, ncclSystemError, "rank %u has over %u signals waiting for their data", m->src_rank,
-                PS_RMA_MAX_REQS);
-    return;
-  }
+  if (!under_cap(c, p, m)) return;
   if (q->head && q->n == q->cap) { /* room at the front: close the gap */
     memmove(q->v, q->v + q->head, (q->n - q->head) * sizeof *q->v);
     q->n -= q->head, q->head = 0;

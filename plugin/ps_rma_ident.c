@@ -42,5 +42,5 @@ const char *ps_rma_sender_note(const ps_rma_comm_t *c) {
   if (!strcmp(c->ep.dev->info->fabric_attr->prov_name, "tcp;ofi_rxm"))
     return "sender not verified (rxm's passthru to tcp names no senders; with "
            "PERSEUS_TCP_PASSTHRU=0 rxm's own protocol names those of messages)";
-  return "sender not verified (the provider names no senders)";
+  return "sender not verified (the provider names no senders, or none that was seen to be right)";
 }

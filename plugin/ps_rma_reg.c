@@ -7,8 +7,6 @@
 #include "ps_log.h"
 #include "ps_rma_int.h"
 
-/* Blocking allgather of one fixed-size message: each rank sends `mine` to
- * every peer and receives theirs, progressing until done. */
 /* What a receive took: its bytes, and who sent them where the endpoint
  * names senders (ps_op_t's src). */
 typedef struct {
@@ -32,6 +30,8 @@ static void ag_done(ps_op_t *op, const struct fi_cq_tagged_entry *e, int err, co
 
 #define PS_REG_HELD_NS 50000000ull /* a pass longer than this was the provider's, not ours */
 
+/* Blocking allgather of one fixed-size message: each rank sends `mine` to
+ * every peer and receives theirs, progressing until done. */
 /* `what` names the exchange in errors (e.g. "symmetric registration 3").
  * parts: nranks messages of `len` bytes, ours left as is; got[p]: the bytes
  * the part received into slot p had, and its sender (untrusted: the caller
