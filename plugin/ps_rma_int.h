@@ -648,6 +648,26 @@ ncclResult_t ps_rma_post_credit(ps_rma_comm_t *c, uint32_t peer, void *buf, size
  * comm naming the peer. */
 void ps_rma_probe_waited_peers(ps_rma_comm_t *c, uint64_t now);
 
+/* Counters and flags that NCCL's calls and the engine both change. Without
+ * an engine thread every access is under c->lock and a plain
+ * read-modify-write does: a locked one would first wait for every store
+ * before it to leave the core, among them the descriptor just posted into a
+ * line the NIC (or a model NIC's thread) last read. */
+#define PS_RMA_SHARED_ADD(c, lv, d)                                                    \
+  do {                                                                               \
+    if ((c)->threaded)                                                               \
+      __atomic_add_fetch(&(lv), (d), __ATOMIC_RELAXED);                              \
+    else                                                                             \
+      __atomic_store_n(&(lv), __atomic_load_n(&(lv), __ATOMIC_RELAXED) + (d), __ATOMIC_RELAXED); \
+  } while (0)
+/* Sets bit in r->life; returns the bits set before. */
+static inline int ps_rma_life_mark(const ps_rma_comm_t *c, ps_rma_req_t *r, int bit) {
+  if (c->threaded) return __atomic_fetch_or(&r->life, bit, __ATOMIC_ACQ_REL);
+  int was = r->life;
+  r->life = was | bit;
+  return was;
+}
+
 /* --- floor 8, ps_rma_peer.c: the lowest --- */
 void ps_rma_fail(ps_rma_comm_t *c, ncclResult_t rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -659,7 +679,7 @@ void ps_rma_unuse_windows(ps_rma_comm_t *c, ps_rma_req_t *r);
 /* r names window g (NCCL's call): g counts it as busy until the engine lets
  * go of r, or the call is refused (ps_rma_unuse_refused). */
 static inline void ps_rma_use_window(ps_rma_req_t *r, ps_rma_region_t *g) {
-  __atomic_add_fetch(&g->busy_named, 1, __ATOMIC_RELAXED);
+  PS_RMA_SHARED_ADD(r->comm, g->busy_named, 1);
   r->uses[r->nuses++] = g->id;
 }
 void ps_rma_unuse_refused(ps_rma_comm_t *c, ps_rma_req_t *r);

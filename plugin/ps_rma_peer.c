@@ -63,8 +63,8 @@ static void unuse(ps_rma_comm_t *c, ps_rma_req_t *r, int refused) {
   for (int i = 0; i < r->nuses; i++) {
     ps_rma_region_t *g = r->uses[i] < c->nregions ? c->regions[r->uses[i]] : NULL;
     if (!g) continue; /* gone with a failed comm */
-    if (refused) __atomic_sub_fetch(&g->busy_named, 1, __ATOMIC_RELAXED);
-    else __atomic_add_fetch(&g->busy_freed, 1, __ATOMIC_RELAXED);
+    if (refused) PS_RMA_SHARED_ADD(c, g->busy_named, -1);
+    else PS_RMA_SHARED_ADD(c, g->busy_freed, 1);
   }
   r->nuses = 0;
 }
@@ -76,6 +76,10 @@ void ps_rma_unuse_refused(ps_rma_comm_t *c, ps_rma_req_t *r) { unuse(c, r, 1); }
  * takes the lock or the lines of NCCL's free list. */
 void ps_rma_req_return(ps_rma_comm_t *c, ps_rma_req_t *r) {
   r->next = __atomic_load_n(&c->returned, __ATOMIC_RELAXED);
+  if (!c->threaded) { /* NCCL's thread takes it under c->lock too */
+    __atomic_store_n(&c->returned, r, __ATOMIC_RELAXED);
+    return;
+  }
   while (!__atomic_compare_exchange_n(&c->returned, &r->next, r, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
   }
 }
@@ -108,7 +112,7 @@ static void settle(ps_rma_comm_t *c, ps_rma_req_t *r) {
   if (c->peers[r->peer].ops) ps_rma_note_settled(c, r);
   ps_rma_local_done(c, r);
   /* last: once both bits are set r may be reused at once */
-  if (__atomic_fetch_or(&r->life, PS_REQ_SETTLED, __ATOMIC_ACQ_REL) & PS_REQ_REPORTED)
+  if (ps_rma_life_mark(c, r, PS_REQ_SETTLED) & PS_REQ_REPORTED)
     ps_rma_req_return(c, r);
 }
 

@@ -98,8 +98,14 @@ static void recycle(ps_rma_comm_t *c, ps_rma_req_t *r) {
 
 ncclResult_t ps_rma_req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out) {
   ps_rma_lock_if_threaded(c, &c->reqs_lock);
-  if (!c->free_reqs && __atomic_load_n(&c->returned, __ATOMIC_RELAXED))
-    c->free_reqs = __atomic_exchange_n(&c->returned, NULL, __ATOMIC_ACQUIRE);
+  if (!c->free_reqs && __atomic_load_n(&c->returned, __ATOMIC_RELAXED)) {
+    if (c->threaded) { /* the engine pushes onto it without c->lock */
+      c->free_reqs = __atomic_exchange_n(&c->returned, NULL, __ATOMIC_ACQUIRE);
+    } else {
+      c->free_reqs = c->returned;
+      c->returned = NULL;
+    }
+  }
   ncclResult_t rc = c->free_reqs ? ncclSuccess : grow_reqs(c);
   ps_rma_req_t *r = c->free_reqs;
   if (rc == ncclSuccess) c->free_reqs = r->next;
@@ -113,14 +119,14 @@ ncclResult_t ps_rma_req_get(ps_rma_comm_t *c, uint32_t peer, ps_rma_req_t **out)
   r->comm = c;
   r->peer = peer;
   r->handle = ps_htab_bind(&ps_rma_req_tab, slot, r);
-  __atomic_add_fetch(&c->live_reqs, 1, __ATOMIC_RELAXED);
+  PS_RMA_SHARED_ADD(c, c->live_reqs, 1);
   *out = r;
   return ncclSuccess;
 }
 
 void ps_rma_req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
   ps_htab_unbind(&ps_rma_req_tab, r->slot);
-  __atomic_sub_fetch(&c->live_reqs, 1, __ATOMIC_RELAXED);
+  PS_RMA_SHARED_ADD(c, c->live_reqs, -1);
   ps_rma_lock_if_threaded(c, &c->reqs_lock);
   recycle(c, r);
   ps_rma_unlock_if_threaded(c, &c->reqs_lock);
@@ -128,9 +134,9 @@ void ps_rma_req_put(ps_rma_comm_t *c, ps_rma_req_t *r) {
 
 void ps_rma_req_reported(ps_rma_comm_t *c, ps_rma_req_t *r) {
   ps_htab_unbind(&ps_rma_req_tab, r->slot);
-  __atomic_sub_fetch(&c->live_reqs, 1, __ATOMIC_RELAXED);
+  PS_RMA_SHARED_ADD(c, c->live_reqs, -1);
   /* last: once both bits are set r may be reused at once */
-  if (__atomic_fetch_or(&r->life, PS_REQ_REPORTED, __ATOMIC_ACQ_REL) & PS_REQ_SETTLED) {
+  if (ps_rma_life_mark(c, r, PS_REQ_REPORTED) & PS_REQ_SETTLED) {
     ps_rma_lock_if_threaded(c, &c->reqs_lock);
     recycle(c, r);
     ps_rma_unlock_if_threaded(c, &c->reqs_lock);
