@@ -180,11 +180,18 @@ typedef struct {
 
 #define PM_AV_BLOCK 256
 #define PM_AV_BLOCKS 256 /* addresses an AV holds: PM_AV_BLOCK * PM_AV_BLOCKS */
+#define PM_AV_INDEX 1024 /* slots of the name index (a power of 2) */
+#define PM_AV_PROBES 16
 typedef struct pm_av {
   struct fid_av av;
   pthread_mutex_t lock; /* inserts and removals */
   pm_peer_t *block[PM_AV_BLOCKS];
   _Atomic size_t n;     /* entries published */
+  /* name -> address, for FI_SOURCE on every arrival: open addressing, each
+   * slot the name's hash (high half) and address + 1 (low half), 0 empty.
+   * Slots are never emptied (a removed entry's is skipped), so readers need
+   * no lock; a name whose probes find no room is found by a scan. */
+  _Atomic uint64_t index[PM_AV_INDEX];
 } pm_av_t;
 const pm_peer_t *pm_av_get(pm_av_t *av, fi_addr_t a);
 /* The address of the endpoint named `name` (FI_SOURCE): FI_ADDR_NOTAVAIL

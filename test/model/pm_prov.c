@@ -182,12 +182,40 @@ const pm_peer_t *pm_av_get(pm_av_t *av, fi_addr_t a) {
   return atomic_load_explicit(&p->seg, memory_order_acquire) ? p : NULL;
 }
 
+static uint32_t name_hash(const char *name) {
+  uint32_t h = 2166136261u; /* FNV-1a */
+  for (size_t i = 0; i < PM_NAME_LEN && name[i]; i++) h = (h ^ (uint8_t)name[i]) * 16777619u;
+  return h;
+}
+
+static int names_peer(const pm_peer_t *p, const char *name) {
+  return atomic_load_explicit(&p->seg, memory_order_acquire) && !strncmp(p->name, name, PM_NAME_LEN);
+}
+
+/* Under av->lock: a is name's address from now on. */
+static void index_add(pm_av_t *av, const char *name, size_t a) {
+  uint32_t h = name_hash(name);
+  for (uint32_t i = 0; i < PM_AV_PROBES; i++) {
+    _Atomic uint64_t *slot = &av->index[(h + i) % PM_AV_INDEX];
+    if (!atomic_load_explicit(slot, memory_order_relaxed)) {
+      atomic_store_explicit(slot, (uint64_t)h << 32 | (a + 1), memory_order_release);
+      return;
+    }
+  }
+}
+
 fi_addr_t pm_av_find(pm_av_t *av, const char *name) {
+  uint32_t h = name_hash(name);
+  for (uint32_t i = 0; i < PM_AV_PROBES; i++) {
+    uint64_t v = atomic_load_explicit(&av->index[(h + i) % PM_AV_INDEX], memory_order_acquire);
+    if (!v) break;
+    size_t a = (uint32_t)v - 1;
+    if ((uint32_t)(v >> 32) == h && names_peer(&av->block[a / PM_AV_BLOCK][a % PM_AV_BLOCK], name))
+      return a;
+  }
   size_t n = atomic_load_explicit(&av->n, memory_order_acquire);
   for (size_t a = 0; a < n; a++) {
-    const pm_peer_t *p = &av->block[a / PM_AV_BLOCK][a % PM_AV_BLOCK];
-    if (atomic_load_explicit(&p->seg, memory_order_acquire) && !strncmp(p->name, name, PM_NAME_LEN))
-      return a;
+    if (names_peer(&av->block[a / PM_AV_BLOCK][a % PM_AV_BLOCK], name)) return a;
   }
   return FI_ADDR_NOTAVAIL;
 }
@@ -218,6 +246,7 @@ static int av_insert(struct fid_av *fid, const void *addr, size_t count, fi_addr
     atomic_store_explicit(&p->seg, seg, memory_order_relaxed);
     if (out) out[i] = n;
     atomic_store_explicit(&av->n, n + 1, memory_order_release);
+    index_add(av, p->name, n);
     pthread_mutex_unlock(&av->lock);
     ok++;
   }
