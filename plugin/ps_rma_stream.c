@@ -214,7 +214,7 @@ static void open_ours(ps_rma_comm_t *c, int want, ps_streams_msg_t *mine) {
 ncclResult_t ps_rma_streams_open(ps_rma_comm_t *c) {
   int want = ps_stripe_wanted(c->ep.dev);
   ps_streams_msg_t mine = {.magic = PS_WIRE_MAGIC, .version = PS_WIRE_VERSION,
-                           .rank = (uint32_t)c->rank};
+                           .rank = (uint32_t)c->rank, .chunk = (uint32_t)c->stage_chunk};
   ps_streams_msg_t *all = calloc((size_t)c->nranks, sizeof *all);
   if (!all) {
     ps_rma_fail(c, ncclSystemError, "staging streams: out of memory");
@@ -223,6 +223,14 @@ ncclResult_t ps_rma_streams_open(ps_rma_comm_t *c) {
   if (want > 0) open_ours(c, want, &mine);
   /* every rank takes part, with none to offer too: the fewest offered wins */
   ncclResult_t rc = ps_rma_allgather_streams(c, &mine, all);
+  for (int p = 0; p < c->nranks && rc == ncclSuccess; p++) {
+    if (all[p].chunk == mine.chunk) continue;
+    /* equal receive totals can hide it: the slots would be cut differently */
+    rc = ncclInvalidUsage;
+    ps_rma_fail(c, rc, "rank %d stages in chunks of %u B, this rank in chunks of %u B: "
+                "PERSEUS_STAGING_BYTES and PERSEUS_STAGING_CHUNK must match on every rank",
+                p, all[p].chunk, mine.chunk);
+  }
   int n = rc == ncclSuccess ? mine.nstreams : 0;
   for (int p = 0; p < c->nranks && n; p++) {
     if (all[p].nstreams < n) n = all[p].nstreams;

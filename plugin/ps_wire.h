@@ -10,7 +10,7 @@
 #include "ps_nccl_abi.h"
 
 #define PS_WIRE_MAGIC 0x50535553u /* "PSUS" */
-#define PS_WIRE_VERSION 8
+#define PS_WIRE_VERSION 9
 #define PS_HANDLE_ADDR_MAX 96
 #define PS_CTRL_ADDR_MAX 224
 #define PS_MAX_STREAMS 8       /* endpoints of one comm (PERSEUS_NSTREAMS) */
@@ -147,7 +147,8 @@ typedef struct {
   uint16_t version;
   uint8_t nstreams, addrlen;
   uint32_t rank;
-  uint32_t pad;
+  uint32_t chunk; /* its staging chunk in bytes, as sized: every rank's must match, since a
+                   * receive slot holds one full chunk's record */
   uint8_t addr[PS_MAX_STREAMS - 1][PS_STREAM_ADDR_MAX];
 } ps_streams_msg_t;
 
