@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <perseus/device/batch.cuh> /* perseus_agree_slot */
 #include <perseus/device/wait.cuh>
 
 #include "ps_moe_ref.h" /* ps_agree_pack, ps_agree_verdict */
@@ -23,17 +24,26 @@
  * in the operator's first collective. 0, or -1 with the failed call in err,
  * after `what` (what the reduction is for). */
 static inline int ps_reduce_max(ncclComm_t comm, int64_t *v, int count, const char *what, char *err, size_t len) {
+  static_assert(sizeof(long long) == sizeof *v, "agreement words are int64");
+  if (count < 1 || count > PERSEUS_AGREE_WORDS) {
+    snprintf(err, len, "%s: %d values to reduce (1 to %d)", what, count, PERSEUS_AGREE_WORDS);
+    return -1;
+  }
   const size_t bytes = (size_t)count * sizeof *v;
-  void *d = NULL;
+  long long *d = NULL;
   cudaStream_t s = NULL;
   ncclResult_t rc = ncclSuccess;
-  cudaError_t ce = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  if (ce == cudaSuccess) ce = cudaMalloc(&d, bytes);
+  /* Nothing here allocates device memory (perseus_agree_slot): a rank that
+   * ran out still takes part. Without a stream of its own, the legacy one. */
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+    (void)cudaGetLastError();
+    s = NULL;
+  }
+  cudaError_t ce = perseus_agree_slot(&d);
   if (ce == cudaSuccess) ce = cudaMemcpyAsync(d, v, bytes, cudaMemcpyHostToDevice, s);
   if (ce == cudaSuccess) rc = ncclAllReduce(d, d, (size_t)count, ncclInt64, ncclMax, comm, s);
   if (ce == cudaSuccess && rc == ncclSuccess) ce = cudaMemcpyAsync(v, d, bytes, cudaMemcpyDeviceToHost, s);
   if (ce == cudaSuccess && rc == ncclSuccess) ce = cudaStreamSynchronize(s);
-  if (d) cudaFree(d);
   if (s) cudaStreamDestroy(s);
   if (ce != cudaSuccess) {
     snprintf(err, len, "%s: %s", what, cudaGetErrorString(ce));

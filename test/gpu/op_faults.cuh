@@ -8,6 +8,8 @@
  *     of device memory at create (it holds all but half of what the big
  *     operator's window needs): create fails on every rank, the others
  *     pointing at another rank, none waiting in the window's registration;
+ *   - from 2 ranks: the last rank holding every byte of device memory at
+ *     create, the same (none waits in the set-up's agreements either);
  * and, from 2 ranks, a step the last rank never runs: the waits of every
  * other rank end, the operator says which rank it waited for and refuses
  * the next step:
@@ -161,11 +163,47 @@ static int op_out_of_memory(const op_fault_ops &o, gc_world *w, int rank, int R)
   return bad;
 }
 
+/* The last rank holds every byte of device memory cudaMalloc still gives
+ * (big pieces, then ever smaller ones) and creates the small operator: its
+ * set-up cannot allocate even the word of an all-reduce, yet every rank's
+ * create must fail (the others pointing at another rank), none waiting in a
+ * collective for it. */
+static int op_memory_exhausted(const op_fault_ops &o, gc_world *w, int rank, int R)
+{
+  enum { kMaxPieces = 4096 };
+  static void *held[kMaxPieces];
+  int n = 0;
+  size_t bytes = 0;
+  if (rank == R - 1) {
+    size_t free_b = 0, total_b = 0;
+    GC_CUDA(cudaMemGetInfo(&free_b, &total_b), "device memory");
+    for (size_t piece = free_b; piece >= 256 && n < kMaxPieces;) {
+      if (cudaMalloc(&held[n], piece) == cudaSuccess) {
+        bytes += piece, n++;
+      } else {
+        (void)cudaGetLastError();
+        piece /= 2;
+      }
+    }
+  }
+  void *op = o.create(w, o.ctx);
+  char why[512];
+  snprintf(why, sizeof why, "%s", o.last_error());
+  for (int i = 0; i < n; i++) cudaFree(held[i]);
+  const int other = strstr(why, "another rank could not set up") != NULL;
+  const int bad = op != NULL || (rank == R - 1 ? other || !why[0] : !other);
+  printf("%s: rank %d, rank %d holding all device memory at create (%d pieces, %zu B here): %s (%s)\n", o.name,
+         rank, R - 1, n, bytes, bad ? "FAILED" : "refused", op ? "created" : why);
+  if (op) o.destroy(op);
+  return bad;
+}
+
 static int op_faults(const op_fault_ops &o, gc_world *w, int rank, int R)
 {
   int bad = op_refuses_capture(o, w, rank) + op_disagrees(o, w, rank, R);
   if (R < 2) return bad;
   if (o.create_big) bad += op_out_of_memory(o, w, rank, R);
+  bad += op_memory_exhausted(o, w, rank, R);
   return bad + op_fault_case(o, w, rank, R, 0) + op_fault_case(o, w, rank, R, 1);
 }
 

@@ -349,6 +349,24 @@ struct perseus_recv {
   }
 };
 
+/* Host: device words for a set-up's agreement (a small all-reduce every
+ * rank takes part in, e.g. whether each one's set-up succeeded). Module
+ * memory, not an allocation: a rank whose allocations fail (device memory
+ * exhausted) can still take part, so that its peers learn of its failure
+ * instead of waiting for it in the next collective. Set-ups take the slots
+ * in turn, so that set-ups of other comms on other threads use other words. */
+#define PERSEUS_AGREE_SLOTS 32
+#define PERSEUS_AGREE_WORDS 64
+static __device__ long long perseus_agree_words[PERSEUS_AGREE_SLOTS][PERSEUS_AGREE_WORDS];
+static inline cudaError_t perseus_agree_slot(long long **words) {
+  static unsigned next;
+  void *base = NULL;
+  const cudaError_t ce = cudaGetSymbolAddress(&base, perseus_agree_words);
+  const unsigned slot = __atomic_fetch_add(&next, 1u, __ATOMIC_RELAXED) % PERSEUS_AGREE_SLOTS;
+  *words = ce == cudaSuccess ? (long long *)base + (size_t)slot * PERSEUS_AGREE_WORDS : NULL;
+  return ce;
+}
+
 /* One CTA: this rank's counts of `h` back to 0. */
 static __global__ void perseus_batch_reset_kernel(ncclDevComm dc, perseus_batch_handle h) {
   perseus_batch_reset(dc, h, threadIdx.x, blockDim.x);
@@ -382,10 +400,10 @@ static inline ncclResult_t perseus_batch_devcomm_create(ncclComm_t comm, int gin
    * failed (maximum over the ranks), so that all of them fail together
    * instead of some waiting in it for ever. */
   static thread_local char why[192];
-  int *word = NULL, own = 0, any = 0;
-  cudaError_t ce = cudaMalloc(&word, sizeof(int));
+  long long *word = NULL, own = 0, any = 0;
+  cudaError_t ce = perseus_agree_slot(&word);
   if (ce != cudaSuccess) {
-    snprintf(why, sizeof why, "cudaMalloc (the barrier's word): %s", cudaGetErrorString(ce));
+    snprintf(why, sizeof why, "the barrier's word (perseus_agree_slot): %s", cudaGetErrorString(ce));
     what = why, rc = ncclUnhandledCudaError;
   } else {
     (void)cudaGetLastError(); /* an earlier, unrelated error is not the reset's */
@@ -401,7 +419,7 @@ static inline ncclResult_t perseus_batch_devcomm_create(ncclComm_t comm, int gin
     if ((ce = cudaMemcpy(word, &own, sizeof own, cudaMemcpyHostToDevice)) != cudaSuccess) {
       snprintf(why, sizeof why, "the barrier's word: %s", cudaGetErrorString(ce));
       what = why, rc = ncclUnhandledCudaError;
-    } else if ((rc = ncclAllReduce(word, word, 1, ncclInt32, ncclMax, comm, 0)) != ncclSuccess) {
+    } else if ((rc = ncclAllReduce(word, word, 1, ncclInt64, ncclMax, comm, 0)) != ncclSuccess) {
       what = "ncclAllReduce (the barrier after the reset)";
     } else if ((ce = cudaMemcpy(&any, word, sizeof any, cudaMemcpyDeviceToHost)) != cudaSuccess) {
       snprintf(why, sizeof why, "the barrier after the reset: %s", cudaGetErrorString(ce));
@@ -410,7 +428,6 @@ static inline ncclResult_t perseus_batch_devcomm_create(ncclComm_t comm, int gin
       if (!own) what = "another rank could not reset its batch counts (its error says why)";
       rc = ncclInvalidUsage;
     }
-    cudaFree(word);
   }
   if (rc != ncclSuccess) {
     (void)ncclDevCommDestroy(comm, dev);
