@@ -162,8 +162,8 @@ static void print_header(const opts_t *o, int nranks, int version) {
          o->warmup);
 }
 
-static void usage(const char *argv0) {
-  printf("usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1] [-r RANKS]\n"
+static void usage(FILE *f, const char *argv0) {
+  fprintf(f, "usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1] [-r RANKS]\n"
          "          [-t sendrecv|pingpong|all] [-C CHUNK] [-W WINDOW] [-v ABI] [-P PLUGIN]\n"
          "Defaults: -b 8 -e 64M -f 2 -n 20 -w 5 -c 1 -r 2 -t all -C 512K -W 8 -v 12;\n"
          "provider tcp;ofi_rxm on interface lo unless PERSEUS_PROVIDER/PERSEUS_IFACE say otherwise.\n",
@@ -187,7 +187,7 @@ int main(int argc, char **argv) {
       case 'C': o.chunk = drv_parse_size("-C", optarg, 1, (size_t)1 << 30); break; /* a message's most */
       case 'W': o.window = drv_parse_int("-W", optarg, 1, 64); break;
       case 'v': d.version = drv_parse_int("-v", optarg, 8, 12); break;
-      case 'P': d.plugin = optarg; break;
+      case 'P': d.plugin = drv_parse_plugin("-P", optarg); break;
       case 't':
         o.mode = !strcmp(optarg, "sendrecv") ? 1 : !strcmp(optarg, "pingpong") ? 2
                : !strcmp(optarg, "all") ? 3 : 0;
@@ -196,8 +196,8 @@ int main(int argc, char **argv) {
           return 2;
         }
         break;
-      case 'h': usage(argv[0]); return 0;
-      default: usage(argv[0]); return 2;
+      case 'h': usage(stdout, argv[0]); return 0;
+      default: usage(stderr, argv[0]); return 2;
     }
   }
   if (optind < argc) {

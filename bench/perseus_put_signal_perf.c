@@ -414,8 +414,8 @@ static void parse_strats(opts_t *o, const char *arg) {
     if (seen[s]) o->strat[o->nstrat++] = s;
 }
 
-static void usage(const char *argv0) {
-  printf("usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]\n"
+static void usage(FILE *f, const char *argv0) {
+  fprintf(f, "usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]\n"
          "          [-t TILES] [-r RANKS] [-s STRATEGIES] [-m stream|batch] [-q QDEPTH]\n"
          "          [-z FITSIZE] [-a ABI] [-P PLUGIN]\n"
          "  -b/-e/-f   tile sizes, MIN to MAX by FACTOR (default 16K, 1M, 4)\n"
@@ -477,10 +477,10 @@ int main(int argc, char **argv) {
         }
         break;
       case 'a': o.abi = drv_gin_parse_abi(optarg); break;
-      case 'P': o.plugin = optarg; break;
+      case 'P': o.plugin = drv_parse_plugin("-P", optarg); break;
       case 'A': o.bind = 1; break;
-      case 'h': usage(argv[0]); return 0;
-      default: usage(argv[0]); return 2;
+      case 'h': usage(stdout, argv[0]); return 0;
+      default: usage(stderr, argv[0]); return 2;
     }
   }
   if (optind < argc) {
