@@ -97,17 +97,17 @@ void ps_opts_parse(int argc, char **argv, const char *prog, const ps_opt_t *opts
       if (opts[i].letter == opt) o = &opts[i];
     if (!o) {
       usage(stderr);
-      exit(1);
+      exit(2);
     }
     if (parse_one(o, optarg)) {
       fprintf(stderr, "%s: bad value for -%c: '%s' (", prog, opt, optarg);
       expected(stderr, o);
       fprintf(stderr, ")\n");
-      exit(1);
+      exit(2);
     }
   }
   if (no_args && optind < argc) {
     fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[optind]);
-    exit(1);
+    exit(2);
   }
 }

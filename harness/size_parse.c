@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "size_parse.h"
 
@@ -42,6 +43,21 @@ int sp_parse_int(const char *s, long lo, long hi, int *out)
   if (errno || end == s || *end || v < lo || v > hi) return -1;
   *out = (int)v;
   return 0;
+}
+
+int sp_parse_int_list(const char *s, long lo, long hi, int *out, int max)
+{
+  int n = 0;
+  for (const char *p = s;; n++) {
+    size_t len = strcspn(p, ",");
+    char item[24];
+    if (n == max || len == 0 || len >= sizeof(item)) return -1;
+    memcpy(item, p, len);
+    item[len] = '\0';
+    if (sp_parse_int(item, lo, hi, &out[n])) return -1;
+    if (!p[len]) return n + 1;
+    p += len + 1;
+  }
 }
 
 int sp_parse_u64(const char *s, uint64_t *out)

@@ -17,6 +17,10 @@ int sp_parse_size(const char *s, int allow_t, size_t *out);
 /* A decimal integer in [lo, hi] (digits, a minus sign only where lo < 0; no
  * spaces or '+'); returns 0 and sets *out, or -1. */
 int sp_parse_int(const char *s, long lo, long hi, int *out);
+/* Comma-separated decimal integers in [lo, hi], as sp_parse_int takes
+ * them, at most max; an empty entry (",,", a leading or trailing comma, "")
+ * is refused. Returns the count, or -1. */
+int sp_parse_int_list(const char *s, long lo, long hi, int *out, int max);
 /* An unsigned 64-bit number strtoull reads (base 0: 0x.. hex, 0.. octal),
  * starting with a digit;
  * returns 0 and sets *out, or -1. */
