@@ -45,19 +45,24 @@ int sp_parse_int(const char *s, long lo, long hi, int *out)
   return 0;
 }
 
+int sp_list_next(const char **cursor, char *item, size_t cap)
+{
+  if (!*cursor) return 0;
+  size_t len = strcspn(*cursor, ",");
+  if (len == 0 || len >= cap) return -1;
+  memcpy(item, *cursor, len);
+  item[len] = '\0';
+  *cursor = (*cursor)[len] ? *cursor + len + 1 : NULL;
+  return 1;
+}
+
 int sp_parse_int_list(const char *s, long lo, long hi, int *out, int max)
 {
-  int n = 0;
-  for (const char *p = s;; n++) {
-    size_t len = strcspn(p, ",");
-    char item[24];
-    if (n == max || len == 0 || len >= sizeof(item)) return -1;
-    memcpy(item, p, len);
-    item[len] = '\0';
-    if (sp_parse_int(item, lo, hi, &out[n])) return -1;
-    if (!p[len]) return n + 1;
-    p += len + 1;
-  }
+  char item[24];
+  int n = 0, r;
+  while ((r = sp_list_next(&s, item, sizeof(item))) > 0)
+    if (n == max || sp_parse_int(item, lo, hi, &out[n++])) return -1;
+  return r < 0 ? -1 : n;
 }
 
 int sp_parse_u64(const char *s, uint64_t *out)
