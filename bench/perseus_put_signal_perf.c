@@ -245,12 +245,35 @@ static int measure(bench_t *b, size_t size, int t, int stream, int check, meas_t
   return 0;
 }
 
+/* A tile slot's bytes and the slots per source, as run_strategy lays them out. */
+static size_t slot_bytes(const opts_t *o) {
+  size_t maxb = o->maxb > o->fitb ? o->maxb : o->fitb;
+  return (maxb + 63) & ~(size_t)63;
+}
+
+static int tile_cap(const opts_t *o) {
+  return o->tiles > fit_tiles[NFIT - 1] ? o->tiles : fit_tiles[NFIT - 1];
+}
+
+/* Every rank's windows (its sources, and a slot area per source for what
+ * it receives) must fit the host's memory: past it a rank dies of SIGBUS
+ * on its shared window or fails after the others connected. The product
+ * stays below 2^56 within the options' bounds. */
+static int check_memory(const opts_t *o, int nranks) {
+  size_t total = (size_t)nranks * (size_t)(nranks + 1) * (size_t)tile_cap(o) * slot_bytes(o);
+  size_t mem = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+  if (total <= mem) return 0;
+  fprintf(stderr, "-e/-z/-t/-r: windows of %zu bytes in all (%d ranks x %d windows x %d tiles "
+          "x %zu B), more than this host's %zu bytes of memory: lower -e, -z, -t or -r\n", total,
+          nranks, nranks + 1, tile_cap(o), slot_bytes(o), mem);
+  return -1;
+}
+
 static int run_strategy(bench_t *b, int s) {
   const opts_t *o = b->o;
   int P = b->r->nranks, me = b->r->rank, rc = -1;
-  size_t maxb = o->maxb > o->fitb ? o->maxb : o->fitb;
-  b->slot = (maxb + 63) & ~(size_t)63;
-  b->tcap = o->tiles > fit_tiles[NFIT - 1] ? o->tiles : fit_tiles[NFIT - 1];
+  b->slot = slot_bytes(o);
+  b->tcap = tile_cap(o);
   size_t src_bytes = (size_t)b->tcap * b->slot, dst_bytes = (size_t)P * src_bytes;
   b->src = aligned_alloc(4096, (src_bytes + 4095) & ~(size_t)4095);
   /* what peers write into: shared memory, which the model fabric writes at
@@ -500,6 +523,7 @@ int main(int argc, char **argv) {
     size_t next = (size_t)((double)n * o.factor);
     n = next > n ? next : n + 1;
   }
+  if (check_memory(&o, d.nranks)) return 2;
   if (o.bind && bind_share(d.nranks) < 1) return 2; /* before the ranks start, not in each */
   drv_default_fabric(); /* the embedded default: loopback TCP */
   size_t off = results_offset(d.nranks);
