@@ -162,6 +162,18 @@ static void print_header(const opts_t *o, int nranks, int version) {
          o->warmup);
 }
 
+/* Every rank's send and receive buffers of -e + 1 bytes must fit the host's
+ * memory: past it ranks connect and then fail, or are killed touching
+ * memory malloc promised. Below 2^47 within the options' bounds. */
+static int check_memory(const opts_t *o, int nranks) {
+  size_t total = 2 * (size_t)nranks * (o->maxb + 1);
+  size_t mem = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+  if (total <= mem) return 0;
+  fprintf(stderr, "-e/-r: buffers of %zu bytes in all (%d ranks x 2 x %zu B), more than this "
+          "host's %zu bytes of memory: lower -e or -r\n", total, nranks, o->maxb + 1, mem);
+  return -1;
+}
+
 static void usage(FILE *f, const char *argv0) {
   fprintf(f, "usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1] [-r RANKS]\n"
          "          [-t sendrecv|pingpong|all] [-C CHUNK] [-W WINDOW] [-v ABI] [-P PLUGIN]\n"
@@ -218,6 +230,7 @@ int main(int argc, char **argv) {
             o.minb, o.maxb, o.factor, sizes, MAX_ROWS);
     return 2;
   }
+  if (check_memory(&o, d.nranks)) return 2;
   drv_default_fabric(); /* the embedded default: loopback TCP */
   d.shared_bytes = sizeof(results_t);
   print_header(&o, d.nranks, d.version);
