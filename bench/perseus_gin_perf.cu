@@ -243,7 +243,7 @@ static int parse_args(perf_cfg *c, int argc, char **argv)
   };
   ps_opts_parse(argc, argv, "perseus_gin_perf", opts, PS_OPTS_N(opts), usage, 1);
   if (bmin > bmax) {
-    fprintf(stderr, "perseus_gin_perf: need -b <= -e\n");
+    fprintf(stderr, "perseus_gin_perf: -b %zu is larger than -e %zu (expected -b <= -e)\n", bmin, bmax);
     return -1;
   }
   for (size_t s = bmin; s <= bmax; s *= (size_t)factor) {

@@ -217,7 +217,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (o.minb > o.maxb) {
-    fprintf(stderr, "-b %zu is larger than -e %zu\n", o.minb, o.maxb);
+    fprintf(stderr, "-b %zu is larger than -e %zu (expected -b <= -e)\n", o.minb, o.maxb);
     return 2;
   }
   int sizes = 0; /* the sweep must fit the table: no size dropped unsaid */

@@ -511,7 +511,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (o.minb > o.maxb) {
-    fprintf(stderr, "-b %zu is larger than -e %zu\n", o.minb, o.maxb);
+    fprintf(stderr, "-b %zu is larger than -e %zu (expected -b <= -e)\n", o.minb, o.maxb);
     return 2;
   }
   for (size_t n = o.minb; n <= o.maxb; o.nsizes++) {

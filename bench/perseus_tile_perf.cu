@@ -211,9 +211,10 @@ int main(int argc, char **argv)
     PS_OPT_NAME('C', &c.coop, "cta", coops, coop_values, 2),
     PS_OPT_INT('W', &c.stall_s, "120", 1, 24 * 3600),
   };
-  ps_opts_parse(argc, argv, "perseus_tile_perf", opts, PS_OPTS_N(opts), usage, 0);
-  if (bmin > bmax || optind < argc) {
-    fprintf(stderr, "perseus_tile_perf: need -b <= -e and no extra arguments\n");
+  ps_opts_parse(argc, argv, "perseus_tile_perf", opts, PS_OPTS_N(opts), usage, 1);
+  if (bmin > bmax) {
+    fprintf(stderr, "perseus_tile_perf: -b %zu is larger than -e %zu (expected -b <= -e)\n", bmin,
+            bmax);
     return 2;
   }
   for (size_t s = bmin; s <= bmax && c.nsizes < MAX_SIZES; s *= (size_t)factor)
