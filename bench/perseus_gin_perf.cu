@@ -256,11 +256,13 @@ static int parse_args(perf_cfg *c, int argc, char **argv)
     if (s > SIZE_MAX / (size_t)factor) break;
   }
   if ((c->ntps = gp_parse_int_list(tps, 1, 1 << 16, c->tps, MAX_LIST)) < 0) {
-    fprintf(stderr, "perseus_gin_perf: bad -t list '%s'\n", tps);
+    fprintf(stderr, "perseus_gin_perf: bad -t list '%s' (expected up to %d comma-separated "
+            "numbers from 1 to 65536)\n", tps, MAX_LIST);
     return -1;
   }
   if (peers && (c->npeers = gp_parse_int_list(peers, 1, GP_MAX_RANKS - 1, c->peers, MAX_LIST)) < 0) {
-    fprintf(stderr, "perseus_gin_perf: bad -P list '%s'\n", peers);
+    fprintf(stderr, "perseus_gin_perf: bad -P list '%s' (expected up to %d comma-separated "
+            "numbers from 1 to %d)\n", peers, MAX_LIST, GP_MAX_RANKS - 1);
     return -1;
   }
   /* a name the plugin would refuse is a typo, not a strategy the provider lacks */

@@ -220,7 +220,8 @@ int main(int argc, char **argv)
   for (size_t s = bmin; s <= bmax && c.nsizes < MAX_SIZES; s *= (size_t)factor)
     c.sizes[c.nsizes++] = s;
   if ((c.nbatch = gp_parse_int_list(blist, 1, 4096, c.batch, MAX_LIST)) < 0) {
-    fprintf(stderr, "perseus_tile_perf: bad -B list '%s'\n", blist);
+    fprintf(stderr, "perseus_tile_perf: bad -B list '%s' (expected up to %d comma-separated "
+            "numbers from 1 to 4096)\n", blist, MAX_LIST);
     return 2;
   }
   const char *cur = plist;
