@@ -53,7 +53,7 @@ static void expected(FILE *f, const ps_opt_t *o)
     fprintf(f, ", digits with an optional K, M or G");
     break;
   case PS_OPTK_SEED:
-    fprintf(f, "expected an unsigned number");
+    fprintf(f, "expected an unsigned number: decimal, 0x hex or 0 octal");
     break;
   case PS_OPTK_NAME:
     fprintf(f, "expected one of");
