@@ -421,6 +421,9 @@ int main(int argc, char **argv) {
            drv_now() - t0);
     return rc ? 1 : 0;
   }
-  fprintf(stderr, "unknown scenario '%s'\n", scen);
+  fprintf(stderr, "unknown scenario '%s' (expected one of", scen);
+  for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
+    fprintf(stderr, "%s %s", i ? "," : "", scenarios[i].name);
+  fprintf(stderr, ")\n");
   return 2;
 }

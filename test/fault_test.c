@@ -443,7 +443,9 @@ int main(int argc, char **argv) {
     fails += run_one(&scenarios[i], version, plugin, fs);
   }
   if (!found) {
-    fprintf(stderr, "unknown scenario '%s'\n", scen);
+    fprintf(stderr, "unknown scenario '%s' (expected all or one of", scen);
+    for (size_t i = 0; i < NSCEN; i++) fprintf(stderr, "%s %s", i ? "," : "", scenarios[i].name);
+    fprintf(stderr, ")\n");
     return 2;
   }
   return fails ? 1 : 0;
