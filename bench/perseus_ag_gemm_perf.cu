@@ -203,12 +203,12 @@ int main(int argc, char **argv)
   if (c.nm < 1 || c.nk < 1) {
     fprintf(stderr, "perseus_ag_gemm_perf: bad -%c '%s': expected up to %d comma-separated numbers in %s\n",
             c.nm < 1 ? 'm' : 'k', c.nm < 1 ? mlist : klist, AP_MAX, c.nm < 1 ? "1..65536" : "64..65536");
-    return 1;
+    return 2;
   }
   for (int i = 0; i < c.nk; i++)
     if (c.k[i] % 64) {
       fprintf(stderr, "perseus_ag_gemm_perf: -k %d: expected a multiple of 64\n", c.k[i]);
-      return 1;
+      return 2;
     }
   if (gp_init("perseus_ag_gemm_perf")) return 1;
   int rc = tt_start(c.path, 0, 1, &c.ngpus, c.watchdog_s, 1);

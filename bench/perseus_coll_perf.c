@@ -50,10 +50,10 @@ volatile sig_atomic_t coll_signal;
 
 static int set_colls(const char *arg)
 {
-  char *buf = strdup(arg), *save = NULL; /* a copy of any length: no name cut short */
-  if (!buf) return -1;
+  char t[32];
+  int r;
   memset(coll_cfg.coll_on, 0, sizeof(coll_cfg.coll_on));
-  for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+  while ((r = sp_list_next(&arg, t, sizeof(t))) > 0) {
     int found = 0;
     for (int c = 0; c < C_N; c++) {
       /* all_reduce, allreduce and all-reduce all name the same collective */
@@ -70,12 +70,9 @@ static int set_colls(const char *arg)
       for (int c = 0; c < C_N; c++) coll_cfg.coll_on[c] = 1;
       found = 1;
     }
-    if (!found) {
-      free(buf);
-      return -1;
-    }
+    if (!found) return -1;
   }
-  free(buf);
+  if (r < 0) return -1; /* an empty entry (all_reduce,,broadcast) or one no name is that long */
   for (int c = 0; c < C_N; c++)
     if (coll_cfg.coll_on[c]) return 0;
   return -1; /* no collective named: a run would measure nothing */
@@ -135,6 +132,27 @@ static void usage(FILE *f)
     "Exit status: 0 all good; 1 error, timeout or wrong results; 2 usage.\n");
 }
 
+#define PS_STR_(x) #x
+#define PS_STR(x) PS_STR_(x)
+/* What option opt takes, for its refusal. */
+static const char *expected(int opt)
+{
+  switch (opt) {
+  case 'g': return "an integer from 1 to " PS_STR(PS_MAX_GPUS);
+  case 'b': case 'e': return "a size from 1 byte, digits with an optional K, M, G or T";
+  case 'f': return "an integer from 1 to 1048576";
+  case 'n': return "an integer from 1 to 16777216";
+  case 'w': return "an integer from 0 to 16777216";
+  case 'c': return "0 or 1";
+  case 'a': return "0, 1, 2 or 3";
+  case 'o': return "a comma list of all_reduce, all_gather, reduce_scatter, alltoall, broadcast, all";
+  case 'm': return "both, perseus or socket";
+  case 'I': return "an interface name";
+  case 'T': return "seconds from 1 to 604800";
+  default: return "see -h";
+  }
+}
+
 static int parse_args(int argc, char **argv)
 {
   static const struct option longopts[] = {{"help", no_argument, NULL, 'h'}, {0, 0, 0, 0}};
@@ -175,8 +193,8 @@ static int parse_args(int argc, char **argv)
     default: usage(stderr); return -1;
     }
     if (bad) {
-      fprintf(stderr, "perseus_coll_perf: bad value for -%c: '%s' (see -h for what it takes)\n",
-              opt, optarg);
+      fprintf(stderr, "perseus_coll_perf: bad value for -%c: '%s' (expected %s)\n", opt, optarg,
+              expected(opt));
       return -1;
     }
   }

@@ -197,7 +197,7 @@ int main(int argc, char **argv)
     fprintf(stderr, "perseus_decode_perf: bad -%c '%s': expected up to %d comma-separated numbers in "
             "%s\n", c.nbatch < 1 ? 'b' : 'c', c.nbatch < 1 ? blist : clist, DP_MAX,
             c.nbatch < 1 ? "1..4096" : "1..4194304");
-    return 1;
+    return 2;
   }
   for (int bi = 0; bi < c.nbatch; bi++)
     for (int ci = 0; ci < c.nctx; ci++) {
@@ -209,7 +209,7 @@ int main(int argc, char **argv)
                 dc.batch, dc.max_context, dc.q_heads, dc.kv_heads, dc.head_dim,
                 *perseus_decode_last_error() ? perseus_decode_last_error()
                                         : "query heads per KV head must be 1, 2, 4, 8 or 16");
-        return 1;
+        return 2;
       }
     }
   if (gp_init("perseus_decode_perf")) return 1;

@@ -29,6 +29,7 @@
 
 #include "gin_comm.cuh"
 #include "opts.h"
+#include "size_parse.h"
 
 #define MAX_SIZES 32
 #define MAX_LIST 8
@@ -242,7 +243,7 @@ static int parse_args(perf_cfg *c, int argc, char **argv)
   };
   ps_opts_parse(argc, argv, "perseus_gin_perf", opts, PS_OPTS_N(opts), usage, 1);
   if (bmin > bmax) {
-    fprintf(stderr, "perseus_gin_perf: need -b <= -e\n");
+    fprintf(stderr, "perseus_gin_perf: -b %zu is larger than -e %zu (expected -b <= -e)\n", bmin, bmax);
     return -1;
   }
   for (size_t s = bmin; s <= bmax; s *= (size_t)factor) {
@@ -255,18 +256,21 @@ static int parse_args(perf_cfg *c, int argc, char **argv)
     if (s > SIZE_MAX / (size_t)factor) break;
   }
   if ((c->ntps = gp_parse_int_list(tps, 1, 1 << 16, c->tps, MAX_LIST)) < 0) {
-    fprintf(stderr, "perseus_gin_perf: bad -t list '%s'\n", tps);
+    fprintf(stderr, "perseus_gin_perf: bad -t list '%s' (expected up to %d comma-separated "
+            "numbers from 1 to 65536)\n", tps, MAX_LIST);
     return -1;
   }
   if (peers && (c->npeers = gp_parse_int_list(peers, 1, GP_MAX_RANKS - 1, c->peers, MAX_LIST)) < 0) {
-    fprintf(stderr, "perseus_gin_perf: bad -P list '%s'\n", peers);
+    fprintf(stderr, "perseus_gin_perf: bad -P list '%s' (expected up to %d comma-separated "
+            "numbers from 1 to %d)\n", peers, MAX_LIST, GP_MAX_RANKS - 1);
     return -1;
   }
   /* a name the plugin would refuse is a typo, not a strategy the provider lacks */
   static const char *const known[] = {"auto", "ordered", "fence", "target", "deferred", "drain"};
-  char buf[256], *save = NULL;
-  snprintf(buf, sizeof(buf), "%s", strat);
-  for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+  const char *cur = strat;
+  char t[sizeof(c->strat[0])];
+  int r;
+  while ((r = sp_list_next(&cur, t, sizeof(t))) > 0) {
     int ok = 0;
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) ok |= !strcmp(t, known[i]);
     if (!ok || c->nstrat == MAX_LIST) {
@@ -275,10 +279,11 @@ static int parse_args(perf_cfg *c, int argc, char **argv)
               t, MAX_LIST);
       return -1;
     }
-    snprintf(c->strat[c->nstrat++], sizeof(c->strat[0]), "%s", t);
+    memcpy(c->strat[c->nstrat++], t, sizeof(t));
   }
-  if (!c->nstrat) {
-    fprintf(stderr, "perseus_gin_perf: -S '%s': no strategy named\n", strat);
+  if (r < 0) {
+    fprintf(stderr, "perseus_gin_perf: -S '%s': an empty or overlong entry (expected a comma list "
+            "of auto, ordered, fence, target, deferred, drain)\n", strat);
     return -1;
   }
   return 0;
@@ -357,7 +362,7 @@ static void print_tables(const perf_cfg *c, const int *refused, const int *faile
 int main(int argc, char **argv)
 {
   static perf_cfg c;
-  if (parse_args(&c, argc, argv)) return 1;
+  if (parse_args(&c, argc, argv)) return 2; /* a refused option, as ps_opts_parse exits */
   if (gp_init("perseus_gin_perf")) return 1;
   gp_default_env(stdout);
   int rc0 = gc_probe_gpus(0, &c.ngpus, c.stall_s);

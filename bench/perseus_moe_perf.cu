@@ -23,6 +23,7 @@
 #include <math.h>
 
 #include "opts.h"
+#include "size_parse.h"
 #include "tile_comm.cuh"
 #include "perseus/moe.h"
 
@@ -375,43 +376,45 @@ int main(int argc, char **argv)
   ps_opts_parse(argc, argv, "perseus_moe_perf", opts, PS_OPTS_N(opts), usage, 1);
   int np = 0;
   const ps_moe_preset_t *all = ps_moe_presets(&np);
-  char buf[256];
+  char t[64];
+  const char *cur = mlist;
+  int r = 0;
   if (!mlist)
     for (int i = 0; i < np && i < MP_MAX; i++) c.presets[c.npresets++] = i;
-  else {
-    snprintf(buf, sizeof(buf), "%s", mlist);
-    for (char *sv = NULL, *t = strtok_r(buf, ",", &sv); t; t = strtok_r(NULL, ",", &sv)) {
-      const ps_moe_preset_t *p = ps_moe_preset_find(t);
-      if (c.npresets == MP_MAX) {
-        fprintf(stderr, "perseus_moe_perf: -m '%s': at most %d presets\n", mlist, MP_MAX);
-        return 1;
-      }
-      if (!p) {
-        fprintf(stderr, "perseus_moe_perf: unknown preset '%s' (-m): expected one of", t);
-        for (int i = 0; i < np; i++) fprintf(stderr, " %s", all[i].name);
-        fprintf(stderr, "\n");
-        return 1;
-      }
-      c.presets[c.npresets++] = (int)(p - all);
+  while (mlist && (r = sp_list_next(&cur, t, sizeof(t))) > 0) {
+    const ps_moe_preset_t *p = ps_moe_preset_find(t);
+    if (c.npresets == MP_MAX) {
+      fprintf(stderr, "perseus_moe_perf: -m '%s': at most %d presets\n", mlist, MP_MAX);
+      return 2;
     }
+    if (!p) {
+      fprintf(stderr, "perseus_moe_perf: unknown preset '%s' (-m): expected one of", t);
+      for (int i = 0; i < np; i++) fprintf(stderr, " %s", all[i].name);
+      fprintf(stderr, "\n");
+      return 2;
+    }
+    c.presets[c.npresets++] = (int)(p - all);
   }
-  snprintf(buf, sizeof(buf), "%s", tlist);
-  for (char *sv = NULL, *t = strtok_r(buf, ",", &sv); t; t = strtok_r(NULL, ",", &sv)) {
+  if (r < 0) {
+    fprintf(stderr, "perseus_moe_perf: -m '%s': an empty or overlong entry\n", mlist);
+    return 2;
+  }
+  for (cur = tlist; (r = sp_list_next(&cur, t, sizeof(t))) > 0;) {
     int v = !strcmp(t, "decode") ? PS_MOE_DECODE_TOKENS : !strcmp(t, "prefill") ? PS_MOE_PREFILL_TOKENS : 0;
     if (c.nregimes == MP_MAX) {
       fprintf(stderr, "perseus_moe_perf: -t '%s': at most %d regimes\n", tlist, MP_MAX);
-      return 1;
+      return 2;
     }
     if (!v && gp_parse_int(t, 1, 1 << 20, &v)) {
       fprintf(stderr, "perseus_moe_perf: bad -t entry '%s': decode, prefill or a token count\n", t);
-      return 1;
+      return 2;
     }
     c.tokens[c.nregimes++] = v;
   }
-  if (!c.npresets || !c.nregimes) {
-    fprintf(stderr, "perseus_moe_perf: -%c '%s': nothing named\n", !c.npresets ? 'm' : 't',
-            !c.npresets ? mlist : tlist);
-    return 1;
+  if (r < 0) {
+    fprintf(stderr, "perseus_moe_perf: -t '%s': an empty or overlong entry (expected decode, "
+            "prefill or token counts)\n", tlist);
+    return 2;
   }
   if (gp_init("perseus_moe_perf")) return 1;
   int rc = tt_start(c.path, 0, 1, &c.ngpus, c.watchdog_s, 1);

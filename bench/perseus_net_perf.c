@@ -162,8 +162,20 @@ static void print_header(const opts_t *o, int nranks, int version) {
          o->warmup);
 }
 
-static void usage(const char *argv0) {
-  printf("usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1] [-r RANKS]\n"
+/* Every rank's send and receive buffers of -e + 1 bytes must fit the host's
+ * memory: past it ranks connect and then fail, or are killed touching
+ * memory malloc promised. Below 2^47 within the options' bounds. */
+static int check_memory(const opts_t *o, int nranks) {
+  size_t total = 2 * (size_t)nranks * (o->maxb + 1);
+  size_t mem = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+  if (total <= mem) return 0;
+  fprintf(stderr, "-e/-r: buffers of %zu bytes in all (%d ranks x 2 x %zu B), more than this "
+          "host's %zu bytes of memory: lower -e or -r\n", total, nranks, o->maxb + 1, mem);
+  return -1;
+}
+
+static void usage(FILE *f, const char *argv0) {
+  fprintf(f, "usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1] [-r RANKS]\n"
          "          [-t sendrecv|pingpong|all] [-C CHUNK] [-W WINDOW] [-v ABI] [-P PLUGIN]\n"
          "Defaults: -b 8 -e 64M -f 2 -n 20 -w 5 -c 1 -r 2 -t all -C 512K -W 8 -v 12;\n"
          "provider tcp;ofi_rxm on interface lo unless PERSEUS_PROVIDER/PERSEUS_IFACE say otherwise.\n",
@@ -187,7 +199,7 @@ int main(int argc, char **argv) {
       case 'C': o.chunk = drv_parse_size("-C", optarg, 1, (size_t)1 << 30); break; /* a message's most */
       case 'W': o.window = drv_parse_int("-W", optarg, 1, 64); break;
       case 'v': d.version = drv_parse_int("-v", optarg, 8, 12); break;
-      case 'P': d.plugin = optarg; break;
+      case 'P': d.plugin = drv_parse_plugin("-P", optarg); break;
       case 't':
         o.mode = !strcmp(optarg, "sendrecv") ? 1 : !strcmp(optarg, "pingpong") ? 2
                : !strcmp(optarg, "all") ? 3 : 0;
@@ -196,8 +208,8 @@ int main(int argc, char **argv) {
           return 2;
         }
         break;
-      case 'h': usage(argv[0]); return 0;
-      default: usage(argv[0]); return 2;
+      case 'h': usage(stdout, argv[0]); return 0;
+      default: usage(stderr, argv[0]); return 2;
     }
   }
   if (optind < argc) {
@@ -205,7 +217,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (o.minb > o.maxb) {
-    fprintf(stderr, "-b %zu is larger than -e %zu\n", o.minb, o.maxb);
+    fprintf(stderr, "-b %zu is larger than -e %zu (expected -b <= -e)\n", o.minb, o.maxb);
     return 2;
   }
   int sizes = 0; /* the sweep must fit the table: no size dropped unsaid */
@@ -218,6 +230,7 @@ int main(int argc, char **argv) {
             o.minb, o.maxb, o.factor, sizes, MAX_ROWS);
     return 2;
   }
+  if (check_memory(&o, d.nranks)) return 2;
   drv_default_fabric(); /* the embedded default: loopback TCP */
   d.shared_bytes = sizeof(results_t);
   print_header(&o, d.nranks, d.version);

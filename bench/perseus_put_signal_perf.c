@@ -245,12 +245,35 @@ static int measure(bench_t *b, size_t size, int t, int stream, int check, meas_t
   return 0;
 }
 
+/* A tile slot's bytes and the slots per source, as run_strategy lays them out. */
+static size_t slot_bytes(const opts_t *o) {
+  size_t maxb = o->maxb > o->fitb ? o->maxb : o->fitb;
+  return (maxb + 63) & ~(size_t)63;
+}
+
+static int tile_cap(const opts_t *o) {
+  return o->tiles > fit_tiles[NFIT - 1] ? o->tiles : fit_tiles[NFIT - 1];
+}
+
+/* Every rank's windows (its sources, and a slot area per source for what
+ * it receives) must fit the host's memory: past it a rank dies of SIGBUS
+ * on its shared window or fails after the others connected. The product
+ * stays below 2^56 within the options' bounds. */
+static int check_memory(const opts_t *o, int nranks) {
+  size_t total = (size_t)nranks * (size_t)(nranks + 1) * (size_t)tile_cap(o) * slot_bytes(o);
+  size_t mem = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+  if (total <= mem) return 0;
+  fprintf(stderr, "-e/-z/-t/-r: windows of %zu bytes in all (%d ranks x %d windows x %d tiles "
+          "x %zu B), more than this host's %zu bytes of memory: lower -e, -z, -t or -r\n", total,
+          nranks, nranks + 1, tile_cap(o), slot_bytes(o), mem);
+  return -1;
+}
+
 static int run_strategy(bench_t *b, int s) {
   const opts_t *o = b->o;
   int P = b->r->nranks, me = b->r->rank, rc = -1;
-  size_t maxb = o->maxb > o->fitb ? o->maxb : o->fitb;
-  b->slot = (maxb + 63) & ~(size_t)63;
-  b->tcap = o->tiles > fit_tiles[NFIT - 1] ? o->tiles : fit_tiles[NFIT - 1];
+  b->slot = slot_bytes(o);
+  b->tcap = tile_cap(o);
   size_t src_bytes = (size_t)b->tcap * b->slot, dst_bytes = (size_t)P * src_bytes;
   b->src = aligned_alloc(4096, (src_bytes + 4095) & ~(size_t)4095);
   /* what peers write into: shared memory, which the model fabric writes at
@@ -387,7 +410,15 @@ static void parse_strats(opts_t *o, const char *arg) {
   }
   int seen[NSTRAT] = {0};
   o->nstrat = 0;
-  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+  /* strtok_r would skip an empty name: a typo, refused like an unknown one */
+  for (char *next = buf, *tok; (tok = next);) {
+    next = strchr(tok, ',');
+    if (next) *next++ = '\0';
+    if (!*tok) {
+      fprintf(stderr, "-s '%s': empty strategy name (expected a comma list of ordered, fence, "
+                      "target, deferred, drain, or all)\n", arg);
+      exit(2);
+    }
     int s = 0;
     while (s < NSTRAT && strcmp(tok, strat_name[s])) s++;
     if (!strcmp(tok, "all")) {
@@ -404,14 +435,10 @@ static void parse_strats(opts_t *o, const char *arg) {
   free(buf);
   for (int s = 0; s < NSTRAT; s++) /* canonical order: drain last, the baseline */
     if (seen[s]) o->strat[o->nstrat++] = s;
-  if (!o->nstrat) {
-    fprintf(stderr, "-s '%s': no strategy named\n", arg);
-    exit(2);
-  }
 }
 
-static void usage(const char *argv0) {
-  printf("usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]\n"
+static void usage(FILE *f, const char *argv0) {
+  fprintf(f, "usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]\n"
          "          [-t TILES] [-r RANKS] [-s STRATEGIES] [-m stream|batch] [-q QDEPTH]\n"
          "          [-z FITSIZE] [-a ABI] [-P PLUGIN]\n"
          "  -b/-e/-f   tile sizes, MIN to MAX by FACTOR (default 16K, 1M, 4)\n"
@@ -473,10 +500,10 @@ int main(int argc, char **argv) {
         }
         break;
       case 'a': o.abi = drv_gin_parse_abi(optarg); break;
-      case 'P': o.plugin = optarg; break;
+      case 'P': o.plugin = drv_parse_plugin("-P", optarg); break;
       case 'A': o.bind = 1; break;
-      case 'h': usage(argv[0]); return 0;
-      default: usage(argv[0]); return 2;
+      case 'h': usage(stdout, argv[0]); return 0;
+      default: usage(stderr, argv[0]); return 2;
     }
   }
   if (optind < argc) {
@@ -484,7 +511,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (o.minb > o.maxb) {
-    fprintf(stderr, "-b %zu is larger than -e %zu\n", o.minb, o.maxb);
+    fprintf(stderr, "-b %zu is larger than -e %zu (expected -b <= -e)\n", o.minb, o.maxb);
     return 2;
   }
   for (size_t n = o.minb; n <= o.maxb; o.nsizes++) {
@@ -496,6 +523,7 @@ int main(int argc, char **argv) {
     size_t next = (size_t)((double)n * o.factor);
     n = next > n ? next : n + 1;
   }
+  if (check_memory(&o, d.nranks)) return 2;
   if (o.bind && bind_share(d.nranks) < 1) return 2; /* before the ranks start, not in each */
   drv_default_fabric(); /* the embedded default: loopback TCP */
   size_t off = results_offset(d.nranks);

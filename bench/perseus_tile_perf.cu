@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "opts.h"
+#include "size_parse.h"
 #include "tile_comm.cuh"
 
 #define MAX_SIZES 32
@@ -210,32 +211,36 @@ int main(int argc, char **argv)
     PS_OPT_NAME('C', &c.coop, "cta", coops, coop_values, 2),
     PS_OPT_INT('W', &c.stall_s, "120", 1, 24 * 3600),
   };
-  ps_opts_parse(argc, argv, "perseus_tile_perf", opts, PS_OPTS_N(opts), usage, 0);
-  if (bmin > bmax || optind < argc) {
-    fprintf(stderr, "perseus_tile_perf: need -b <= -e and no extra arguments\n");
-    return 1;
+  ps_opts_parse(argc, argv, "perseus_tile_perf", opts, PS_OPTS_N(opts), usage, 1);
+  if (bmin > bmax) {
+    fprintf(stderr, "perseus_tile_perf: -b %zu is larger than -e %zu (expected -b <= -e)\n", bmin,
+            bmax);
+    return 2;
   }
   for (size_t s = bmin; s <= bmax && c.nsizes < MAX_SIZES; s *= (size_t)factor)
     c.sizes[c.nsizes++] = s;
   if ((c.nbatch = gp_parse_int_list(blist, 1, 4096, c.batch, MAX_LIST)) < 0) {
-    fprintf(stderr, "perseus_tile_perf: bad -B list '%s'\n", blist);
-    return 1;
+    fprintf(stderr, "perseus_tile_perf: bad -B list '%s' (expected up to %d comma-separated "
+            "numbers from 1 to 4096)\n", blist, MAX_LIST);
+    return 2;
   }
-  char buf[64];
-  snprintf(buf, sizeof(buf), "%s", plist);
-  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+  const char *cur = plist;
+  char t[8];
+  int r;
+  while ((r = sp_list_next(&cur, t, sizeof(t))) > 0) {
     int pth = -1;
     for (int i = 0; i < TT_PATH_N; i++)
       if (!strcmp(t, tt_path_names[i])) pth = i;
     if (pth < 0 || c.npaths == TT_PATH_N) {
-      fprintf(stderr, "perseus_tile_perf: bad -p list '%s' (lsa, tma, gin)\n", plist);
-      return 1;
+      r = -1;
+      break;
     }
     c.paths[c.npaths++] = pth;
   }
-  if (c.npaths == 0) {
-    fprintf(stderr, "perseus_tile_perf: -p '%s': no path named (lsa, tma, gin)\n", plist);
-    return 1;
+  if (r < 0) {
+    fprintf(stderr, "perseus_tile_perf: bad -p list '%s' (expected at most %d of lsa, tma, gin)\n",
+            plist, TT_PATH_N);
+    return 2;
   }
   if (gp_init("perseus_tile_perf")) return 1;
   /* the probe needs EAGER too (GIN's environment); each set sets its own */

@@ -290,14 +290,7 @@ int gp_parse_int(const char *s, long lo, long hi, int *out)
 
 int gp_parse_int_list(const char *s, long lo, long hi, int *out, int max)
 {
-  char buf[256], *save = NULL;
-  int n = 0;
-  if (snprintf(buf, sizeof(buf), "%s", s) >= (int)sizeof(buf)) return -1;
-  for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-    if (n == max || gp_parse_int(t, lo, hi, &out[n])) return -1;
-    n++;
-  }
-  return n > 0 ? n : -1;
+  return sp_parse_int_list(s, lo, hi, out, max);
 }
 
 

@@ -53,7 +53,7 @@ static void expected(FILE *f, const ps_opt_t *o)
     fprintf(f, ", digits with an optional K, M or G");
     break;
   case PS_OPTK_SEED:
-    fprintf(f, "expected an unsigned number");
+    fprintf(f, "expected an unsigned number: decimal, 0x hex or 0 octal");
     break;
   case PS_OPTK_NAME:
     fprintf(f, "expected one of");
@@ -97,17 +97,17 @@ void ps_opts_parse(int argc, char **argv, const char *prog, const ps_opt_t *opts
       if (opts[i].letter == opt) o = &opts[i];
     if (!o) {
       usage(stderr);
-      exit(1);
+      exit(2);
     }
     if (parse_one(o, optarg)) {
       fprintf(stderr, "%s: bad value for -%c: '%s' (", prog, opt, optarg);
       expected(stderr, o);
       fprintf(stderr, ")\n");
-      exit(1);
+      exit(2);
     }
   }
   if (no_args && optind < argc) {
     fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[optind]);
-    exit(1);
+    exit(2);
   }
 }

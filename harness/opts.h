@@ -67,7 +67,7 @@ typedef struct {
  * value its kind refuses ("<prog>: bad value for -X: 'VALUE'") and, where
  * no_args is nonzero, an argument after the options ("<prog>: unexpected
  * argument 'ARG'") print that (the first with the usage on stderr) and exit
- * 1. Returns with optind at the first argument after the options. */
+ * 2, as the CPU benchmarks do (a benchmark's 1: wrong bytes). Returns with optind at the first argument after the options. */
 void ps_opts_parse(int argc, char **argv, const char *prog, const ps_opt_t *opts, int n,
                    void (*usage)(FILE *), int no_args);
 

@@ -102,6 +102,9 @@ size_t drv_parse_size(const char *flag, const char *s, size_t lo, size_t hi);
 int drv_parse_int(const char *flag, const char *s, int lo, int hi);
 /* A size sweep's growth factor: above 1, at most hi, finite. */
 double drv_parse_factor(const char *flag, const char *s, double hi);
+/* A plugin file: any non-empty string (dlopen would take "" as the program
+ * itself and fail later, in every rank). */
+const char *drv_parse_plugin(const char *flag, const char *s);
 /* The benchmarks' embedded default fabric: PERSEUS_PROVIDER tcp;ofi_rxm and
  * PERSEUS_IFACE lo (shm on shm) where unset or empty (the plugin would take
  * an empty one as "choose", not as this default). */

@@ -54,7 +54,7 @@ int drv_gin_opt(int opt, const char *arg, const char **abi, const char **plugin,
                 const char **scenario, int *nranks) {
   switch (opt) {
   case 'a': *abi = drv_gin_parse_abi(arg); return 1;
-  case 'p': *plugin = arg; return 1;
+  case 'p': *plugin = drv_parse_plugin("-p", arg); return 1;
   case 's': *scenario = arg; return 1;
   case 'r': *nranks = drv_parse_int("-r", arg, 1, DRV_MAX_RANKS); return 1; /* each test bounds it further */
   default: return 0;

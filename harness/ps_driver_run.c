@@ -324,6 +324,14 @@ double drv_parse_factor(const char *flag, const char *s, double hi) {
   return v;
 }
 
+const char *drv_parse_plugin(const char *flag, const char *s) {
+  if (!*s) {
+    fprintf(stderr, "%s '': expected a plugin file (a path, or a name dlopen finds)\n", flag);
+    exit(2);
+  }
+  return s;
+}
+
 int drv_parse_int(const char *flag, const char *s, int lo, int hi) {
   int v;
   if (sp_parse_int(s, lo, hi, &v)) {

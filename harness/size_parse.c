@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "size_parse.h"
 
@@ -42,6 +43,26 @@ int sp_parse_int(const char *s, long lo, long hi, int *out)
   if (errno || end == s || *end || v < lo || v > hi) return -1;
   *out = (int)v;
   return 0;
+}
+
+int sp_list_next(const char **cursor, char *item, size_t cap)
+{
+  if (!*cursor) return 0;
+  size_t len = strcspn(*cursor, ",");
+  if (len == 0 || len >= cap) return -1;
+  memcpy(item, *cursor, len);
+  item[len] = '\0';
+  *cursor = (*cursor)[len] ? *cursor + len + 1 : NULL;
+  return 1;
+}
+
+int sp_parse_int_list(const char *s, long lo, long hi, int *out, int max)
+{
+  char item[24];
+  int n = 0, r;
+  while ((r = sp_list_next(&s, item, sizeof(item))) > 0)
+    if (n == max || sp_parse_int(item, lo, hi, &out[n++])) return -1;
+  return r < 0 ? -1 : n;
 }
 
 int sp_parse_u64(const char *s, uint64_t *out)

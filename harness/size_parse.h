@@ -17,6 +17,15 @@ int sp_parse_size(const char *s, int allow_t, size_t *out);
 /* A decimal integer in [lo, hi] (digits, a minus sign only where lo < 0; no
  * spaces or '+'); returns 0 and sets *out, or -1. */
 int sp_parse_int(const char *s, long lo, long hi, int *out);
+/* The next entry of a comma list at *cursor, copied into item (cap bytes):
+ * 1, with *cursor moved past it (NULL after the last); 0 when *cursor is
+ * NULL; -1 for an empty entry ("", ",,", a leading or trailing comma) or
+ * one of cap or more characters. */
+int sp_list_next(const char **cursor, char *item, size_t cap);
+/* Comma-separated decimal integers in [lo, hi], as sp_parse_int takes
+ * them, at most max; an empty entry (",,", a leading or trailing comma, "")
+ * is refused. Returns the count, or -1. */
+int sp_parse_int_list(const char *s, long lo, long hi, int *out, int max);
 /* An unsigned 64-bit number strtoull reads (base 0: 0x.. hex, 0.. octal),
  * starting with a digit;
  * returns 0 and sets *out, or -1. */

@@ -388,7 +388,7 @@ int main(int argc, char **argv) {
       case 's': scen = optarg; break;
       case 'm': a.max_bytes = drv_parse_size("-m", optarg, 1, (size_t)1 << 32); break;
       case 'i': a.iters = drv_parse_int("-i", optarg, 1, 1 << 24); break;
-      case 'p': o.plugin = optarg; break;
+      case 'p': o.plugin = drv_parse_plugin("-p", optarg); break;
       case 'C': cuda_buffers = 1; break;
       case 'D': cuda_buffers = dmabuf_buffers = 1; break;
       default:
@@ -421,6 +421,9 @@ int main(int argc, char **argv) {
            drv_now() - t0);
     return rc ? 1 : 0;
   }
-  fprintf(stderr, "unknown scenario '%s'\n", scen);
+  fprintf(stderr, "unknown scenario '%s' (expected one of", scen);
+  for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
+    fprintf(stderr, "%s %s", i ? "," : "", scenarios[i].name);
+  fprintf(stderr, ")\n");
   return 2;
 }

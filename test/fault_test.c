@@ -410,7 +410,7 @@ int main(int argc, char **argv) {
     switch (c) {
       case 'v': version = drv_parse_int("-v", optarg, 8, 12); break;
       case 's': scen = optarg; break;
-      case 'p': plugin = optarg; break;
+      case 'p': plugin = drv_parse_plugin("-p", optarg); break;
       default:
         fprintf(stderr, "usage: %s -s kill_recv|kill_send|stop_send|kill_idle_recv|close_inflight|bad_handle|all "
                         "[-v 8..12] [-p PLUGIN]\n", argv[0]);
@@ -443,7 +443,9 @@ int main(int argc, char **argv) {
     fails += run_one(&scenarios[i], version, plugin, fs);
   }
   if (!found) {
-    fprintf(stderr, "unknown scenario '%s'\n", scen);
+    fprintf(stderr, "unknown scenario '%s' (expected all or one of", scen);
+    for (size_t i = 0; i < NSCEN; i++) fprintf(stderr, "%s %s", i ? "," : "", scenarios[i].name);
+    fprintf(stderr, ")\n");
     return 2;
   }
   return fails ? 1 : 0;
