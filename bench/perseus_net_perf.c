@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "opts.h"
 #include "ps_driver.h"
 
 typedef struct {
@@ -187,7 +188,7 @@ int main(int argc, char **argv) {
               .warmup = 5, .check = 1, .window = 8, .mode = 3};
   drv_opts_t d = {.nranks = 2, .version = 12, .timeout_s = 3600};
   int c;
-  while ((c = getopt(argc, argv, "b:e:f:n:w:c:r:t:C:W:v:P:h")) != -1) {
+  while ((c = getopt_long(argc, argv, "b:e:f:n:w:c:r:t:C:W:v:P:h", ps_help_longopts, NULL)) != -1) {
     switch (c) {
       case 'b': o.minb = drv_parse_size("-b", optarg, 0, (size_t)1 << 40); break;
       case 'e': o.maxb = drv_parse_size("-e", optarg, 0, (size_t)1 << 40); break;

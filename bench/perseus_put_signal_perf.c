@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "opts.h"
 #include "ps_driver_gin.h"
 #include "ps_gin_abi.h"
 
@@ -479,7 +480,7 @@ int main(int argc, char **argv) {
   drv_opts_t d = {.nranks = 4, .timeout_s = 3600, .no_load = 1, .no_mesh = 1};
   parse_strats(&o, "all");
   int c;
-  while ((c = getopt(argc, argv, "b:e:f:n:w:c:t:r:s:m:q:z:a:P:Ah")) != -1) {
+  while ((c = getopt_long(argc, argv, "b:e:f:n:w:c:t:r:s:m:q:z:a:P:Ah", ps_help_longopts, NULL)) != -1) {
     switch (c) {
       case 'b': o.minb = drv_parse_size("-b", optarg, 1, 1ULL << 32); break;
       case 'e': o.maxb = drv_parse_size("-e", optarg, 1, 1ULL << 32); break;

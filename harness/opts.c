@@ -65,6 +65,8 @@ static void expected(FILE *f, const ps_opt_t *o)
   }
 }
 
+const struct option ps_help_longopts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+
 void ps_opts_parse(int argc, char **argv, const char *prog, const ps_opt_t *opts, int n,
                    void (*usage)(FILE *), int no_args)
 {
@@ -87,7 +89,7 @@ void ps_opts_parse(int argc, char **argv, const char *prog, const ps_opt_t *opts
   optstring[len++] = 'h';
   optstring[len] = '\0';
   int opt;
-  while ((opt = getopt(argc, argv, optstring)) != -1) {
+  while ((opt = getopt_long(argc, argv, optstring, ps_help_longopts, NULL)) != -1) {
     if (opt == 'h') {
       usage(stdout);
       exit(0);

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <getopt.h>
 #include <stdio.h>
 
 #ifdef __cplusplus
@@ -61,13 +62,18 @@ typedef struct {
 #define PS_OPT_FN(c, p, def, fn) {(c), PS_OPTK_FN, (void *)(p), (def), 0, 0, NULL, NULL, (fn)}
 #define PS_OPTS_N(table) ((int)(sizeof(table) / sizeof((table)[0])))
 
+/* getopt_long's table of the one long option every program takes: --help,
+ * as -h. */
+extern const struct option ps_help_longopts[];
+
 /* A program's options, first thing in main: every default of the n options
- * of the table, then getopt over argv in the order given. -h prints usage on
+ * of the table, then getopt over argv in the order given. -h (or --help) prints usage on
  * stdout and exits 0. An option not in the table (getopt says which), a
  * value its kind refuses ("<prog>: bad value for -X: 'VALUE'") and, where
  * no_args is nonzero, an argument after the options ("<prog>: unexpected
  * argument 'ARG'") print that (the first with the usage on stderr) and exit
- * 2, as the CPU benchmarks do (a benchmark's 1: wrong bytes). Returns with optind at the first argument after the options. */
+ * 2, as the CPU benchmarks do (a benchmark's 1: wrong bytes). Returns with
+ * optind at the first argument after the options. */
 void ps_opts_parse(int argc, char **argv, const char *prog, const ps_opt_t *opts, int n,
                    void (*usage)(FILE *), int no_args);
 
