@@ -140,6 +140,19 @@ static int op_disagrees(const op_fault_ops &o, gc_world *w, int rank, int R)
   return bad;
 }
 
+/* The verdict of a create the last rank could not set up (`what` it had
+ * done): refused on every rank, the last naming its own failure (why), the
+ * others another rank's. */
+static int op_refused_by_all(const op_fault_ops &o, int rank, int R, void *op, const char *why, const char *what)
+{
+  const int other = strstr(why, "another rank could not set up") != NULL;
+  const int bad = op != NULL || (rank == R - 1 ? other || !why[0] : !other);
+  printf("%s: rank %d, rank %d %s: %s (%s)\n", o.name, rank, R - 1, what, bad ? "FAILED" : "refused",
+         op ? "created" : why);
+  if (op) o.destroy(op);
+  return bad;
+}
+
 static int op_out_of_memory(const op_fault_ops &o, gc_world *w, int rank, int R)
 {
   void *hog = NULL;
@@ -155,12 +168,7 @@ static int op_out_of_memory(const op_fault_ops &o, gc_world *w, int rank, int R)
   char why[512];
   snprintf(why, sizeof why, "%s", o.last_error());
   if (hog) cudaFree(hog);
-  const int other = strstr(why, "another rank could not set up") != NULL;
-  const int bad = op != NULL || (rank == R - 1 ? other || !why[0] : !other);
-  printf("%s: rank %d, rank %d out of device memory at create: %s (%s)\n", o.name, rank, R - 1,
-         bad ? "FAILED" : "refused", op ? "created" : why);
-  if (op) o.destroy(op);
-  return bad;
+  return op_refused_by_all(o, rank, R, op, why, "out of device memory at create");
 }
 
 /* The last rank holds every byte of device memory cudaMalloc still gives
@@ -187,15 +195,11 @@ static int op_memory_exhausted(const op_fault_ops &o, gc_world *w, int rank, int
     }
   }
   void *op = o.create(w, o.ctx);
-  char why[512];
+  char why[512], what[96];
   snprintf(why, sizeof why, "%s", o.last_error());
   for (int i = 0; i < n; i++) cudaFree(held[i]);
-  const int other = strstr(why, "another rank could not set up") != NULL;
-  const int bad = op != NULL || (rank == R - 1 ? other || !why[0] : !other);
-  printf("%s: rank %d, rank %d holding all device memory at create (%d pieces, %zu B here): %s (%s)\n", o.name,
-         rank, R - 1, n, bytes, bad ? "FAILED" : "refused", op ? "created" : why);
-  if (op) o.destroy(op);
-  return bad;
+  snprintf(what, sizeof what, "holding all device memory at create (%d pieces, %zu B here)", n, bytes);
+  return op_refused_by_all(o, rank, R, op, why, what);
 }
 
 static int op_faults(const op_fault_ops &o, gc_world *w, int rank, int R)
